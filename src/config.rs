@@ -1,0 +1,738 @@
+//! Configuration: one `defaults` block, per-event-type overrides, and the relay's
+//! maintenance settings. Built in code with [`Config::builder`] or read from TOML
+//! with [`Config::from_toml`]; both go through the same validation, whose errors
+//! name the key path of the wrong value.
+//!
+//! ```
+//! # fn main() -> txbox::Result<()> {
+//! use std::time::Duration;
+//! use txbox::{Config, EventOptions};
+//!
+//! let config = Config::builder()
+//!     .defaults(EventOptions::new().batch_size(100))
+//!     .event("order-created", EventOptions::new().destination("orders").max_retries(5))
+//!     .event("order-paid", EventOptions::new().fixed_polling(Duration::from_millis(500)))
+//!     .dlq(true)
+//!     .build()?;
+//! assert_eq!(config.event("order-created").unwrap().batch_size, 100);
+//! assert_eq!(config.event("order-created").unwrap().max_retries, 5);
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// How a poller waits between polls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollingStrategy {
+    /// Wait `delay` after a partial or empty batch. A full batch polls again at once:
+    /// more work is waiting.
+    Fixed,
+    /// A full batch polls again at once and resets the delay to `min`; a partial or
+    /// empty batch waits the current delay, then multiplies it by `multiplier`, up to
+    /// `max`. With the defaults (250ms, x1.5, 1m) an idle type polls about 70 times in
+    /// its first hour and 60 times an hour after that.
+    Adaptive,
+}
+
+/// Polling settings of one event type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Polling {
+    /// Fixed or adaptive.
+    pub strategy: PollingStrategy,
+    /// The delay of the fixed strategy (default 1s).
+    pub delay: Duration,
+    /// The shortest adaptive delay (default 250ms).
+    pub min: Duration,
+    /// The longest adaptive delay (default 1m).
+    pub max: Duration,
+    /// Growth of the adaptive delay after a partial or empty batch (default 1.5).
+    pub multiplier: f64,
+    /// Wait before the first poll after start (default 0).
+    pub initial_delay: Duration,
+}
+
+/// Retry backoff of one event type: the n-th retry waits `delay * multiplier^(n-1)`,
+/// spread by `± jitter` (a fraction). Disabled means a fixed `delay` every time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backoff {
+    /// Exponential growth on (default true). Off: a fixed delay, never zero.
+    pub enabled: bool,
+    /// The first retry's delay (default 10s).
+    pub delay: Duration,
+    /// Growth per retry (default 3.0).
+    pub multiplier: f64,
+    /// Random spread, a fraction in `[0, 1)` (default 0.1: ±10%).
+    pub jitter: f64,
+}
+
+impl Backoff {
+    /// The delay before retry number `retry` (1 for the first retry), with jitter.
+    pub fn delay_for(&self, retry: u32) -> Duration {
+        let base = if self.enabled {
+            let exp = retry.saturating_sub(1).min(64) as i32;
+            self.delay.as_secs_f64() * self.multiplier.powi(exp)
+        } else {
+            self.delay.as_secs_f64()
+        };
+        let spread = if self.jitter > 0.0 {
+            1.0 + self.jitter * (fastrand::f64() * 2.0 - 1.0)
+        } else {
+            1.0
+        };
+        // Cap at 30 days so huge exponents stay representable.
+        Duration::from_secs_f64((base * spread).clamp(0.001, 30.0 * 86_400.0))
+    }
+}
+
+/// The resolved settings of one event type: its override on top of `defaults`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventSettings {
+    /// Topic (Kafka) or exchange (RabbitMQ). `None`: the event type's name.
+    pub destination: Option<String>,
+    /// Most events one poll claims (default 200).
+    pub batch_size: usize,
+    /// Polling between claims.
+    pub polling: Polling,
+    /// Retries after the first failed send before the event is FAILED (default 3).
+    pub max_retries: u32,
+    /// Delay between retries.
+    pub backoff: Backoff,
+    /// Longest a claimed batch may stay in process before recovery returns it (default 300s).
+    pub lease: Duration,
+}
+
+impl Default for EventSettings {
+    fn default() -> Self {
+        EventSettings {
+            destination: None,
+            batch_size: 200,
+            polling: Polling {
+                strategy: PollingStrategy::Adaptive,
+                delay: Duration::from_secs(1),
+                min: Duration::from_millis(250),
+                max: Duration::from_secs(60),
+                multiplier: 1.5,
+                initial_delay: Duration::ZERO,
+            },
+            max_retries: 3,
+            backoff: Backoff {
+                enabled: true,
+                delay: Duration::from_secs(10),
+                multiplier: 3.0,
+                jitter: 0.1,
+            },
+            lease: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A partial [`EventSettings`]: the `defaults` block or one event type's override.
+/// Unset values inherit (override <- defaults <- built-in defaults).
+///
+/// ```
+/// use std::time::Duration;
+/// let options = txbox::EventOptions::new()
+///     .destination("orders")
+///     .adaptive_polling(Duration::from_millis(100), Duration::from_secs(10), 2.0)
+///     .backoff_delay(Duration::from_secs(1));
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventOptions {
+    destination: Option<String>,
+    batch_size: Option<usize>,
+    strategy: Option<PollingStrategy>,
+    delay: Option<Duration>,
+    min: Option<Duration>,
+    max: Option<Duration>,
+    poll_multiplier: Option<f64>,
+    initial_delay: Option<Duration>,
+    max_retries: Option<u32>,
+    backoff_enabled: Option<bool>,
+    backoff_delay: Option<Duration>,
+    backoff_multiplier: Option<f64>,
+    jitter: Option<f64>,
+    lease: Option<Duration>,
+}
+
+impl EventOptions {
+    /// Nothing set: everything inherits.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Topic (Kafka) or exchange (RabbitMQ).
+    pub fn destination(mut self, d: impl Into<String>) -> Self {
+        self.destination = Some(d.into());
+        self
+    }
+    /// Most events one poll claims.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = Some(n);
+        self
+    }
+    /// Fixed polling with this delay.
+    pub fn fixed_polling(mut self, delay: Duration) -> Self {
+        self.strategy = Some(PollingStrategy::Fixed);
+        self.delay = Some(delay);
+        self
+    }
+    /// Adaptive polling between `min` and `max`, growing by `multiplier`.
+    pub fn adaptive_polling(mut self, min: Duration, max: Duration, multiplier: f64) -> Self {
+        self.strategy = Some(PollingStrategy::Adaptive);
+        self.min = Some(min);
+        self.max = Some(max);
+        self.poll_multiplier = Some(multiplier);
+        self
+    }
+    /// Wait before the first poll.
+    pub fn initial_delay(mut self, d: Duration) -> Self {
+        self.initial_delay = Some(d);
+        self
+    }
+    /// Retries after the first failed send.
+    pub fn max_retries(mut self, n: u32) -> Self {
+        self.max_retries = Some(n);
+        self
+    }
+    /// Exponential backoff on or off (off: fixed delay).
+    pub fn backoff_enabled(mut self, on: bool) -> Self {
+        self.backoff_enabled = Some(on);
+        self
+    }
+    /// The first retry's delay.
+    pub fn backoff_delay(mut self, d: Duration) -> Self {
+        self.backoff_delay = Some(d);
+        self
+    }
+    /// Backoff growth per retry.
+    pub fn backoff_multiplier(mut self, m: f64) -> Self {
+        self.backoff_multiplier = Some(m);
+        self
+    }
+    /// Backoff jitter, a fraction in `[0, 1)`.
+    pub fn backoff_jitter(mut self, j: f64) -> Self {
+        self.jitter = Some(j);
+        self
+    }
+    /// Claim lease: the longest a batch may stay in process before recovery.
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.lease = Some(d);
+        self
+    }
+
+    fn apply(&self, base: &EventSettings) -> EventSettings {
+        let mut s = base.clone();
+        if let Some(d) = &self.destination {
+            s.destination = Some(d.clone());
+        }
+        macro_rules! set {
+            ($($field:ident => $target:expr),* $(,)?) => { $( if let Some(v) = self.$field { $target = v; } )* };
+        }
+        set!(
+            batch_size => s.batch_size,
+            strategy => s.polling.strategy,
+            delay => s.polling.delay,
+            min => s.polling.min,
+            max => s.polling.max,
+            poll_multiplier => s.polling.multiplier,
+            initial_delay => s.polling.initial_delay,
+            max_retries => s.max_retries,
+            backoff_enabled => s.backoff.enabled,
+            backoff_delay => s.backoff.delay,
+            backoff_multiplier => s.backoff.multiplier,
+            jitter => s.backoff.jitter,
+            lease => s.lease,
+        );
+        s
+    }
+}
+
+/// Dead-letter settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DlqSettings {
+    /// Run the three DLQ threads (move, retry, cleanup). Default false.
+    pub enabled: bool,
+    /// How often FAILED events are moved to the dead letters (default 30s).
+    pub move_interval: Duration,
+    /// How often dead letters marked for retry go back to the outbox (default 10s).
+    pub retry_interval: Duration,
+    /// How often resolved dead letters are cleaned up (default 10m).
+    pub cleanup_interval: Duration,
+    /// Resolved dead letters older than this are deleted (default 24h).
+    pub resolved_ttl: Duration,
+}
+
+/// Stuck recovery and cleanup settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaintenanceSettings {
+    /// How often expired claims are returned to PENDING (default 60s).
+    pub recovery_interval: Duration,
+    /// How often processed events are cleaned up (default 5m).
+    pub cleanup_interval: Duration,
+    /// Processed events older than this are deleted (default 24h).
+    pub processed_ttl: Duration,
+    /// Rows one maintenance statement touches at most (default 1000).
+    pub batch_size: usize,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Prefix of every table name (validated identifier; default empty).
+    pub table_prefix: String,
+    /// Largest serialized payload `publish` accepts (default 1 MiB).
+    pub max_payload_bytes: usize,
+    /// The resolved defaults.
+    pub defaults: EventSettings,
+    /// Resolved settings per known event type.
+    pub events: BTreeMap<String, EventSettings>,
+    /// Dead-letter settings.
+    pub dlq: DlqSettings,
+    /// Recovery and cleanup.
+    pub maintenance: MaintenanceSettings,
+}
+
+impl Config {
+    /// A builder with every default.
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder::default()
+    }
+
+    /// The settings of a known event type.
+    pub fn event(&self, event_type: &str) -> Option<&EventSettings> {
+        self.events.get(event_type)
+    }
+
+    /// Like [`Config::event`] but an unknown type is [`Error::UnknownEventType`].
+    pub fn require_event(&self, event_type: &str) -> Result<&EventSettings> {
+        self.event(event_type)
+            .ok_or_else(|| Error::UnknownEventType(event_type.to_owned()))
+    }
+
+    /// Reads a TOML file (see [`Config::from_toml`]).
+    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Config> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            context: format!("reading {}", path.display()),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// Parses TOML. Durations are strings like `"250ms"`, `"10s"`, `"1m"`, `"24h"`.
+    ///
+    /// ```
+    /// # fn main() -> txbox::Result<()> {
+    /// let config = txbox::Config::from_toml(r#"
+    ///     table_prefix = "shop_"
+    ///     [defaults]
+    ///     batch_size = 100
+    ///     [defaults.polling]
+    ///     min = "100ms"
+    ///     [events.order-created]
+    ///     destination = "orders"
+    ///     [events.order-created.backoff]
+    ///     delay = "2s"
+    /// "#)?;
+    /// let s = config.event("order-created").unwrap();
+    /// assert_eq!(s.polling.min, std::time::Duration::from_millis(100));
+    /// assert_eq!(s.backoff.delay, std::time::Duration::from_secs(2));
+    ///
+    /// let err = txbox::Config::from_toml("[events.x.polling]\nmultiplier = 0.5").unwrap_err();
+    /// assert_eq!(err.to_string(), "events.x.polling.multiplier must be >= 1.0");
+    /// # Ok(()) }
+    /// ```
+    pub fn from_toml(text: &str) -> Result<Config> {
+        let raw: toml_model::Root =
+            toml::from_str(text).map_err(|e| Error::ConfigSyntax(e.to_string()))?;
+        raw.into_builder()?.build()
+    }
+}
+
+/// Builds a [`Config`] in code.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigBuilder {
+    table_prefix: Option<String>,
+    max_payload_bytes: Option<usize>,
+    defaults: EventOptions,
+    events: BTreeMap<String, EventOptions>,
+    dlq: DlqOptions,
+    maintenance: MaintenanceOptions,
+}
+
+#[derive(Debug, Clone, Default)]
+struct DlqOptions {
+    enabled: Option<bool>,
+    move_interval: Option<Duration>,
+    retry_interval: Option<Duration>,
+    cleanup_interval: Option<Duration>,
+    resolved_ttl: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct MaintenanceOptions {
+    recovery_interval: Option<Duration>,
+    cleanup_interval: Option<Duration>,
+    processed_ttl: Option<Duration>,
+    batch_size: Option<usize>,
+}
+
+impl ConfigBuilder {
+    /// Prefix of every table name: a plain identifier such as `shop_`.
+    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.table_prefix = Some(prefix.into());
+        self
+    }
+    /// Largest serialized payload accepted by `publish`.
+    pub fn max_payload_bytes(mut self, n: usize) -> Self {
+        self.max_payload_bytes = Some(n);
+        self
+    }
+    /// The defaults every event type inherits.
+    pub fn defaults(mut self, options: EventOptions) -> Self {
+        self.defaults = options;
+        self
+    }
+    /// Declares an event type with its overrides (`EventOptions::new()` for none).
+    pub fn event(mut self, event_type: impl Into<String>, options: EventOptions) -> Self {
+        self.events.insert(event_type.into(), options);
+        self
+    }
+    /// Turns the dead-letter threads on or off.
+    pub fn dlq(mut self, enabled: bool) -> Self {
+        self.dlq.enabled = Some(enabled);
+        self
+    }
+    /// How often FAILED events move to the dead letters.
+    pub fn dlq_move_interval(mut self, d: Duration) -> Self {
+        self.dlq.move_interval = Some(d);
+        self
+    }
+    /// How often dead letters marked for retry return to the outbox.
+    pub fn dlq_retry_interval(mut self, d: Duration) -> Self {
+        self.dlq.retry_interval = Some(d);
+        self
+    }
+    /// How often resolved dead letters are cleaned up.
+    pub fn dlq_cleanup_interval(mut self, d: Duration) -> Self {
+        self.dlq.cleanup_interval = Some(d);
+        self
+    }
+    /// Age after which resolved dead letters are deleted.
+    pub fn dlq_resolved_ttl(mut self, d: Duration) -> Self {
+        self.dlq.resolved_ttl = Some(d);
+        self
+    }
+    /// How often expired claims are recovered.
+    pub fn recovery_interval(mut self, d: Duration) -> Self {
+        self.maintenance.recovery_interval = Some(d);
+        self
+    }
+    /// How often processed events are cleaned up.
+    pub fn cleanup_interval(mut self, d: Duration) -> Self {
+        self.maintenance.cleanup_interval = Some(d);
+        self
+    }
+    /// Age after which processed events are deleted.
+    pub fn processed_ttl(mut self, d: Duration) -> Self {
+        self.maintenance.processed_ttl = Some(d);
+        self
+    }
+    /// Rows one maintenance statement touches at most.
+    pub fn maintenance_batch_size(mut self, n: usize) -> Self {
+        self.maintenance.batch_size = Some(n);
+        self
+    }
+
+    /// Resolves inheritance and validates every value.
+    pub fn build(self) -> Result<Config> {
+        let table_prefix = self.table_prefix.unwrap_or_default();
+        crate::store::validate_prefix(&table_prefix)?;
+        let max_payload_bytes = self.max_payload_bytes.unwrap_or(1024 * 1024);
+        if max_payload_bytes == 0 {
+            return Err(Error::config("max_payload_bytes", "must be > 0"));
+        }
+        let defaults = self.defaults.apply(&EventSettings::default());
+        validate_event(&defaults, "defaults")?;
+        let mut events = BTreeMap::new();
+        for (name, options) in &self.events {
+            let path = format!("events.{name}");
+            if name.is_empty() || name.len() > 255 {
+                return Err(Error::config(path, "event type must be 1 to 255 characters"));
+            }
+            let settings = options.apply(&defaults);
+            validate_event(&settings, &path)?;
+            events.insert(name.clone(), settings);
+        }
+        let d = self.dlq;
+        let dlq = DlqSettings {
+            enabled: d.enabled.unwrap_or(false),
+            move_interval: d.move_interval.unwrap_or(Duration::from_secs(30)),
+            retry_interval: d.retry_interval.unwrap_or(Duration::from_secs(10)),
+            cleanup_interval: d.cleanup_interval.unwrap_or(Duration::from_secs(600)),
+            resolved_ttl: d.resolved_ttl.unwrap_or(Duration::from_secs(86_400)),
+        };
+        positive("dlq.move_interval", dlq.move_interval)?;
+        positive("dlq.retry_interval", dlq.retry_interval)?;
+        positive("dlq.cleanup_interval", dlq.cleanup_interval)?;
+        let m = self.maintenance;
+        let maintenance = MaintenanceSettings {
+            recovery_interval: m.recovery_interval.unwrap_or(Duration::from_secs(60)),
+            cleanup_interval: m.cleanup_interval.unwrap_or(Duration::from_secs(300)),
+            processed_ttl: m.processed_ttl.unwrap_or(Duration::from_secs(86_400)),
+            batch_size: m.batch_size.unwrap_or(1000),
+        };
+        positive("maintenance.recovery_interval", maintenance.recovery_interval)?;
+        positive("maintenance.cleanup_interval", maintenance.cleanup_interval)?;
+        if !(1..=100_000).contains(&maintenance.batch_size) {
+            return Err(Error::config(
+                "maintenance.batch_size",
+                "must be between 1 and 100000",
+            ));
+        }
+        Ok(Config {
+            table_prefix,
+            max_payload_bytes,
+            defaults,
+            events,
+            dlq,
+            maintenance,
+        })
+    }
+}
+
+fn positive(path: &str, d: Duration) -> Result<()> {
+    if d.is_zero() {
+        return Err(Error::config(path, "must be > 0"));
+    }
+    Ok(())
+}
+
+fn validate_event(s: &EventSettings, path: &str) -> Result<()> {
+    let err = |key: &str, msg: &str| Err(Error::config(format!("{path}.{key}"), msg));
+    if let Some(d) = &s.destination {
+        if d.trim().is_empty() || d.len() > 255 {
+            return err("destination", "must be 1 to 255 characters");
+        }
+    }
+    if !(1..=10_000).contains(&s.batch_size) {
+        return err("batch_size", "must be between 1 and 10000");
+    }
+    let p = &s.polling;
+    if p.strategy == PollingStrategy::Fixed && p.delay.is_zero() {
+        return err("polling.delay", "must be > 0");
+    }
+    if p.min.is_zero() {
+        return err("polling.min", "must be > 0");
+    }
+    if p.max < p.min {
+        return err("polling.max", "must be >= polling.min");
+    }
+    if !(p.multiplier.is_finite() && p.multiplier >= 1.0) {
+        return err("polling.multiplier", "must be >= 1.0");
+    }
+    if s.max_retries > 100 {
+        return err("max_retries", "must be <= 100");
+    }
+    let b = &s.backoff;
+    if b.delay.is_zero() {
+        return err("backoff.delay", "must be > 0 (disable backoff for a fixed delay)");
+    }
+    if !(b.multiplier.is_finite() && b.multiplier >= 1.0) {
+        return err("backoff.multiplier", "must be >= 1.0");
+    }
+    if !(b.jitter.is_finite() && (0.0..1.0).contains(&b.jitter)) {
+        return err("backoff.jitter", "must be >= 0.0 and < 1.0");
+    }
+    if s.lease < Duration::from_secs(1) {
+        return err("lease", "must be >= 1s");
+    }
+    Ok(())
+}
+
+/// Parses `"250ms"`, `"10s"`, `"1.5s"`, `"1m"`, `"24h"`, `"7d"` or `"0"`.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(txbox::config::parse_duration("250ms"), Some(Duration::from_millis(250)));
+/// assert_eq!(txbox::config::parse_duration("1m"), Some(Duration::from_secs(60)));
+/// assert_eq!(txbox::config::parse_duration("soon"), None);
+/// ```
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    if s == "0" {
+        return Some(Duration::ZERO);
+    }
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num.parse().ok()?;
+    let secs = match unit.trim() {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        "d" => value * 86_400.0,
+        _ => return None,
+    };
+    if !secs.is_finite() || secs > 1e9 {
+        return None;
+    }
+    Some(Duration::from_secs_f64(secs))
+}
+
+/// The TOML shape; strings are turned into typed values with their key paths.
+mod toml_model {
+    use super::*;
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Root {
+        table_prefix: Option<String>,
+        max_payload_bytes: Option<usize>,
+        #[serde(default)]
+        defaults: Event,
+        #[serde(default)]
+        events: BTreeMap<String, Event>,
+        #[serde(default)]
+        dlq: Dlq,
+        #[serde(default)]
+        maintenance: Maintenance,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Event {
+        destination: Option<String>,
+        batch_size: Option<usize>,
+        #[serde(default)]
+        polling: PollingRaw,
+        max_retries: Option<u32>,
+        #[serde(default)]
+        backoff: BackoffRaw,
+        lease: Option<String>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct PollingRaw {
+        strategy: Option<String>,
+        delay: Option<String>,
+        min: Option<String>,
+        max: Option<String>,
+        multiplier: Option<f64>,
+        initial_delay: Option<String>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct BackoffRaw {
+        enabled: Option<bool>,
+        delay: Option<String>,
+        multiplier: Option<f64>,
+        jitter: Option<f64>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Dlq {
+        enabled: Option<bool>,
+        move_interval: Option<String>,
+        retry_interval: Option<String>,
+        cleanup_interval: Option<String>,
+        resolved_ttl: Option<String>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Maintenance {
+        recovery_interval: Option<String>,
+        cleanup_interval: Option<String>,
+        processed_ttl: Option<String>,
+        batch_size: Option<usize>,
+    }
+
+    fn dur(path: &str, v: &Option<String>) -> Result<Option<Duration>> {
+        match v {
+            None => Ok(None),
+            Some(s) => parse_duration(s).map(Some).ok_or_else(|| {
+                Error::config(
+                    path,
+                    format!("has invalid duration {s:?} (use e.g. \"250ms\", \"10s\", \"1m\", \"24h\")"),
+                )
+            }),
+        }
+    }
+
+    impl Event {
+        fn options(&self, path: &str) -> Result<EventOptions> {
+            let p = |k: &str| format!("{path}.{k}");
+            let strategy = match self.polling.strategy.as_deref() {
+                None => None,
+                Some("fixed") => Some(PollingStrategy::Fixed),
+                Some("adaptive") => Some(PollingStrategy::Adaptive),
+                Some(other) => {
+                    return Err(Error::config(
+                        p("polling.strategy"),
+                        format!("must be \"fixed\" or \"adaptive\", not {other:?}"),
+                    ))
+                }
+            };
+            Ok(EventOptions {
+                destination: self.destination.clone(),
+                batch_size: self.batch_size,
+                strategy,
+                delay: dur(&p("polling.delay"), &self.polling.delay)?,
+                min: dur(&p("polling.min"), &self.polling.min)?,
+                max: dur(&p("polling.max"), &self.polling.max)?,
+                poll_multiplier: self.polling.multiplier,
+                initial_delay: dur(&p("polling.initial_delay"), &self.polling.initial_delay)?,
+                max_retries: self.max_retries,
+                backoff_enabled: self.backoff.enabled,
+                backoff_delay: dur(&p("backoff.delay"), &self.backoff.delay)?,
+                backoff_multiplier: self.backoff.multiplier,
+                jitter: self.backoff.jitter,
+                lease: dur(&p("lease"), &self.lease)?,
+            })
+        }
+    }
+
+    impl Root {
+        pub(super) fn into_builder(self) -> Result<ConfigBuilder> {
+            let mut events = BTreeMap::new();
+            for (name, e) in &self.events {
+                events.insert(name.clone(), e.options(&format!("events.{name}"))?);
+            }
+            Ok(ConfigBuilder {
+                table_prefix: self.table_prefix,
+                max_payload_bytes: self.max_payload_bytes,
+                defaults: self.defaults.options("defaults")?,
+                events,
+                dlq: DlqOptions {
+                    enabled: self.dlq.enabled,
+                    move_interval: dur("dlq.move_interval", &self.dlq.move_interval)?,
+                    retry_interval: dur("dlq.retry_interval", &self.dlq.retry_interval)?,
+                    cleanup_interval: dur("dlq.cleanup_interval", &self.dlq.cleanup_interval)?,
+                    resolved_ttl: dur("dlq.resolved_ttl", &self.dlq.resolved_ttl)?,
+                },
+                maintenance: MaintenanceOptions {
+                    recovery_interval: dur(
+                        "maintenance.recovery_interval",
+                        &self.maintenance.recovery_interval,
+                    )?,
+                    cleanup_interval: dur(
+                        "maintenance.cleanup_interval",
+                        &self.maintenance.cleanup_interval,
+                    )?,
+                    processed_ttl: dur("maintenance.processed_ttl", &self.maintenance.processed_ttl)?,
+                    batch_size: self.maintenance.batch_size,
+                },
+            })
+        }
+    }
+}

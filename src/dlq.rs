@@ -1,0 +1,215 @@
+//! Dead letters: events that used up their retries, and the admin API over them.
+//!
+//! An event whose sends failed `max_retries + 1` times becomes FAILED; the relay's
+//! move thread (DLQ enabled) moves it here in one transaction. An operator then
+//! [`retry`](Dlq::retry)s it (the retry thread moves it back to the outbox as PENDING
+//! with a fresh retry budget), [`resolve`](Dlq::resolve)s it (kept until the
+//! resolved TTL, then cleaned up) or [`delete`](Dlq::delete)s it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::event::EventId;
+use crate::store::Store;
+
+/// Most ids one batch call accepts.
+pub const MAX_BATCH_IDS: usize = 1000;
+
+/// Status of a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DlqStatus {
+    /// Waiting for an operator.
+    Dead,
+    /// Marked for retry; the relay's DLQ retry thread moves it back to the outbox.
+    Retry,
+    /// Handled by an operator; deleted after the resolved TTL.
+    Resolved,
+}
+
+impl DlqStatus {
+    /// The name stored in the database.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DlqStatus::Dead => "DEAD",
+            DlqStatus::Retry => "RETRY",
+            DlqStatus::Resolved => "RESOLVED",
+        }
+    }
+}
+
+impl fmt::Display for DlqStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DlqStatus {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_uppercase().as_str() {
+            "DEAD" => Ok(DlqStatus::Dead),
+            "RETRY" => Ok(DlqStatus::Retry),
+            "RESOLVED" => Ok(DlqStatus::Resolved),
+            _ => Err(Error::InvalidInput(format!(
+                "unknown dead-letter status {s:?}: expected DEAD, RETRY or RESOLVED"
+            ))),
+        }
+    }
+}
+
+/// A dead-lettered event.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeadLetter {
+    /// The event id.
+    pub id: EventId,
+    /// The event type.
+    pub event_type: String,
+    /// The key, if any.
+    pub key: Option<String>,
+    /// The user's headers.
+    pub headers: BTreeMap<String, String>,
+    /// The payload as published.
+    pub payload: String,
+    /// Failed send attempts.
+    pub attempts: u32,
+    /// Why the last send failed.
+    pub last_error: Option<String>,
+    /// Its status.
+    pub status: DlqStatus,
+    /// When it was published, as RFC 3339 text from the database clock.
+    pub created_at: String,
+    /// When it became a dead letter (RFC 3339).
+    pub moved_at: String,
+}
+
+/// Filters and paging for [`Dlq::list`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DlqFilter {
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only this status.
+    pub status: Option<DlqStatus>,
+    /// Rows to skip (ordered by moved-at, then id).
+    pub offset: u64,
+    /// Rows to return at most (default 50, capped at 1000).
+    pub limit: u64,
+}
+
+impl Default for DlqFilter {
+    fn default() -> Self {
+        DlqFilter {
+            event_type: None,
+            status: None,
+            offset: 0,
+            limit: 50,
+        }
+    }
+}
+
+/// The dead-letter admin API.
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// # let store = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?);
+/// let dlq = txbox::Dlq::new(store);
+/// for dead in dlq.list(&txbox::DlqFilter::default())? {
+///     println!("{} {} {:?}", dead.id, dead.event_type, dead.last_error);
+///     dlq.retry(dead.id)?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Dlq {
+    store: Arc<dyn Store>,
+}
+
+impl Dlq {
+    /// The API over a store.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Dlq { store }
+    }
+
+    /// Dead letters matching the filter, ordered by moved-at then id.
+    pub fn list(&self, filter: &DlqFilter) -> Result<Vec<DeadLetter>> {
+        let mut f = filter.clone();
+        f.limit = f.limit.clamp(1, MAX_BATCH_IDS as u64);
+        self.store.dlq_list(&f)
+    }
+
+    /// How many dead letters match the filter (paging ignored).
+    pub fn count(&self, filter: &DlqFilter) -> Result<u64> {
+        self.store.dlq_count(filter)
+    }
+
+    /// One dead letter.
+    pub fn get(&self, id: EventId) -> Result<DeadLetter> {
+        self.store.dlq_get(id)?.ok_or(Error::NotFound(id))
+    }
+
+    /// Marks a dead letter for retry: it goes back to the outbox as PENDING with a
+    /// fresh retry budget, through the relay's DLQ retry thread.
+    pub fn retry(&self, id: EventId) -> Result<()> {
+        self.one(id, &[DlqStatus::Dead, DlqStatus::Resolved], DlqStatus::Retry)
+    }
+
+    /// Marks a dead letter resolved; it is deleted after the resolved TTL.
+    pub fn resolve(&self, id: EventId) -> Result<()> {
+        self.one(id, &[DlqStatus::Dead], DlqStatus::Resolved)
+    }
+
+    /// Deletes a dead letter for good.
+    pub fn delete(&self, id: EventId) -> Result<()> {
+        let done = self
+            .store
+            .dlq_delete(&[id], &[DlqStatus::Dead, DlqStatus::Resolved])?;
+        if done.is_empty() {
+            return Err(self.refusal(id, "delete")?);
+        }
+        Ok(())
+    }
+
+    /// Marks many for retry; returns the ids changed (others were absent or refused).
+    pub fn retry_many(&self, ids: &[EventId]) -> Result<Vec<EventId>> {
+        check_batch(ids)?;
+        self.store
+            .dlq_set_status(ids, &[DlqStatus::Dead, DlqStatus::Resolved], DlqStatus::Retry)
+    }
+
+    /// Resolves many; returns the ids changed.
+    pub fn resolve_many(&self, ids: &[EventId]) -> Result<Vec<EventId>> {
+        check_batch(ids)?;
+        self.store
+            .dlq_set_status(ids, &[DlqStatus::Dead], DlqStatus::Resolved)
+    }
+
+    fn one(&self, id: EventId, from: &[DlqStatus], to: DlqStatus) -> Result<()> {
+        if self.store.dlq_set_status(&[id], from, to)?.is_empty() {
+            return Err(self.refusal(id, &format!("mark {to}"))?);
+        }
+        Ok(())
+    }
+
+    fn refusal(&self, id: EventId, action: &str) -> Result<Error> {
+        Ok(match self.store.dlq_get(id)? {
+            None => Error::NotFound(id),
+            Some(d) => Error::InvalidTransition {
+                id,
+                message: format!("cannot {action} a dead letter in status {}", d.status),
+            },
+        })
+    }
+}
+
+fn check_batch(ids: &[EventId]) -> Result<()> {
+    if ids.len() > MAX_BATCH_IDS {
+        return Err(Error::InvalidInput(format!(
+            "{} ids given, at most {MAX_BATCH_IDS} per call",
+            ids.len()
+        )));
+    }
+    Ok(())
+}

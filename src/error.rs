@@ -1,0 +1,128 @@
+//! The one error type of txbox.
+
+use crate::event::EventId;
+
+/// Everything that can go wrong in txbox.
+///
+/// Each variant names what was wrong, so the message alone tells an operator where
+/// to look. Match on the variant to react in code.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `publish` was called with an event type that the configuration does not know.
+    #[error("unknown event type {0:?}: add it to the configuration's `events`")]
+    UnknownEventType(String),
+
+    /// A configuration value is wrong. `path` is its key path, e.g.
+    /// `events.order-created.polling.multiplier`.
+    #[error("{path} {message}")]
+    Config {
+        /// The key path of the wrong value.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
+
+    /// The TOML configuration could not be parsed.
+    #[error("configuration file: {0}")]
+    ConfigSyntax(String),
+
+    /// A table prefix (or another name spliced into SQL) is not a plain identifier.
+    #[error("invalid {what} {value:?}: use ASCII letters, digits and `_`, starting with a letter or `_`, at most {max} characters")]
+    InvalidIdentifier {
+        /// What the name is for.
+        what: &'static str,
+        /// The rejected value.
+        value: String,
+        /// The longest accepted length.
+        max: usize,
+    },
+
+    /// Input that txbox refuses, with the reason.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    /// The payload of an event could not be serialized to JSON.
+    #[error("payload of event type {event_type:?} cannot be serialized: {source}")]
+    Serialize {
+        /// The event type being published.
+        event_type: String,
+        /// The serializer's error.
+        source: serde_json::Error,
+    },
+
+    /// The serialized payload is larger than `max_payload_bytes`.
+    #[error("payload of event type {event_type:?} is {size} bytes, more than max_payload_bytes = {max}")]
+    PayloadTooLarge {
+        /// The event type being published.
+        event_type: String,
+        /// The payload's size in bytes.
+        size: usize,
+        /// The configured limit.
+        max: usize,
+    },
+
+    /// The database returned an error or could not be reached.
+    #[error("database: {0}")]
+    Database(#[source] Box<dyn std::error::Error + Send + Sync>),
+
+    /// A connection could not be taken from the pool in time.
+    #[error("database pool: {0}")]
+    Pool(String),
+
+    /// No row with this id.
+    #[error("event {0} not found")]
+    NotFound(EventId),
+
+    /// A status change that is not allowed (e.g. resolving a row that is being retried).
+    #[error("event {id}: {message}")]
+    InvalidTransition {
+        /// The event.
+        id: EventId,
+        /// Why the change is refused.
+        message: String,
+    },
+
+    /// A sender could not be created or failed as a whole.
+    #[error("sender: {0}")]
+    Sender(String),
+
+    /// `Relay::shutdown` ran out of time with threads still running.
+    #[error("shutdown deadline passed with {0} relay thread(s) still running")]
+    ShutdownTimeout(usize),
+
+    /// An I/O error (e.g. reading a configuration file).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn config(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Config {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<postgres::Error> for Error {
+    fn from(e: postgres::Error) -> Self {
+        Error::Database(Box::new(e))
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<r2d2::Error> for Error {
+    fn from(e: r2d2::Error) -> Self {
+        Error::Pool(e.to_string())
+    }
+}
+
+/// `Result` with txbox's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

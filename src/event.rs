@@ -1,0 +1,168 @@
+//! Events: ids, the event row the relay hands to a sender, and the builder for new events.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+
+/// Header that carries the event id on every message txbox sends (Kafka record
+/// header, AMQP header and `message_id`). The inbox deduplicates on it.
+pub const HEADER_EVENT_ID: &str = "txbox-event-id";
+/// Header that carries the event type on every message txbox sends.
+pub const HEADER_EVENT_TYPE: &str = "txbox-event-type";
+/// Prefix reserved for txbox's own headers; user headers may not start with it.
+pub const RESERVED_HEADER_PREFIX: &str = "txbox-";
+
+/// The id of an event: a UUIDv7, so ids are ordered by creation time.
+///
+/// ```
+/// let id = txbox::EventId::new();
+/// let parsed: txbox::EventId = id.to_string().parse().unwrap();
+/// assert_eq!(id, parsed);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct EventId(Uuid);
+
+impl EventId {
+    /// A new time-ordered id (UUIDv7).
+    pub fn new() -> Self {
+        EventId(Uuid::now_v7())
+    }
+
+    /// Wraps an existing UUID.
+    pub fn from_uuid(uuid: Uuid) -> Self {
+        EventId(uuid)
+    }
+
+    /// The UUID inside.
+    pub fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl Default for EventId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl fmt::Debug for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EventId({})", self.0.hyphenated())
+    }
+}
+
+impl FromStr for EventId {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Uuid::parse_str(s.trim())
+            .map(EventId)
+            .map_err(|e| Error::InvalidInput(format!("{s:?} is not an event id (a UUID): {e}")))
+    }
+}
+
+impl From<Uuid> for EventId {
+    fn from(u: Uuid) -> Self {
+        EventId(u)
+    }
+}
+
+/// An event as the relay hands it to a [`Sender`](crate::Sender).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The event id (UUIDv7). Senders put it in the [`HEADER_EVENT_ID`] header.
+    pub id: EventId,
+    /// The event type, as published.
+    pub event_type: String,
+    /// Where it goes: the topic (Kafka) or exchange (RabbitMQ) configured for its type;
+    /// the event type itself when none is configured.
+    pub destination: String,
+    /// The optional key (Kafka record key).
+    pub key: Option<String>,
+    /// The user's headers.
+    pub headers: BTreeMap<String, String>,
+    /// The payload: the JSON the publisher serialized, byte for byte.
+    pub payload: String,
+    /// Failed send attempts before this one.
+    pub attempts: u32,
+}
+
+/// A new event to publish: the builder form of [`Outbox::publish`](crate::Outbox::publish),
+/// for a key and headers.
+///
+/// ```
+/// # fn main() -> txbox::Result<()> {
+/// let event = txbox::NewEvent::new("order-created", &serde_json::json!({"order": 7}))?
+///     .key("order-7")
+///     .header("trace-id", "abc");
+/// assert_eq!(event.event_type(), "order-created");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub(crate) id: EventId,
+    pub(crate) event_type: String,
+    pub(crate) key: Option<String>,
+    pub(crate) headers: BTreeMap<String, String>,
+    pub(crate) payload: String,
+}
+
+impl NewEvent {
+    /// Serializes `payload` to JSON; the id is assigned now (UUIDv7).
+    pub fn new<T: Serialize + ?Sized>(event_type: &str, payload: &T) -> Result<Self> {
+        let payload = serde_json::to_string(payload).map_err(|source| Error::Serialize {
+            event_type: event_type.to_owned(),
+            source,
+        })?;
+        Ok(Self::from_json(event_type, payload))
+    }
+
+    /// An event whose payload is already serialized JSON text.
+    pub fn from_json(event_type: &str, payload: impl Into<String>) -> Self {
+        NewEvent {
+            id: EventId::new(),
+            event_type: event_type.to_owned(),
+            key: None,
+            headers: BTreeMap::new(),
+            payload: payload.into(),
+        }
+    }
+
+    /// Sets the key (the Kafka record key; ordering within a partition follows it).
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Adds a header. Names starting with `txbox-` are reserved and refused at publish.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// The id this event will have.
+    pub fn id(&self) -> EventId {
+        self.id
+    }
+
+    /// The event type.
+    pub fn event_type(&self) -> &str {
+        &self.event_type
+    }
+
+    /// The serialized payload.
+    pub fn payload(&self) -> &str {
+        &self.payload
+    }
+}

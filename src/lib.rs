@@ -1,0 +1,83 @@
+//! # txbox
+//!
+//! The transactional outbox (and, soon, inbox) for blocking Rust code.
+//!
+//! A service writes its business rows and an event in **one database transaction**
+//! with [`Outbox::publish`]. A [`Relay`] — a fixed pool of `std::thread`s — later
+//! claims the event with `FOR UPDATE SKIP LOCKED`, hands it to a [`Sender`] (Kafka,
+//! RabbitMQ, or the in-memory [`MemorySender`]), waits for the broker's ack and only
+//! then marks the row PROCESSED. Delivery is at-least-once: no committed event is
+//! lost, a rolled-back one is never sent.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! use std::{sync::Arc, time::Duration};
+//! use txbox::{Config, EventOptions, MemorySender, Outbox, PgStore, Relay, Store};
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let url = "postgres://postgres@127.0.0.1:5432/test";
+//!     // 1. Configuration: defaults plus one entry per event type.
+//!     let config = Config::builder()
+//!         .defaults(EventOptions::new().batch_size(100))
+//!         .event("order-created", EventOptions::new().destination("orders"))
+//!         .dlq(true)
+//!         .build()?;
+//!
+//!     // 2. Schema (idempotent).
+//!     let store = Arc::new(PgStore::connect(url, &config.table_prefix)?);
+//!     store.migrate()?;
+//!
+//!     // 3. Publish inside the business transaction.
+//!     let outbox = Outbox::new(&config)?;
+//!     let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+//!     client.batch_execute("CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY)")?;
+//!     let mut tx = client.transaction()?;
+//!     tx.execute("INSERT INTO orders (id) VALUES (42) ON CONFLICT DO NOTHING", &[])?;
+//!     let id = outbox.publish(&mut tx, "order-created", &serde_json::json!({"id": 42}))?;
+//!     tx.commit()?;
+//!
+//!     // 4. Relay: here into memory; Kafka and RabbitMQ senders plug in the same way.
+//!     let sender = MemorySender::new();
+//!     let relay = Relay::start(store, &config, sender.clone())?;
+//!     relay.wake("order-created");
+//!     sender.wait_for(1, Duration::from_secs(10));
+//!     assert!(sender.sent().iter().any(|e| e.id == id));
+//!     relay.shutdown(Duration::from_secs(5))?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! ## Guarantees
+//!
+//! - `publish` joins the caller's transaction ([`OutboxTransaction`]); it never
+//!   begins, commits or rolls back.
+//! - Event ids are UUIDv7 and travel in the [`HEADER_EVENT_ID`] header.
+//! - A row is marked PROCESSED only after the sender reported the broker's ack. Every
+//!   error path leaves it PENDING, IN_PROCESS (recovered after its lease) or FAILED
+//!   (moved to the dead letters).
+//! - Finishing a batch checks its claim token: a relay whose lease expired cannot
+//!   overwrite what another relay did since.
+//! - Time comes from the database clock.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod dlq;
+mod error;
+pub mod event;
+mod outbox;
+pub mod relay;
+pub mod sender;
+pub mod store;
+
+pub use config::{Config, ConfigBuilder, EventOptions, EventSettings};
+pub use dlq::{DeadLetter, Dlq, DlqFilter, DlqStatus};
+pub use error::{Error, Result};
+pub use event::{Event, EventId, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
+pub use outbox::{Outbox, OutboxTransaction};
+pub use relay::Relay;
+pub use sender::{MemorySender, SendError, Sender, SenderFactory};
+#[cfg(feature = "postgres")]
+pub use store::postgres::PgStore;
+pub use store::{Outcome, Store, Tables, TypeStatus};

@@ -1,0 +1,159 @@
+//! Publishing: events join the caller's open transaction.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::event::{EventId, NewEvent, RESERVED_HEADER_PREFIX};
+use crate::store::Tables;
+
+pub(crate) mod sealed {
+    pub trait Sealed {}
+}
+
+/// An open database transaction that events can join: `postgres::Transaction`
+/// (feature `postgres`). A plain connection is not one, so "publish without a
+/// transaction" does not compile.
+///
+/// Sealed: txbox implements it for each supported driver.
+pub trait OutboxTransaction: sealed::Sealed {
+    #[doc(hidden)]
+    fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()>;
+}
+
+/// Writes events into the outbox table inside the caller's transaction.
+///
+/// `publish` never begins, commits or rolls back: the event commits or rolls back
+/// with the caller's business rows. Cheap to clone; share one per process.
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// use txbox::{Config, EventOptions, Outbox};
+///
+/// let config = Config::builder().event("order-created", EventOptions::new()).build()?;
+/// let outbox = Outbox::new(&config)?;
+/// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
+/// let mut tx = client.transaction()?;
+/// tx.execute("INSERT INTO orders (id) VALUES (1)", &[])?;
+/// let id = outbox.publish(&mut tx, "order-created", &serde_json::json!({"id": 1}))?;
+/// tx.commit()?; // the order and its event become visible together
+/// # let _ = id; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Outbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tables: Tables,
+    types: BTreeSet<String>,
+    max_payload_bytes: usize,
+}
+
+impl Outbox {
+    /// An outbox for the event types and table prefix of `config`.
+    pub fn new(config: &Config) -> Result<Self> {
+        Ok(Outbox {
+            inner: Arc::new(Inner {
+                tables: Tables::new(&config.table_prefix)?,
+                types: config.events.keys().cloned().collect(),
+                max_payload_bytes: config.max_payload_bytes,
+            }),
+        })
+    }
+
+    /// Serializes `payload` to JSON and inserts one event into `tx`. Returns its id.
+    ///
+    /// Errors: [`Error::UnknownEventType`], [`Error::Serialize`],
+    /// [`Error::PayloadTooLarge`], [`Error::Database`]. After an error the caller's
+    /// transaction is still the caller's to roll back (PostgreSQL will refuse further
+    /// statements in it after a database error).
+    pub fn publish<T, P>(&self, tx: &mut T, event_type: &str, payload: &P) -> Result<EventId>
+    where
+        T: OutboxTransaction + ?Sized,
+        P: Serialize + ?Sized,
+    {
+        self.check_type(event_type)?;
+        let event = NewEvent::new(event_type, payload)?;
+        self.publish_event(tx, event)
+    }
+
+    /// Inserts one event built with [`NewEvent`] (key, headers). Returns its id.
+    pub fn publish_event<T>(&self, tx: &mut T, event: NewEvent) -> Result<EventId>
+    where
+        T: OutboxTransaction + ?Sized,
+    {
+        let id = event.id;
+        self.publish_events(tx, vec![event])?;
+        Ok(id)
+    }
+
+    /// Inserts many payloads of one type in one statement (one round trip).
+    /// Returns their ids in order.
+    pub fn publish_batch<T, P, I>(&self, tx: &mut T, event_type: &str, payloads: I) -> Result<Vec<EventId>>
+    where
+        T: OutboxTransaction + ?Sized,
+        P: Serialize,
+        I: IntoIterator<Item = P>,
+    {
+        self.check_type(event_type)?;
+        let events = payloads
+            .into_iter()
+            .map(|p| NewEvent::new(event_type, &p))
+            .collect::<Result<Vec<_>>>()?;
+        self.publish_events(tx, events)
+    }
+
+    /// Inserts many built events (any known types) in one statement. Returns their ids.
+    pub fn publish_events<T>(&self, tx: &mut T, events: Vec<NewEvent>) -> Result<Vec<EventId>>
+    where
+        T: OutboxTransaction + ?Sized,
+    {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        for e in &events {
+            self.check(e)?;
+        }
+        tx.insert_events(&self.inner.tables, &events)?;
+        Ok(events.iter().map(|e| e.id).collect())
+    }
+
+    fn check_type(&self, event_type: &str) -> Result<()> {
+        if self.inner.types.contains(event_type) {
+            Ok(())
+        } else {
+            Err(Error::UnknownEventType(event_type.to_owned()))
+        }
+    }
+
+    fn check(&self, e: &NewEvent) -> Result<()> {
+        self.check_type(&e.event_type)?;
+        if e.payload.len() > self.inner.max_payload_bytes {
+            return Err(Error::PayloadTooLarge {
+                event_type: e.event_type.clone(),
+                size: e.payload.len(),
+                max: self.inner.max_payload_bytes,
+            });
+        }
+        if let Some(k) = &e.key {
+            if k.len() > 255 {
+                return Err(Error::InvalidInput(format!(
+                    "key of event type {:?} is {} bytes, at most 255",
+                    e.event_type,
+                    k.len()
+                )));
+            }
+        }
+        if let Some(name) = e.headers.keys().find(|n| n.starts_with(RESERVED_HEADER_PREFIX)) {
+            return Err(Error::InvalidInput(format!(
+                "header {name:?} of event type {:?}: names starting with {RESERVED_HEADER_PREFIX:?} are reserved",
+                e.event_type
+            )));
+        }
+        Ok(())
+    }
+}

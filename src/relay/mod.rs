@@ -1,0 +1,494 @@
+//! The relay: a fixed pool of std threads that moves events from the outbox table
+//! to the broker.
+//!
+//! Threads (each named `txbox-...`):
+//! - one poller per configured event type: claim a batch (`FOR UPDATE SKIP LOCKED`),
+//!   send it, wait for the acks, finish the rows under the claim token;
+//! - `txbox-recovery`: returns expired claims to PENDING (no attempt counted);
+//! - `txbox-cleanup`: deletes old PROCESSED rows, under a lease lock;
+//! - with the DLQ on: `txbox-dlq-move`, `txbox-dlq-retry`, `txbox-dlq-cleanup`.
+//!
+//! So 2 + n threads, or 5 + n with the DLQ. Every thread sleeps on a channel:
+//! [`Relay::shutdown`] and [`Relay::wake`] take effect at once.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, select, Receiver};
+use uuid::Uuid;
+
+use crate::config::{Config, EventSettings};
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::sender::{SendError, Sender, SenderFactory};
+use crate::store::{Outcome, Store};
+
+mod polling;
+
+pub use polling::{PollState, MAX_ERROR_DELAY};
+
+/// Longest `last_error` kept with an event, in bytes (longer messages are cut).
+pub const MAX_ERROR_LEN: usize = 2000;
+
+/// The running relay. Dropping it stops the threads without waiting; call
+/// [`Relay::shutdown`] to let in-flight batches finish.
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// use std::{sync::Arc, time::Duration};
+/// use txbox::{Config, EventOptions, MemorySender, PgStore, Relay, Store};
+///
+/// let config = Config::builder().event("order-created", EventOptions::new()).build()?;
+/// let store = Arc::new(PgStore::connect("postgres://postgres@127.0.0.1/test", &config.table_prefix)?);
+/// store.migrate()?;
+/// let relay = Relay::start(store, &config, MemorySender::new())?;
+/// // ... the application runs ...
+/// relay.shutdown(Duration::from_secs(10))?;
+/// # Ok(()) }
+/// ```
+pub struct Relay {
+    stop: Option<crossbeam_channel::Sender<()>>,
+    done: Receiver<()>,
+    workers: Vec<(String, JoinHandle<()>)>,
+    wakers: BTreeMap<String, crossbeam_channel::Sender<()>>,
+}
+
+/// What every thread shares.
+#[derive(Clone)]
+struct Ctx {
+    store: Arc<dyn Store>,
+    stop: Receiver<()>,
+    instance: Uuid,
+}
+
+enum Wake {
+    Stop,
+    Go,
+}
+
+impl Ctx {
+    fn stopped(&self) -> bool {
+        matches!(
+            self.stop.try_recv(),
+            Err(crossbeam_channel::TryRecvError::Disconnected)
+        )
+    }
+
+    /// Sleeps `d`, or less if stopped or woken.
+    fn sleep(&self, d: Duration, wake: Option<&Receiver<()>>) -> Wake {
+        let never = crossbeam_channel::never();
+        let wake = wake.unwrap_or(&never);
+        select! {
+            recv(self.stop) -> _ => Wake::Stop,
+            recv(wake) -> _ => Wake::Go,
+            default(d) => Wake::Go,
+        }
+    }
+}
+
+/// Sends on drop, so `shutdown` learns of a thread's end even after a panic.
+struct DoneGuard(crossbeam_channel::Sender<()>);
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+impl Relay {
+    /// Starts the threads for every event type of `config`. The schema must exist
+    /// ([`Store::migrate`]).
+    pub fn start(store: Arc<dyn Store>, config: &Config, sender: impl SenderFactory) -> Result<Relay> {
+        let sender: Arc<dyn SenderFactory> = Arc::new(sender);
+        let (stop_tx, stop_rx) = bounded::<()>(0);
+        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        let ctx = Ctx {
+            store,
+            stop: stop_rx,
+            instance: Uuid::now_v7(),
+        };
+        let mut relay = Relay {
+            stop: Some(stop_tx),
+            done: done_rx,
+            workers: Vec::new(),
+            wakers: BTreeMap::new(),
+        };
+        let spawn = |relay: &mut Relay, name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
+            let guard = DoneGuard(done_tx.clone());
+            let handle = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || {
+                    let _guard = guard;
+                    f()
+                })
+                .map_err(|e| Error::Io {
+                    context: format!("spawning thread {name}"),
+                    source: e,
+                })?;
+            relay.workers.push((name, handle));
+            Ok(())
+        };
+
+        for (event_type, settings) in &config.events {
+            let (wake_tx, wake_rx) = bounded(1);
+            relay.wakers.insert(event_type.clone(), wake_tx);
+            let poller = Poller {
+                ctx: ctx.clone(),
+                destination: settings.destination.clone().unwrap_or_else(|| event_type.clone()),
+                event_type: event_type.clone(),
+                settings: settings.clone(),
+                factory: sender.clone(),
+                sender: None,
+            };
+            spawn(&mut relay, format!("txbox-poll-{event_type}"), Box::new(move || poller.run(wake_rx)))?;
+        }
+
+        let m = config.maintenance.clone();
+        let (c, b) = (ctx.clone(), m.batch_size);
+        spawn(&mut relay, "txbox-recovery".into(), Box::new(move || {
+            periodic(&c, "stuck recovery", m.recovery_interval, None, |s| s.recover_expired(b))
+        }))?;
+        let c = ctx.clone();
+        spawn(&mut relay, "txbox-cleanup".into(), Box::new(move || {
+            periodic(&c, "processed cleanup", m.cleanup_interval, Some("txbox-cleanup-processed"), |s| {
+                s.delete_processed(m.processed_ttl, b)
+            })
+        }))?;
+        if config.dlq.enabled {
+            let d = config.dlq.clone();
+            let c = ctx.clone();
+            spawn(&mut relay, "txbox-dlq-move".into(), Box::new(move || {
+                periodic(&c, "move to DLQ", d.move_interval, None, |s| s.move_failed_to_dlq(b))
+            }))?;
+            let c = ctx.clone();
+            spawn(&mut relay, "txbox-dlq-retry".into(), Box::new(move || {
+                periodic(&c, "DLQ retry", d.retry_interval, None, |s| s.requeue_dlq_retries(b))
+            }))?;
+            let c = ctx;
+            spawn(&mut relay, "txbox-dlq-cleanup".into(), Box::new(move || {
+                periodic(&c, "DLQ cleanup", d.cleanup_interval, Some("txbox-cleanup-dlq"), |s| {
+                    s.delete_resolved_dlq(d.resolved_ttl, b)
+                })
+            }))?;
+        }
+        log::info!("txbox: relay started with {} threads", relay.workers.len());
+        Ok(relay)
+    }
+
+    /// Threads still running.
+    pub fn thread_count(&self) -> usize {
+        self.workers.iter().filter(|(_, h)| !h.is_finished()).count()
+    }
+
+    /// Names of the relay's threads, in start order.
+    pub fn thread_names(&self) -> Vec<String> {
+        self.workers.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Makes the poller of `event_type` poll now (e.g. right after a commit). Unknown
+    /// types are ignored.
+    pub fn wake(&self, event_type: &str) {
+        if let Some(w) = self.wakers.get(event_type) {
+            let _ = w.try_send(());
+        }
+    }
+
+    /// Stops claiming, lets in-flight batches finish and joins the threads, waiting
+    /// at most `timeout`. [`Error::ShutdownTimeout`] if some threads were still busy.
+    pub fn shutdown(mut self, timeout: Duration) -> Result<()> {
+        self.stop.take();
+        let deadline = Instant::now() + timeout;
+        let mut running = self.workers.len();
+        while running > 0 && self.done.recv_deadline(deadline).is_ok() {
+            running -= 1;
+        }
+        let workers = std::mem::take(&mut self.workers);
+        let mut left = 0;
+        for (name, handle) in workers {
+            if handle.is_finished() {
+                let _ = handle.join();
+            } else {
+                log::warn!("txbox: relay thread {name} still running at the shutdown deadline");
+                left += 1;
+            }
+        }
+        if left > 0 {
+            return Err(Error::ShutdownTimeout(left));
+        }
+        log::info!("txbox: relay stopped");
+        Ok(())
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.take();
+    }
+}
+
+/// Runs `job` every `interval` until stopped: repeated while it returns a full
+/// batch, under the lease lock `lock` when given. Errors are logged and retried.
+fn periodic(
+    ctx: &Ctx,
+    what: &str,
+    interval: Duration,
+    lock: Option<&str>,
+    mut job: impl FnMut(&dyn Store) -> Result<u64>,
+) {
+    loop {
+        let run = catch_unwind(AssertUnwindSafe(|| -> Result<u64> {
+            if let Some(name) = lock {
+                let lease = interval.max(Duration::from_secs(60));
+                if !ctx.store.try_lock(name, ctx.instance, lease)? {
+                    log::debug!("txbox: {what}: another instance holds {name}");
+                    return Ok(0);
+                }
+            }
+            let mut total = 0;
+            let result = loop {
+                match job(ctx.store.as_ref()) {
+                    Ok(0) => break Ok(total),
+                    Ok(n) => total += n,
+                    Err(e) => break Err(e),
+                }
+                if ctx.stopped() {
+                    break Ok(total);
+                }
+            };
+            if let Some(name) = lock {
+                if let Err(e) = ctx.store.unlock(name, ctx.instance) {
+                    log::warn!("txbox: {what}: releasing {name}: {e}");
+                }
+            }
+            result
+        }));
+        match run {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => log::info!("txbox: {what}: {n} rows"),
+            Ok(Err(e)) => log::warn!("txbox: {what} failed, will try again in {interval:?}: {e}"),
+            Err(_) => log::error!("txbox: {what} panicked, will try again in {interval:?}"),
+        }
+        if let Wake::Stop = ctx.sleep(interval, None) {
+            return;
+        }
+    }
+}
+
+struct Poller {
+    ctx: Ctx,
+    event_type: String,
+    destination: String,
+    settings: EventSettings,
+    factory: Arc<dyn SenderFactory>,
+    sender: Option<Box<dyn Sender>>,
+}
+
+impl Poller {
+    fn run(mut self, wake: Receiver<()>) {
+        let mut state = PollState::new(&self.settings.polling);
+        let mut delay = self.settings.polling.initial_delay;
+        loop {
+            if delay.is_zero() {
+                if self.ctx.stopped() {
+                    return;
+                }
+            } else if let Wake::Stop = self.ctx.sleep(delay, Some(&wake)) {
+                return;
+            }
+            delay = match catch_unwind(AssertUnwindSafe(|| self.poll_once())) {
+                Ok(Ok(claimed)) => state.after_batch(claimed, self.settings.batch_size),
+                Ok(Err(e)) => {
+                    let d = state.after_error();
+                    log::warn!("txbox: poller {}: {e}; next try in {d:?}", self.event_type);
+                    d
+                }
+                Err(_) => {
+                    self.sender = None;
+                    let d = state.after_error();
+                    log::error!(
+                        "txbox: poller {} panicked; its batch returns after the lease; next try in {d:?}",
+                        self.event_type
+                    );
+                    d
+                }
+            };
+        }
+    }
+
+    /// Claims, sends and finishes one batch. Returns how many events it claimed.
+    fn poll_once(&mut self) -> Result<usize> {
+        if self.sender.is_none() {
+            self.sender = Some(self.factory.create()?);
+        }
+        let s = &self.settings;
+        let token = Uuid::now_v7();
+        let claimed_at = Instant::now();
+        let mut events = self.ctx.store.claim(&self.event_type, s.batch_size, s.lease, token)?;
+        if events.is_empty() {
+            return Ok(0);
+        }
+        for e in &mut events {
+            e.destination.clone_from(&self.destination);
+        }
+        let results = match self.sender.as_mut() {
+            Some(sender) => sender.send(&events),
+            None => Vec::new(),
+        };
+        let outcomes = outcomes(&events, results, s);
+        self.finish(token, &outcomes, claimed_at + s.lease);
+        Ok(events.len())
+    }
+
+    /// Finishes the batch, retrying a lost database until the lease runs out (after
+    /// that, recovery hands the rows to another relay and the token fences us out).
+    fn finish(&self, token: Uuid, outcomes: &[(crate::EventId, Outcome)], lease_end: Instant) {
+        let mut wait = Duration::from_millis(50);
+        let mut stop_deadline: Option<Instant> = None;
+        loop {
+            match self.ctx.store.finish(token, outcomes) {
+                Ok(n) if (n as usize) < outcomes.len() => {
+                    log::warn!(
+                        "txbox: poller {}: {} of {} events were no longer held by this relay \
+                         (lease expired and recovered); their new owner finishes them",
+                        self.event_type,
+                        outcomes.len() - n as usize,
+                        outcomes.len()
+                    );
+                    return;
+                }
+                Ok(_) => return,
+                Err(e) => {
+                    let now = Instant::now();
+                    if self.ctx.stopped() {
+                        stop_deadline.get_or_insert(now + Duration::from_secs(5));
+                    }
+                    let deadline = stop_deadline.map_or(lease_end, |d| d.min(lease_end));
+                    if now + wait >= deadline {
+                        log::error!(
+                            "txbox: poller {}: could not finish {} events ({e}); they stay in \
+                             process and are sent again after the lease",
+                            self.event_type,
+                            outcomes.len()
+                        );
+                        return;
+                    }
+                    log::warn!("txbox: poller {}: finishing batch: {e}; retrying in {wait:?}", self.event_type);
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+/// Turns the sender's per-event results into row outcomes: retry with backoff while
+/// retries are left, FAILED after.
+fn outcomes(
+    events: &[Event],
+    results: Vec<Result<(), SendError>>,
+    s: &EventSettings,
+) -> Vec<(crate::EventId, Outcome)> {
+    let got = results.len();
+    let mut results = results.into_iter();
+    events
+        .iter()
+        .map(|e| {
+            let result = results.next().unwrap_or_else(|| {
+                Err(SendError::new(format!(
+                    "sender returned {got} results for {} events",
+                    events.len()
+                )))
+            });
+            let outcome = match result {
+                Ok(()) => Outcome::Sent,
+                Err(err) => {
+                    let error = truncate(&err.message, MAX_ERROR_LEN);
+                    let retry = e.attempts + 1;
+                    if retry > s.max_retries {
+                        Outcome::Failed { error }
+                    } else {
+                        Outcome::Retry {
+                            delay: s.backoff.delay_for(retry),
+                            error,
+                        }
+                    }
+                }
+            };
+            (e.id, outcome)
+        })
+        .collect()
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventId;
+
+    fn event(attempts: u32) -> Event {
+        Event {
+            id: EventId::new(),
+            event_type: "t".into(),
+            destination: "t".into(),
+            key: None,
+            headers: Default::default(),
+            payload: "{}".into(),
+            attempts,
+        }
+    }
+
+    #[test]
+    fn outcomes_retry_then_fail_and_short_results_fail() {
+        let mut s = EventSettings::default();
+        s.backoff.jitter = 0.0;
+        let events = vec![event(0), event(2), event(3), event(0)];
+        let results = vec![Ok(()), Err(SendError::new("x")), Err(SendError::new("y"))];
+        let o = outcomes(&events, results, &s);
+        assert_eq!(o[0].1, Outcome::Sent);
+        assert_eq!(
+            o[1].1,
+            Outcome::Retry {
+                delay: Duration::from_secs(90),
+                error: "x".into()
+            }
+        );
+        assert_eq!(o[2].1, Outcome::Failed { error: "y".into() });
+        assert!(matches!(&o[3].1, Outcome::Retry { error, .. } if error.contains("3 results for 4")));
+    }
+
+    #[test]
+    fn backoff_grows_and_disabled_is_fixed() {
+        let mut s = EventSettings::default();
+        s.backoff.jitter = 0.0;
+        assert_eq!(s.backoff.delay_for(1), Duration::from_secs(10));
+        assert_eq!(s.backoff.delay_for(2), Duration::from_secs(30));
+        assert_eq!(s.backoff.delay_for(3), Duration::from_secs(90));
+        s.backoff.enabled = false;
+        assert_eq!(s.backoff.delay_for(3), Duration::from_secs(10));
+        s.backoff.enabled = true;
+        s.backoff.jitter = 0.5;
+        for _ in 0..100 {
+            let d = s.backoff.delay_for(1).as_secs_f64();
+            assert!((5.0..=15.0).contains(&d), "{d}");
+        }
+    }
+
+    #[test]
+    fn truncates_on_char_boundary() {
+        assert_eq!(truncate("ééé", 3), "é");
+        assert_eq!(truncate("abc", 5), "abc");
+    }
+}

@@ -1,0 +1,146 @@
+//! The delay between polls, as a small state machine.
+
+use std::time::Duration;
+
+use crate::config::{Polling, PollingStrategy};
+
+/// Longest wait after an error (lost database, no sender): a poller comes back
+/// within this time once the cause is gone.
+pub const MAX_ERROR_DELAY: Duration = Duration::from_secs(5);
+
+/// How long a poller waits before its next poll.
+///
+/// ```
+/// use std::time::Duration;
+/// use txbox::relay::PollState;
+/// let settings = txbox::EventSettings::default(); // adaptive 250ms .. 1m, x1.5
+/// let mut s = PollState::new(&settings.polling);
+/// assert_eq!(s.after_batch(200, 200), Duration::ZERO); // full batch: at once
+/// assert_eq!(s.after_batch(10, 200), Duration::from_millis(250));
+/// assert_eq!(s.after_batch(0, 200), Duration::from_millis(375));
+/// ```
+#[derive(Debug, Clone)]
+pub struct PollState {
+    polling: Polling,
+    current: Duration,
+    error_delay: Duration,
+}
+
+impl PollState {
+    /// Starts at `min` (adaptive) or `delay` (fixed).
+    pub fn new(polling: &Polling) -> Self {
+        let current = match polling.strategy {
+            PollingStrategy::Adaptive => polling.min,
+            PollingStrategy::Fixed => polling.delay,
+        };
+        PollState {
+            polling: polling.clone(),
+            current,
+            error_delay: Duration::ZERO,
+        }
+    }
+
+    /// The wait after a poll that claimed `claimed` of at most `batch_size` events.
+    pub fn after_batch(&mut self, claimed: usize, batch_size: usize) -> Duration {
+        self.error_delay = Duration::ZERO;
+        let p = &self.polling;
+        if claimed >= batch_size {
+            if p.strategy == PollingStrategy::Adaptive {
+                self.current = p.min;
+            }
+            return Duration::ZERO;
+        }
+        match p.strategy {
+            PollingStrategy::Fixed => p.delay,
+            PollingStrategy::Adaptive => {
+                let wait = self.current;
+                self.current = wait.mul_f64(p.multiplier).min(p.max);
+                wait
+            }
+        }
+    }
+
+    /// The wait after a failed poll: doubling from `min` up to [`MAX_ERROR_DELAY`]
+    /// (or the poll delay, when that is shorter).
+    pub fn after_error(&mut self) -> Duration {
+        let p = &self.polling;
+        let cap = match p.strategy {
+            PollingStrategy::Fixed => p.delay,
+            PollingStrategy::Adaptive => p.max,
+        }
+        .min(MAX_ERROR_DELAY);
+        self.error_delay = if self.error_delay.is_zero() {
+            p.min.min(cap)
+        } else {
+            (self.error_delay * 2).min(cap)
+        };
+        self.error_delay
+    }
+
+    /// The current adaptive delay (the next partial batch waits this long).
+    pub fn current(&self) -> Duration {
+        self.current
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EventSettings;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn adaptive_sequence_resets_grows_and_caps() {
+        let mut s = PollState::new(&EventSettings::default().polling);
+        let mut waits = Vec::new();
+        for _ in 0..16 {
+            waits.push(s.after_batch(0, 200));
+        }
+        assert_eq!(waits[0], ms(250));
+        assert_eq!(waits[1], ms(375));
+        assert_eq!(waits[2], Duration::from_micros(562_500));
+        for w in waits.windows(2) {
+            assert!(w[1] >= w[0] && w[1] <= ms(60_000), "{w:?}");
+        }
+        assert_eq!(*waits.last().unwrap(), ms(60_000), "capped at max");
+        // a partial batch grows like an empty one
+        assert_eq!(s.after_batch(199, 200), ms(60_000));
+        // a full batch polls at once and resets to min
+        assert_eq!(s.after_batch(200, 200), Duration::ZERO);
+        assert_eq!(s.after_batch(3, 200), ms(250));
+        assert_eq!(s.after_batch(3, 200), ms(375));
+    }
+
+    #[test]
+    fn idle_type_costs_about_70_polls_in_its_first_hour() {
+        let mut s = PollState::new(&EventSettings::default().polling);
+        let (mut t, mut polls) = (Duration::ZERO, 0);
+        while t < Duration::from_secs(3600) {
+            polls += 1;
+            t += s.after_batch(0, 200);
+        }
+        assert!((60..=75).contains(&polls), "{polls} polls in the first hour");
+    }
+
+    #[test]
+    fn fixed_waits_its_delay_and_errors_back_off() {
+        let mut settings = EventSettings::default();
+        settings.polling.strategy = PollingStrategy::Fixed;
+        settings.polling.delay = ms(800);
+        let mut s = PollState::new(&settings.polling);
+        assert_eq!(s.after_batch(0, 200), ms(800));
+        assert_eq!(s.after_batch(200, 200), Duration::ZERO);
+        assert_eq!(s.after_error(), ms(250));
+        assert_eq!(s.after_error(), ms(500));
+        assert_eq!(s.after_error(), ms(800));
+        assert_eq!(s.after_batch(1, 200), ms(800));
+
+        let mut a = PollState::new(&EventSettings::default().polling);
+        let errs: Vec<_> = (0..8).map(|_| a.after_error()).collect();
+        assert_eq!(errs[0], ms(250));
+        assert_eq!(*errs.last().unwrap(), MAX_ERROR_DELAY);
+    }
+}

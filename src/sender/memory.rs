@@ -1,0 +1,108 @@
+//! An in-memory sender: for unit tests of the relay and for the demo.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::{SendError, Sender, SenderFactory};
+use crate::error::Result;
+use crate::event::Event;
+
+type FailFn = dyn Fn(&Event) -> Option<String> + Send + Sync;
+
+/// Keeps every "sent" event in memory. Clones share the same store, so the relay's
+/// threads and the test see the same events.
+///
+/// ```
+/// let sender = txbox::MemorySender::new();
+/// sender.fail_when(|e| (e.event_type == "bad").then(|| "broker says no".to_string()));
+/// assert!(sender.sent().is_empty());
+/// ```
+#[derive(Clone, Default)]
+pub struct MemorySender {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    sent: Mutex<Vec<Event>>,
+    changed: Condvar,
+    fail: Mutex<Option<Arc<FailFn>>>,
+}
+
+impl MemorySender {
+    /// An empty sender that acks everything.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// From now on, events for which `f` returns `Some(reason)` fail with that reason.
+    pub fn fail_when(&self, f: impl Fn(&Event) -> Option<String> + Send + Sync + 'static) {
+        *lock(&self.inner.fail) = Some(Arc::new(f));
+    }
+
+    /// From now on, every event is acked.
+    pub fn succeed_all(&self) {
+        *lock(&self.inner.fail) = None;
+    }
+
+    /// A copy of every event acked so far, in send order (duplicates included).
+    pub fn sent(&self) -> Vec<Event> {
+        lock(&self.inner.sent).clone()
+    }
+
+    /// How many events were acked so far (duplicates included).
+    pub fn len(&self) -> usize {
+        lock(&self.inner.sent).len()
+    }
+
+    /// True when nothing was acked yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits until at least `n` events were acked or `timeout` passes; returns the count.
+    pub fn wait_for(&self, n: usize, timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        let mut sent = lock(&self.inner.sent);
+        while sent.len() < n {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            sent = match self.inner.changed.wait_timeout(sent, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        sent.len()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Sender for MemorySender {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        let fail = lock(&self.inner.fail).clone();
+        let mut sent = lock(&self.inner.sent);
+        let results = events
+            .iter()
+            .map(|e| match fail.as_ref().and_then(|f| f(e)) {
+                Some(reason) => Err(SendError::new(reason)),
+                None => {
+                    sent.push(e.clone());
+                    Ok(())
+                }
+            })
+            .collect();
+        self.inner.changed.notify_all();
+        results
+    }
+}
+
+impl SenderFactory for MemorySender {
+    fn create(&self) -> Result<Box<dyn Sender>> {
+        Ok(Box::new(self.clone()))
+    }
+}

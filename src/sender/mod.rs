@@ -1,0 +1,61 @@
+//! Senders: how the relay hands events to a broker.
+//!
+//! A relay thread asks its [`SenderFactory`] for one [`Sender`] and keeps it: a
+//! thread-safe client (a Kafka producer) hands out clones of one handle, a client
+//! that wants one channel per thread (RabbitMQ) opens one per call.
+
+use crate::error::Result;
+use crate::event::Event;
+
+mod memory;
+
+pub use memory::MemorySender;
+
+/// Why one event could not be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendError {
+    /// What the broker or client said.
+    pub message: String,
+}
+
+impl SendError {
+    /// A failure with its reason.
+    pub fn new(message: impl Into<String>) -> Self {
+        SendError {
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SendError {}
+
+/// Publishes batches of events to a broker and waits for its acks.
+pub trait Sender: Send {
+    /// Sends `events` (all of one type, in id order) and returns one result per
+    /// event, in the same order. `Ok` only once the broker acked that event; an
+    /// event that fails fails alone. Must not panic; a panic is caught and the batch
+    /// is left to lease recovery.
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>>;
+}
+
+/// Makes a [`Sender`] for each relay thread.
+pub trait SenderFactory: Send + Sync + 'static {
+    /// A sender for one thread. An error here (broker unreachable) is logged and
+    /// retried with backoff; no event is claimed meanwhile.
+    fn create(&self) -> Result<Box<dyn Sender>>;
+}
+
+impl<F> SenderFactory for F
+where
+    F: Fn() -> Result<Box<dyn Sender>> + Send + Sync + 'static,
+{
+    fn create(&self) -> Result<Box<dyn Sender>> {
+        self()
+    }
+}

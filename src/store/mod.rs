@@ -1,0 +1,210 @@
+//! The storage side: the [`Store`] trait the relay and the admin API run on, and one
+//! module per SQL dialect. Each dialect only varies the SQL; the logic that decides
+//! what to do with rows (retries, backoff, fencing) lives in the relay.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::dlq::{DeadLetter, DlqFilter, DlqStatus};
+use crate::error::{Error, Result};
+use crate::event::{Event, EventId};
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+
+/// What became of one claimed event after the send.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The broker acked it: PROCESSED.
+    Sent,
+    /// The send failed and a retry is left: back to PENDING after `delay`, attempts + 1.
+    Retry {
+        /// Wait before the next attempt.
+        delay: Duration,
+        /// Why it failed.
+        error: String,
+    },
+    /// The send failed and no retry is left: FAILED, attempts + 1.
+    Failed {
+        /// Why it failed.
+        error: String,
+    },
+}
+
+/// Counts of outbox rows of one event type by status.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TypeStatus {
+    /// The event type.
+    pub event_type: String,
+    /// Rows waiting to be sent (including those waiting for a retry).
+    pub pending: u64,
+    /// Rows claimed by a relay right now.
+    pub in_process: u64,
+    /// Rows that used up their retries and wait for the move to the dead letters.
+    pub failed: u64,
+    /// Age of the oldest pending row: the relay's lag.
+    pub oldest_pending_age: Option<Duration>,
+}
+
+/// Storage operations of txbox. Implemented once per SQL dialect; every method is
+/// one short transaction, and every method may be called from many threads.
+pub trait Store: Send + Sync + 'static {
+    /// Creates the tables and indexes if missing (idempotent).
+    fn migrate(&self) -> Result<()>;
+
+    /// Claims up to `limit` due PENDING events of `event_type`, oldest first, in one
+    /// statement with `FOR UPDATE SKIP LOCKED`: they become IN_PROCESS, stamped with
+    /// `token` and a lease of `lease`. Returned sorted by id (with `destination` empty).
+    fn claim(&self, event_type: &str, limit: usize, lease: Duration, token: Uuid)
+        -> Result<Vec<Event>>;
+
+    /// Finishes claimed events: only rows still IN_PROCESS under `token` change.
+    /// Returns how many rows changed (fewer than given: the claim was lost).
+    fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64>;
+
+    /// Returns up to `limit` IN_PROCESS rows whose lease expired to PENDING, without
+    /// counting an attempt.
+    fn recover_expired(&self, limit: usize) -> Result<u64>;
+
+    /// Deletes up to `limit` PROCESSED rows processed more than `ttl` ago.
+    fn delete_processed(&self, ttl: Duration, limit: usize) -> Result<u64>;
+
+    /// Moves up to `limit` FAILED rows to the dead letters in one transaction.
+    fn move_failed_to_dlq(&self, limit: usize) -> Result<u64>;
+
+    /// Moves up to `limit` dead letters marked RETRY back to the outbox as PENDING
+    /// with a fresh retry budget, in one transaction.
+    fn requeue_dlq_retries(&self, limit: usize) -> Result<u64>;
+
+    /// Deletes up to `limit` RESOLVED dead letters resolved more than `ttl` ago.
+    fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> Result<u64>;
+
+    /// Takes or renews the lease lock `name` for `owner` for `lease`. True if held.
+    fn try_lock(&self, name: &str, owner: Uuid, lease: Duration) -> Result<bool>;
+
+    /// Releases the lock if `owner` holds it.
+    fn unlock(&self, name: &str, owner: Uuid) -> Result<()>;
+
+    /// Lists dead letters, ordered by moved-at then id.
+    fn dlq_list(&self, filter: &DlqFilter) -> Result<Vec<DeadLetter>>;
+
+    /// Counts dead letters matching the filter (paging ignored).
+    fn dlq_count(&self, filter: &DlqFilter) -> Result<u64>;
+
+    /// One dead letter by id.
+    fn dlq_get(&self, id: EventId) -> Result<Option<DeadLetter>>;
+
+    /// Sets `to` on the given dead letters whose status is one of `from`; returns the
+    /// ids changed.
+    fn dlq_set_status(&self, ids: &[EventId], from: &[DlqStatus], to: DlqStatus)
+        -> Result<Vec<EventId>>;
+
+    /// Deletes the given dead letters whose status is one of `from`; returns the ids deleted.
+    fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> Result<Vec<EventId>>;
+
+    /// Per-type counts of the outbox (bounded, index-backed queries).
+    fn status(&self) -> Result<Vec<TypeStatus>>;
+}
+
+/// The table names, from a validated prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tables {
+    /// The validated prefix.
+    pub prefix: String,
+    /// Outbox events.
+    pub outbox: String,
+    /// Dead letters.
+    pub dlq: String,
+    /// Inbox consumed ids.
+    pub inbox: String,
+    /// Lease locks.
+    pub locks: String,
+}
+
+impl Tables {
+    /// Validates `prefix` and derives the table names.
+    pub fn new(prefix: &str) -> Result<Self> {
+        validate_prefix(prefix)?;
+        Ok(Tables {
+            prefix: prefix.to_owned(),
+            outbox: format!("{prefix}outbox_events"),
+            dlq: format!("{prefix}outbox_dead_letters"),
+            inbox: format!("{prefix}inbox_consumed"),
+            locks: format!("{prefix}job_locks"),
+        })
+    }
+
+    /// Substitutes the prefix into a schema file (`{prefix}`).
+    pub fn render(&self, sql: &str) -> String {
+        sql.replace("{prefix}", &self.prefix)
+    }
+}
+
+/// Longest table prefix: PostgreSQL names are at most 63 bytes and the longest
+/// derived name adds 34.
+pub const MAX_PREFIX_LEN: usize = 24;
+
+/// Checks that a table prefix is a plain SQL identifier (or empty): ASCII letters,
+/// digits and `_`, not starting with a digit.
+pub fn validate_prefix(prefix: &str) -> Result<()> {
+    let ok = prefix.len() <= MAX_PREFIX_LEN
+        && prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !prefix.starts_with(|c: char| c.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidIdentifier {
+            what: "table prefix",
+            value: prefix.to_owned(),
+            max: MAX_PREFIX_LEN,
+        })
+    }
+}
+
+/// Splits a migration file into statements (on `;` at line ends, comments dropped).
+pub(crate) fn split_statements(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in sql.lines() {
+        let line = match line.find("--") {
+            Some(i) => &line[..i],
+            None => line,
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        cur.push_str(line);
+        cur.push('\n');
+        if line.trim_end().ends_with(';') {
+            out.push(cur.trim().trim_end_matches(';').to_owned());
+            cur.clear();
+        }
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_owned());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes() {
+        assert!(validate_prefix("").is_ok());
+        assert!(validate_prefix("shop_").is_ok());
+        assert!(validate_prefix("_x9").is_ok());
+        for bad in ["9x", "a-b", "a;drop table x", "a b", "é", &"x".repeat(25)] {
+            let err = validate_prefix(bad).unwrap_err().to_string();
+            assert!(err.contains("invalid table prefix"), "{err}");
+        }
+    }
+
+    #[test]
+    fn splits_statements() {
+        let s = split_statements("-- c\nCREATE TABLE a (x int); -- t\n\nCREATE INDEX i\n ON a (x);\n");
+        assert_eq!(s, vec!["CREATE TABLE a (x int)", "CREATE INDEX i\n ON a (x)"]);
+    }
+}

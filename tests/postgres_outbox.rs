@@ -1,0 +1,225 @@
+//! Publishing and configuration against a real PostgreSQL.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use txbox::{Config, Error, EventOptions, NewEvent, Outbox, PgStore, Store};
+
+fn config(prefix: &str) -> Config {
+    Config::builder()
+        .table_prefix(prefix)
+        .event("order-created", EventOptions::new())
+        .event("order-paid", EventOptions::new())
+        .max_payload_bytes(1000)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn rollback_leaves_no_event_and_commit_makes_it_visible() {
+    let p = "t_pub_rb_";
+    let Some((_store, mut client)) = fresh(p) else { return };
+    let outbox = Outbox::new(&config(p)).unwrap();
+
+    let mut tx = client.transaction().unwrap();
+    let rolled = outbox.publish(&mut tx, "order-created", &json!({"n": 1})).unwrap();
+    tx.rollback().unwrap();
+
+    let mut tx = client.transaction().unwrap();
+    let committed = outbox.publish(&mut tx, "order-created", &json!({"n": 2})).unwrap();
+    // not visible to others before commit
+    let mut other = common::client().unwrap();
+    assert_eq!(count(&mut other, p, "PENDING"), 0);
+    tx.commit().unwrap();
+
+    let ids: Vec<uuid::Uuid> = client
+        .query(&format!("SELECT id FROM {p}outbox_events"), &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids, vec![committed.as_uuid()]);
+    assert_ne!(rolled, committed);
+    assert_eq!(committed.as_uuid().get_version_num(), 7, "ids are UUIDv7");
+}
+
+#[test]
+fn batch_publish_keys_and_headers_are_stored() {
+    let p = "t_pub_batch_";
+    let Some((_store, mut client)) = fresh(p) else { return };
+    let outbox = Outbox::new(&config(p)).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let payloads: Vec<_> = (0..500).map(|i| json!({"i": i})).collect();
+    let ids = outbox.publish_batch(&mut tx, "order-created", &payloads).unwrap();
+    let built = NewEvent::new("order-paid", &json!({"paid": true}))
+        .unwrap()
+        .key("order-7")
+        .header("trace-id", "abc");
+    let one = outbox.publish_event(&mut tx, built).unwrap();
+    assert!(outbox.publish_batch(&mut tx, "order-created", Vec::<i32>::new()).unwrap().is_empty());
+    tx.commit().unwrap();
+
+    assert_eq!(ids.len(), 500);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "UUIDv7 ids are ordered");
+    let rows = client
+        .query(
+            &format!("SELECT id, payload FROM {p}outbox_events WHERE event_type = 'order-created' ORDER BY id"),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(rows.len(), 500);
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r.get::<_, uuid::Uuid>(0), ids[i].as_uuid());
+        assert_eq!(r.get::<_, String>(1), format!("{{\"i\":{i}}}"));
+    }
+    let r = client
+        .query_one(
+            &format!("SELECT event_key, headers->>'trace-id', status, attempts FROM {p}outbox_events WHERE id = $1"),
+            &[&one.as_uuid()],
+        )
+        .unwrap();
+    assert_eq!(r.get::<_, Option<String>>(0).as_deref(), Some("order-7"));
+    assert_eq!(r.get::<_, Option<String>>(1).as_deref(), Some("abc"));
+    assert_eq!(r.get::<_, String>(2), "PENDING");
+    assert_eq!(r.get::<_, i32>(3), 0);
+}
+
+#[test]
+fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
+    let p = "t_pub_bad_";
+    let Some((_store, mut client)) = fresh(p) else { return };
+    let outbox = Outbox::new(&config(p)).unwrap();
+    let mut tx = client.transaction().unwrap();
+
+    let err = outbox.publish(&mut tx, "order-shipped", &json!({})).unwrap_err();
+    assert!(matches!(err, Error::UnknownEventType(ref t) if t == "order-shipped"), "{err}");
+    assert!(err.to_string().contains("\"order-shipped\""), "{err}");
+
+    let err = outbox.publish(&mut tx, "order-created", &"x".repeat(2000)).unwrap_err();
+    assert!(matches!(err, Error::PayloadTooLarge { size: 2002, max: 1000, .. }), "{err}");
+
+    let mut bad_map = std::collections::HashMap::new();
+    bad_map.insert(vec![1u8], 1); // JSON object keys must be strings
+    let err = outbox.publish(&mut tx, "order-created", &bad_map).unwrap_err();
+    assert!(matches!(err, Error::Serialize { .. }), "{err}");
+
+    let reserved = NewEvent::new("order-created", &1).unwrap().header("txbox-event-id", "x");
+    let err = outbox.publish_event(&mut tx, reserved).unwrap_err();
+    assert!(err.to_string().contains("reserved"), "{err}");
+
+    // none of that touched the transaction: it still works and commits one event
+    outbox.publish(&mut tx, "order-created", &json!({"ok": true})).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(count(&mut client, p, "PENDING"), 1);
+}
+
+#[test]
+fn bad_table_prefix_is_refused_everywhere() {
+    for bad in ["x; DROP TABLE users; --", "1abc", "a-b", "a.b"] {
+        let err = Config::builder().table_prefix(bad).build().unwrap_err();
+        assert!(matches!(err, Error::InvalidIdentifier { .. }), "{err}");
+        assert!(err.to_string().contains("invalid table prefix"), "{err}");
+        let err = txbox::Tables::new(bad).unwrap_err();
+        assert!(matches!(err, Error::InvalidIdentifier { .. }));
+    }
+    if common::client().is_some() {
+        let err = PgStore::connect(&pg_url(), "bad prefix").err().expect("refused");
+        assert!(matches!(err, Error::InvalidIdentifier { .. }), "{err}");
+    }
+}
+
+#[test]
+fn migrate_is_idempotent() {
+    let p = "t_migrate_";
+    let Some((store, mut client)) = fresh(p) else { return };
+    store.migrate().unwrap();
+    store.migrate().unwrap();
+    let n: i64 = client
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 't\\_migrate\\_%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 4);
+}
+
+#[test]
+fn bad_config_values_name_their_key_path() {
+    let cases = [
+        ("[events.order-created.polling]\nmultiplier = 0.5", "events.order-created.polling.multiplier must be >= 1.0"),
+        ("[defaults]\nbatch_size = 0", "defaults.batch_size must be between 1 and 10000"),
+        ("[defaults.polling]\nmin = \"fast\"", "defaults.polling.min has invalid duration \"fast\""),
+        ("[events.a.polling]\nstrategy = \"sometimes\"", "events.a.polling.strategy must be \"fixed\" or \"adaptive\""),
+        ("[events.a.polling]\nmin = \"2m\"", "events.a.polling.max must be >= polling.min"),
+        ("[events.a.backoff]\ndelay = \"0\"", "events.a.backoff.delay must be > 0"),
+        ("[events.a.backoff]\njitter = 1.5", "events.a.backoff.jitter must be >= 0.0 and < 1.0"),
+        ("[events.a]\nlease = \"10ms\"", "events.a.lease must be >= 1s"),
+        ("[maintenance]\ncleanup_interval = \"0\"", "maintenance.cleanup_interval must be > 0"),
+        ("table_prefix = \"no way\"", "invalid table prefix \"no way\""),
+    ];
+    for (toml, want) in cases {
+        let err = Config::from_toml(toml).unwrap_err().to_string();
+        assert!(err.starts_with(want), "{toml:?}: got {err:?}, want {want:?}");
+    }
+    let err = Config::from_toml("[defaults]\nbatchsize = 3").unwrap_err().to_string();
+    assert!(err.contains("unknown field `batchsize`"), "{err}");
+
+    let err = Config::builder()
+        .event("x", EventOptions::new().adaptive_polling(Duration::from_millis(1), Duration::from_secs(1), 0.9))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.to_string(), "events.x.polling.multiplier must be >= 1.0");
+}
+
+#[test]
+fn overrides_inherit_from_defaults() {
+    let config = Config::from_toml(
+        r#"
+        [defaults]
+        batch_size = 50
+        max_retries = 7
+        lease = "2m"
+        [defaults.backoff]
+        delay = "1s"
+        enabled = false
+        [events.a]
+        [events.b]
+        destination = "bees"
+        batch_size = 10
+        [events.b.polling]
+        strategy = "fixed"
+        delay = "300ms"
+        initial_delay = "1s"
+        [events.b.backoff]
+        multiplier = 2.0
+        "#,
+    )
+    .unwrap();
+    let a = config.event("a").unwrap();
+    assert_eq!((a.batch_size, a.max_retries, a.lease), (50, 7, Duration::from_secs(120)));
+    assert_eq!(a.destination, None);
+    assert_eq!(a.polling, txbox::EventSettings::default().polling);
+    let b = config.event("b").unwrap();
+    assert_eq!(b.destination.as_deref(), Some("bees"));
+    assert_eq!(b.batch_size, 10);
+    assert_eq!(b.polling.strategy, txbox::config::PollingStrategy::Fixed);
+    assert_eq!(b.polling.delay, Duration::from_millis(300));
+    assert_eq!(b.polling.initial_delay, Duration::from_secs(1));
+    assert_eq!(b.backoff.delay, Duration::from_secs(1));
+    assert!(!b.backoff.enabled);
+    assert_eq!(b.backoff.multiplier, 2.0);
+    assert_eq!(b.max_retries, 7);
+    // built-in defaults
+    let d = Config::builder().event("x", EventOptions::new()).build().unwrap();
+    let x = d.event("x").unwrap();
+    assert_eq!(x.batch_size, 200);
+    assert_eq!((x.polling.min, x.polling.max, x.polling.multiplier), (Duration::from_millis(250), Duration::from_secs(60), 1.5));
+    assert_eq!(x.max_retries, 3);
+    assert_eq!((x.backoff.delay, x.backoff.multiplier), (Duration::from_secs(10), 3.0));
+    assert_eq!(x.lease, Duration::from_secs(300));
+    assert!(d.require_event("nope").is_err());
+}
