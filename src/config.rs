@@ -464,7 +464,10 @@ impl ConfigBuilder {
         for (name, options) in &self.events {
             let path = format!("events.{name}");
             if name.is_empty() || name.len() > 255 {
-                return Err(Error::config(path, "event type must be 1 to 255 characters"));
+                return Err(Error::config(
+                    path,
+                    "event type must be 1 to 255 characters",
+                ));
             }
             let settings = options.apply(&defaults);
             validate_event(&settings, &path)?;
@@ -488,7 +491,10 @@ impl ConfigBuilder {
             processed_ttl: m.processed_ttl.unwrap_or(Duration::from_secs(86_400)),
             batch_size: m.batch_size.unwrap_or(1000),
         };
-        positive("maintenance.recovery_interval", maintenance.recovery_interval)?;
+        positive(
+            "maintenance.recovery_interval",
+            maintenance.recovery_interval,
+        )?;
         positive("maintenance.cleanup_interval", maintenance.cleanup_interval)?;
         if !(1..=100_000).contains(&maintenance.batch_size) {
             return Err(Error::config(
@@ -542,7 +548,10 @@ fn validate_event(s: &EventSettings, path: &str) -> Result<()> {
     }
     let b = &s.backoff;
     if b.delay.is_zero() {
-        return err("backoff.delay", "must be > 0 (disable backoff for a fixed delay)");
+        return err(
+            "backoff.delay",
+            "must be > 0 (disable backoff for a fixed delay)",
+        );
     }
     if !(b.multiplier.is_finite() && b.multiplier >= 1.0) {
         return err("backoff.multiplier", "must be >= 1.0");
@@ -663,7 +672,9 @@ mod toml_model {
             Some(s) => parse_duration(s).map(Some).ok_or_else(|| {
                 Error::config(
                     path,
-                    format!("has invalid duration {s:?} (use e.g. \"250ms\", \"10s\", \"1m\", \"24h\")"),
+                    format!(
+                        "has invalid duration {s:?} (use e.g. \"250ms\", \"10s\", \"1m\", \"24h\")"
+                    ),
                 )
             }),
         }
@@ -729,7 +740,10 @@ mod toml_model {
                         "maintenance.cleanup_interval",
                         &self.maintenance.cleanup_interval,
                     )?,
-                    processed_ttl: dur("maintenance.processed_ttl", &self.maintenance.processed_ttl)?,
+                    processed_ttl: dur(
+                        "maintenance.processed_ttl",
+                        &self.maintenance.processed_ttl,
+                    )?,
                     batch_size: self.maintenance.batch_size,
                 },
             })

@@ -153,7 +153,11 @@ impl Dlq {
     /// Marks a dead letter for retry: it goes back to the outbox as PENDING with a
     /// fresh retry budget, through the relay's DLQ retry thread.
     pub fn retry(&self, id: EventId) -> Result<()> {
-        self.one(id, &[DlqStatus::Dead, DlqStatus::Resolved], DlqStatus::Retry)
+        self.one(
+            id,
+            &[DlqStatus::Dead, DlqStatus::Resolved],
+            DlqStatus::Retry,
+        )
     }
 
     /// Marks a dead letter resolved; it is deleted after the resolved TTL.
@@ -175,8 +179,11 @@ impl Dlq {
     /// Marks many for retry; returns the ids changed (others were absent or refused).
     pub fn retry_many(&self, ids: &[EventId]) -> Result<Vec<EventId>> {
         check_batch(ids)?;
-        self.store
-            .dlq_set_status(ids, &[DlqStatus::Dead, DlqStatus::Resolved], DlqStatus::Retry)
+        self.store.dlq_set_status(
+            ids,
+            &[DlqStatus::Dead, DlqStatus::Resolved],
+            DlqStatus::Retry,
+        )
     }
 
     /// Resolves many; returns the ids changed.

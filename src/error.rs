@@ -52,7 +52,9 @@ pub enum Error {
     },
 
     /// The serialized payload is larger than `max_payload_bytes`.
-    #[error("payload of event type {event_type:?} is {size} bytes, more than max_payload_bytes = {max}")]
+    #[error(
+        "payload of event type {event_type:?} is {size} bytes, more than max_payload_bytes = {max}"
+    )]
     PayloadTooLarge {
         /// The event type being published.
         event_type: String,
@@ -110,10 +112,41 @@ impl Error {
     }
 }
 
+/// A `postgres` error whose message includes the server's text, not just "db error".
+#[cfg(feature = "postgres")]
+#[derive(Debug)]
+pub(crate) struct PgError(pub(crate) postgres::Error);
+
+#[cfg(feature = "postgres")]
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => write!(
+                f,
+                "{} ({}): {}",
+                db.severity(),
+                db.code().code(),
+                db.message()
+            ),
+            None => match std::error::Error::source(&self.0) {
+                Some(src) => write!(f, "{}: {src}", self.0),
+                None => write!(f, "{}", self.0),
+            },
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
 #[cfg(feature = "postgres")]
 impl From<postgres::Error> for Error {
     fn from(e: postgres::Error) -> Self {
-        Error::Database(Box::new(e))
+        Error::Database(Box::new(PgError(e)))
     }
 }
 

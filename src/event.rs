@@ -24,7 +24,9 @@ pub const RESERVED_HEADER_PREFIX: &str = "txbox-";
 /// let parsed: txbox::EventId = id.to_string().parse().unwrap();
 /// assert_eq!(id, parsed);
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct EventId(Uuid);
 

@@ -93,7 +93,12 @@ impl Outbox {
 
     /// Inserts many payloads of one type in one statement (one round trip).
     /// Returns their ids in order.
-    pub fn publish_batch<T, P, I>(&self, tx: &mut T, event_type: &str, payloads: I) -> Result<Vec<EventId>>
+    pub fn publish_batch<T, P, I>(
+        &self,
+        tx: &mut T,
+        event_type: &str,
+        payloads: I,
+    ) -> Result<Vec<EventId>>
     where
         T: OutboxTransaction + ?Sized,
         P: Serialize,
@@ -148,7 +153,11 @@ impl Outbox {
                 )));
             }
         }
-        if let Some(name) = e.headers.keys().find(|n| n.starts_with(RESERVED_HEADER_PREFIX)) {
+        if let Some(name) = e
+            .headers
+            .keys()
+            .find(|n| n.starts_with(RESERVED_HEADER_PREFIX))
+        {
             return Err(Error::InvalidInput(format!(
                 "header {name:?} of event type {:?}: names starting with {RESERVED_HEADER_PREFIX:?} are reserved",
                 e.event_type

@@ -21,15 +21,21 @@ fn config(prefix: &str) -> Config {
 #[test]
 fn rollback_leaves_no_event_and_commit_makes_it_visible() {
     let p = "t_pub_rb_";
-    let Some((_store, mut client)) = fresh(p) else { return };
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
     let outbox = Outbox::new(&config(p)).unwrap();
 
     let mut tx = client.transaction().unwrap();
-    let rolled = outbox.publish(&mut tx, "order-created", &json!({"n": 1})).unwrap();
+    let rolled = outbox
+        .publish(&mut tx, "order-created", &json!({"n": 1}))
+        .unwrap();
     tx.rollback().unwrap();
 
     let mut tx = client.transaction().unwrap();
-    let committed = outbox.publish(&mut tx, "order-created", &json!({"n": 2})).unwrap();
+    let committed = outbox
+        .publish(&mut tx, "order-created", &json!({"n": 2}))
+        .unwrap();
     // not visible to others before commit
     let mut other = common::client().unwrap();
     assert_eq!(count(&mut other, p, "PENDING"), 0);
@@ -49,21 +55,31 @@ fn rollback_leaves_no_event_and_commit_makes_it_visible() {
 #[test]
 fn batch_publish_keys_and_headers_are_stored() {
     let p = "t_pub_batch_";
-    let Some((_store, mut client)) = fresh(p) else { return };
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
     let outbox = Outbox::new(&config(p)).unwrap();
     let mut tx = client.transaction().unwrap();
     let payloads: Vec<_> = (0..500).map(|i| json!({"i": i})).collect();
-    let ids = outbox.publish_batch(&mut tx, "order-created", &payloads).unwrap();
+    let ids = outbox
+        .publish_batch(&mut tx, "order-created", &payloads)
+        .unwrap();
     let built = NewEvent::new("order-paid", &json!({"paid": true}))
         .unwrap()
         .key("order-7")
         .header("trace-id", "abc");
     let one = outbox.publish_event(&mut tx, built).unwrap();
-    assert!(outbox.publish_batch(&mut tx, "order-created", Vec::<i32>::new()).unwrap().is_empty());
+    assert!(outbox
+        .publish_batch(&mut tx, "order-created", Vec::<i32>::new())
+        .unwrap()
+        .is_empty());
     tx.commit().unwrap();
 
     assert_eq!(ids.len(), 500);
-    assert!(ids.windows(2).all(|w| w[0] < w[1]), "UUIDv7 ids are ordered");
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "UUIDv7 ids are ordered"
+    );
     let rows = client
         .query(
             &format!("SELECT id, payload FROM {p}outbox_events WHERE event_type = 'order-created' ORDER BY id"),
@@ -90,28 +106,53 @@ fn batch_publish_keys_and_headers_are_stored() {
 #[test]
 fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
     let p = "t_pub_bad_";
-    let Some((_store, mut client)) = fresh(p) else { return };
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
     let outbox = Outbox::new(&config(p)).unwrap();
     let mut tx = client.transaction().unwrap();
 
-    let err = outbox.publish(&mut tx, "order-shipped", &json!({})).unwrap_err();
-    assert!(matches!(err, Error::UnknownEventType(ref t) if t == "order-shipped"), "{err}");
+    let err = outbox
+        .publish(&mut tx, "order-shipped", &json!({}))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::UnknownEventType(ref t) if t == "order-shipped"),
+        "{err}"
+    );
     assert!(err.to_string().contains("\"order-shipped\""), "{err}");
 
-    let err = outbox.publish(&mut tx, "order-created", &"x".repeat(2000)).unwrap_err();
-    assert!(matches!(err, Error::PayloadTooLarge { size: 2002, max: 1000, .. }), "{err}");
+    let err = outbox
+        .publish(&mut tx, "order-created", &"x".repeat(2000))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::PayloadTooLarge {
+                size: 2002,
+                max: 1000,
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     let mut bad_map = std::collections::HashMap::new();
     bad_map.insert(vec![1u8], 1); // JSON object keys must be strings
-    let err = outbox.publish(&mut tx, "order-created", &bad_map).unwrap_err();
+    let err = outbox
+        .publish(&mut tx, "order-created", &bad_map)
+        .unwrap_err();
     assert!(matches!(err, Error::Serialize { .. }), "{err}");
 
-    let reserved = NewEvent::new("order-created", &1).unwrap().header("txbox-event-id", "x");
+    let reserved = NewEvent::new("order-created", &1)
+        .unwrap()
+        .header("txbox-event-id", "x");
     let err = outbox.publish_event(&mut tx, reserved).unwrap_err();
     assert!(err.to_string().contains("reserved"), "{err}");
 
     // none of that touched the transaction: it still works and commits one event
-    outbox.publish(&mut tx, "order-created", &json!({"ok": true})).unwrap();
+    outbox
+        .publish(&mut tx, "order-created", &json!({"ok": true}))
+        .unwrap();
     tx.commit().unwrap();
     assert_eq!(count(&mut client, p, "PENDING"), 1);
 }
@@ -126,7 +167,9 @@ fn bad_table_prefix_is_refused_everywhere() {
         assert!(matches!(err, Error::InvalidIdentifier { .. }));
     }
     if common::client().is_some() {
-        let err = PgStore::connect(&pg_url(), "bad prefix").err().expect("refused");
+        let err = PgStore::connect(&pg_url(), "bad prefix")
+            .err()
+            .expect("refused");
         assert!(matches!(err, Error::InvalidIdentifier { .. }), "{err}");
     }
 }
@@ -134,7 +177,9 @@ fn bad_table_prefix_is_refused_everywhere() {
 #[test]
 fn migrate_is_idempotent() {
     let p = "t_migrate_";
-    let Some((store, mut client)) = fresh(p) else { return };
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
     store.migrate().unwrap();
     store.migrate().unwrap();
     let n: i64 = client
@@ -150,29 +195,74 @@ fn migrate_is_idempotent() {
 #[test]
 fn bad_config_values_name_their_key_path() {
     let cases = [
-        ("[events.order-created.polling]\nmultiplier = 0.5", "events.order-created.polling.multiplier must be >= 1.0"),
-        ("[defaults]\nbatch_size = 0", "defaults.batch_size must be between 1 and 10000"),
-        ("[defaults.polling]\nmin = \"fast\"", "defaults.polling.min has invalid duration \"fast\""),
-        ("[events.a.polling]\nstrategy = \"sometimes\"", "events.a.polling.strategy must be \"fixed\" or \"adaptive\""),
-        ("[events.a.polling]\nmin = \"2m\"", "events.a.polling.max must be >= polling.min"),
-        ("[events.a.backoff]\ndelay = \"0\"", "events.a.backoff.delay must be > 0"),
-        ("[events.a.backoff]\njitter = 1.5", "events.a.backoff.jitter must be >= 0.0 and < 1.0"),
-        ("[events.a]\nlease = \"10ms\"", "events.a.lease must be >= 1s"),
-        ("[maintenance]\ncleanup_interval = \"0\"", "maintenance.cleanup_interval must be > 0"),
-        ("table_prefix = \"no way\"", "invalid table prefix \"no way\""),
+        (
+            "[events.order-created.polling]\nmultiplier = 0.5",
+            "events.order-created.polling.multiplier must be >= 1.0",
+        ),
+        (
+            "[defaults]\nbatch_size = 0",
+            "defaults.batch_size must be between 1 and 10000",
+        ),
+        (
+            "[defaults.polling]\nmin = \"fast\"",
+            "defaults.polling.min has invalid duration \"fast\"",
+        ),
+        (
+            "[events.a.polling]\nstrategy = \"sometimes\"",
+            "events.a.polling.strategy must be \"fixed\" or \"adaptive\"",
+        ),
+        (
+            "[events.a.polling]\nmin = \"2m\"",
+            "events.a.polling.max must be >= polling.min",
+        ),
+        (
+            "[events.a.backoff]\ndelay = \"0\"",
+            "events.a.backoff.delay must be > 0",
+        ),
+        (
+            "[events.a.backoff]\njitter = 1.5",
+            "events.a.backoff.jitter must be >= 0.0 and < 1.0",
+        ),
+        (
+            "[events.a]\nlease = \"10ms\"",
+            "events.a.lease must be >= 1s",
+        ),
+        (
+            "[maintenance]\ncleanup_interval = \"0\"",
+            "maintenance.cleanup_interval must be > 0",
+        ),
+        (
+            "table_prefix = \"no way\"",
+            "invalid table prefix \"no way\"",
+        ),
     ];
     for (toml, want) in cases {
         let err = Config::from_toml(toml).unwrap_err().to_string();
-        assert!(err.starts_with(want), "{toml:?}: got {err:?}, want {want:?}");
+        assert!(
+            err.starts_with(want),
+            "{toml:?}: got {err:?}, want {want:?}"
+        );
     }
-    let err = Config::from_toml("[defaults]\nbatchsize = 3").unwrap_err().to_string();
+    let err = Config::from_toml("[defaults]\nbatchsize = 3")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("unknown field `batchsize`"), "{err}");
 
     let err = Config::builder()
-        .event("x", EventOptions::new().adaptive_polling(Duration::from_millis(1), Duration::from_secs(1), 0.9))
+        .event(
+            "x",
+            EventOptions::new().adaptive_polling(
+                Duration::from_millis(1),
+                Duration::from_secs(1),
+                0.9,
+            ),
+        )
         .build()
         .unwrap_err();
-    assert_eq!(err.to_string(), "events.x.polling.multiplier must be >= 1.0");
+    assert_eq!(
+        err.to_string(),
+        "events.x.polling.multiplier must be >= 1.0"
+    );
 }
 
 #[test]
@@ -200,7 +290,10 @@ fn overrides_inherit_from_defaults() {
     )
     .unwrap();
     let a = config.event("a").unwrap();
-    assert_eq!((a.batch_size, a.max_retries, a.lease), (50, 7, Duration::from_secs(120)));
+    assert_eq!(
+        (a.batch_size, a.max_retries, a.lease),
+        (50, 7, Duration::from_secs(120))
+    );
     assert_eq!(a.destination, None);
     assert_eq!(a.polling, txbox::EventSettings::default().polling);
     let b = config.event("b").unwrap();
@@ -214,12 +307,21 @@ fn overrides_inherit_from_defaults() {
     assert_eq!(b.backoff.multiplier, 2.0);
     assert_eq!(b.max_retries, 7);
     // built-in defaults
-    let d = Config::builder().event("x", EventOptions::new()).build().unwrap();
+    let d = Config::builder()
+        .event("x", EventOptions::new())
+        .build()
+        .unwrap();
     let x = d.event("x").unwrap();
     assert_eq!(x.batch_size, 200);
-    assert_eq!((x.polling.min, x.polling.max, x.polling.multiplier), (Duration::from_millis(250), Duration::from_secs(60), 1.5));
+    assert_eq!(
+        (x.polling.min, x.polling.max, x.polling.multiplier),
+        (Duration::from_millis(250), Duration::from_secs(60), 1.5)
+    );
     assert_eq!(x.max_retries, 3);
-    assert_eq!((x.backoff.delay, x.backoff.multiplier), (Duration::from_secs(10), 3.0));
+    assert_eq!(
+        (x.backoff.delay, x.backoff.multiplier),
+        (Duration::from_secs(10), 3.0)
+    );
     assert_eq!(x.lease, Duration::from_secs(300));
     assert!(d.require_event("nope").is_err());
 }

@@ -101,7 +101,11 @@ impl Drop for DoneGuard {
 impl Relay {
     /// Starts the threads for every event type of `config`. The schema must exist
     /// ([`Store::migrate`]).
-    pub fn start(store: Arc<dyn Store>, config: &Config, sender: impl SenderFactory) -> Result<Relay> {
+    pub fn start(
+        store: Arc<dyn Store>,
+        config: &Config,
+        sender: impl SenderFactory,
+    ) -> Result<Relay> {
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
@@ -137,42 +141,83 @@ impl Relay {
             relay.wakers.insert(event_type.clone(), wake_tx);
             let poller = Poller {
                 ctx: ctx.clone(),
-                destination: settings.destination.clone().unwrap_or_else(|| event_type.clone()),
+                destination: settings
+                    .destination
+                    .clone()
+                    .unwrap_or_else(|| event_type.clone()),
                 event_type: event_type.clone(),
                 settings: settings.clone(),
                 factory: sender.clone(),
                 sender: None,
             };
-            spawn(&mut relay, format!("txbox-poll-{event_type}"), Box::new(move || poller.run(wake_rx)))?;
+            spawn(
+                &mut relay,
+                format!("txbox-poll-{event_type}"),
+                Box::new(move || poller.run(wake_rx)),
+            )?;
         }
 
         let m = config.maintenance.clone();
         let (c, b) = (ctx.clone(), m.batch_size);
-        spawn(&mut relay, "txbox-recovery".into(), Box::new(move || {
-            periodic(&c, "stuck recovery", m.recovery_interval, None, |s| s.recover_expired(b))
-        }))?;
+        spawn(
+            &mut relay,
+            "txbox-recovery".into(),
+            Box::new(move || {
+                periodic(&c, "stuck recovery", m.recovery_interval, None, |s| {
+                    s.recover_expired(b)
+                })
+            }),
+        )?;
         let c = ctx.clone();
-        spawn(&mut relay, "txbox-cleanup".into(), Box::new(move || {
-            periodic(&c, "processed cleanup", m.cleanup_interval, Some("txbox-cleanup-processed"), |s| {
-                s.delete_processed(m.processed_ttl, b)
-            })
-        }))?;
+        spawn(
+            &mut relay,
+            "txbox-cleanup".into(),
+            Box::new(move || {
+                periodic(
+                    &c,
+                    "processed cleanup",
+                    m.cleanup_interval,
+                    Some("txbox-cleanup-processed"),
+                    |s| s.delete_processed(m.processed_ttl, b),
+                )
+            }),
+        )?;
         if config.dlq.enabled {
             let d = config.dlq.clone();
             let c = ctx.clone();
-            spawn(&mut relay, "txbox-dlq-move".into(), Box::new(move || {
-                periodic(&c, "move to DLQ", d.move_interval, None, |s| s.move_failed_to_dlq(b))
-            }))?;
+            spawn(
+                &mut relay,
+                "txbox-dlq-move".into(),
+                Box::new(move || {
+                    periodic(&c, "move to DLQ", d.move_interval, None, |s| {
+                        s.move_failed_to_dlq(b)
+                    })
+                }),
+            )?;
             let c = ctx.clone();
-            spawn(&mut relay, "txbox-dlq-retry".into(), Box::new(move || {
-                periodic(&c, "DLQ retry", d.retry_interval, None, |s| s.requeue_dlq_retries(b))
-            }))?;
+            spawn(
+                &mut relay,
+                "txbox-dlq-retry".into(),
+                Box::new(move || {
+                    periodic(&c, "DLQ retry", d.retry_interval, None, |s| {
+                        s.requeue_dlq_retries(b)
+                    })
+                }),
+            )?;
             let c = ctx;
-            spawn(&mut relay, "txbox-dlq-cleanup".into(), Box::new(move || {
-                periodic(&c, "DLQ cleanup", d.cleanup_interval, Some("txbox-cleanup-dlq"), |s| {
-                    s.delete_resolved_dlq(d.resolved_ttl, b)
-                })
-            }))?;
+            spawn(
+                &mut relay,
+                "txbox-dlq-cleanup".into(),
+                Box::new(move || {
+                    periodic(
+                        &c,
+                        "DLQ cleanup",
+                        d.cleanup_interval,
+                        Some("txbox-cleanup-dlq"),
+                        |s| s.delete_resolved_dlq(d.resolved_ttl, b),
+                    )
+                }),
+            )?;
         }
         log::info!("txbox: relay started with {} threads", relay.workers.len());
         Ok(relay)
@@ -180,7 +225,10 @@ impl Relay {
 
     /// Threads still running.
     pub fn thread_count(&self) -> usize {
-        self.workers.iter().filter(|(_, h)| !h.is_finished()).count()
+        self.workers
+            .iter()
+            .filter(|(_, h)| !h.is_finished())
+            .count()
     }
 
     /// Names of the relay's threads, in start order.
@@ -326,7 +374,10 @@ impl Poller {
         let s = &self.settings;
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
-        let mut events = self.ctx.store.claim(&self.event_type, s.batch_size, s.lease, token)?;
+        let mut events = self
+            .ctx
+            .store
+            .claim(&self.event_type, s.batch_size, s.lease, token)?;
         if events.is_empty() {
             return Ok(0);
         }
@@ -375,7 +426,10 @@ impl Poller {
                         );
                         return;
                     }
-                    log::warn!("txbox: poller {}: finishing batch: {e}; retrying in {wait:?}", self.event_type);
+                    log::warn!(
+                        "txbox: poller {}: finishing batch: {e}; retrying in {wait:?}",
+                        self.event_type
+                    );
                     std::thread::sleep(wait);
                     wait = (wait * 2).min(Duration::from_secs(2));
                 }
@@ -466,7 +520,9 @@ mod tests {
             }
         );
         assert_eq!(o[2].1, Outcome::Failed { error: "y".into() });
-        assert!(matches!(&o[3].1, Outcome::Retry { error, .. } if error.contains("3 results for 4")));
+        assert!(
+            matches!(&o[3].1, Outcome::Retry { error, .. } if error.contains("3 results for 4"))
+        );
     }
 
     #[test]

@@ -122,7 +122,10 @@ mod tests {
             polls += 1;
             t += s.after_batch(0, 200);
         }
-        assert!((60..=75).contains(&polls), "{polls} polls in the first hour");
+        assert!(
+            (60..=75).contains(&polls),
+            "{polls} polls in the first hour"
+        );
     }
 
     #[test]

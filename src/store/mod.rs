@@ -56,8 +56,13 @@ pub trait Store: Send + Sync + 'static {
     /// Claims up to `limit` due PENDING events of `event_type`, oldest first, in one
     /// statement with `FOR UPDATE SKIP LOCKED`: they become IN_PROCESS, stamped with
     /// `token` and a lease of `lease`. Returned sorted by id (with `destination` empty).
-    fn claim(&self, event_type: &str, limit: usize, lease: Duration, token: Uuid)
-        -> Result<Vec<Event>>;
+    fn claim(
+        &self,
+        event_type: &str,
+        limit: usize,
+        lease: Duration,
+        token: Uuid,
+    ) -> Result<Vec<Event>>;
 
     /// Finishes claimed events: only rows still IN_PROCESS under `token` change.
     /// Returns how many rows changed (fewer than given: the claim was lost).
@@ -97,8 +102,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Sets `to` on the given dead letters whose status is one of `from`; returns the
     /// ids changed.
-    fn dlq_set_status(&self, ids: &[EventId], from: &[DlqStatus], to: DlqStatus)
-        -> Result<Vec<EventId>>;
+    fn dlq_set_status(
+        &self,
+        ids: &[EventId],
+        from: &[DlqStatus],
+        to: DlqStatus,
+    ) -> Result<Vec<EventId>>;
 
     /// Deletes the given dead letters whose status is one of `from`; returns the ids deleted.
     fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> Result<Vec<EventId>>;
@@ -149,7 +158,9 @@ pub const MAX_PREFIX_LEN: usize = 24;
 /// digits and `_`, not starting with a digit.
 pub fn validate_prefix(prefix: &str) -> Result<()> {
     let ok = prefix.len() <= MAX_PREFIX_LEN
-        && prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
         && !prefix.starts_with(|c: char| c.is_ascii_digit());
     if ok {
         Ok(())
@@ -204,7 +215,11 @@ mod tests {
 
     #[test]
     fn splits_statements() {
-        let s = split_statements("-- c\nCREATE TABLE a (x int); -- t\n\nCREATE INDEX i\n ON a (x);\n");
-        assert_eq!(s, vec!["CREATE TABLE a (x int)", "CREATE INDEX i\n ON a (x)"]);
+        let s =
+            split_statements("-- c\nCREATE TABLE a (x int); -- t\n\nCREATE INDEX i\n ON a (x);\n");
+        assert_eq!(
+            s,
+            vec!["CREATE TABLE a (x int)", "CREATE INDEX i\n ON a (x)"]
+        );
     }
 }

@@ -103,7 +103,10 @@ struct LogErrors;
 
 impl r2d2::HandleError<postgres::Error> for LogErrors {
     fn handle_error(&self, error: postgres::Error) {
-        log::warn!("txbox: database connection failed: {error}");
+        log::warn!(
+            "txbox: database connection failed: {}",
+            crate::error::PgError(error)
+        );
     }
 }
 
@@ -157,7 +160,8 @@ struct Sql {
     status: String,
 }
 
-const DLQ_COLUMNS: &str = "id, event_type, event_key, headers::text, payload, attempts, last_error, status, \
+const DLQ_COLUMNS: &str =
+    "id, event_type, event_key, headers::text, payload, attempts, last_error, status, \
      to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
      to_char(moved_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')";
 
@@ -287,7 +291,13 @@ impl Store for PgStore {
         Ok(())
     }
 
-    fn claim(&self, event_type: &str, limit: usize, lease: Duration, token: Uuid) -> Result<Vec<Event>> {
+    fn claim(
+        &self,
+        event_type: &str,
+        limit: usize,
+        lease: Duration,
+        token: Uuid,
+    ) -> Result<Vec<Event>> {
         let limit = limit as i64;
         let lease = ms(lease);
         let rows = self.query(
@@ -317,7 +327,8 @@ impl Store for PgStore {
 
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
         let mut sent = Vec::new();
-        let (mut ids, mut states, mut delays, mut errors) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut ids, mut states, mut delays, mut errors) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (id, outcome) in outcomes {
             match outcome {
                 Outcome::Sent => sent.push(id.as_uuid()),
@@ -360,45 +371,59 @@ impl Store for PgStore {
 
     fn recover_expired(&self, limit: usize) -> Result<u64> {
         let limit = limit as i64;
-        Ok(self.conn()?.execute_typed(&self.sql.recover, &[(&limit, Type::INT8)])?)
+        Ok(self
+            .conn()?
+            .execute_typed(&self.sql.recover, &[(&limit, Type::INT8)])?)
     }
 
     fn delete_processed(&self, ttl: Duration, limit: usize) -> Result<u64> {
         let (ttl, limit) = (ms(ttl), limit as i64);
-        Ok(self
-            .conn()?
-            .execute_typed(&self.sql.delete_processed, &[(&ttl, Type::FLOAT8), (&limit, Type::INT8)])?)
+        Ok(self.conn()?.execute_typed(
+            &self.sql.delete_processed,
+            &[(&ttl, Type::FLOAT8), (&limit, Type::INT8)],
+        )?)
     }
 
     fn move_failed_to_dlq(&self, limit: usize) -> Result<u64> {
         let limit = limit as i64;
-        Ok(self.conn()?.execute_typed(&self.sql.move_to_dlq, &[(&limit, Type::INT8)])?)
+        Ok(self
+            .conn()?
+            .execute_typed(&self.sql.move_to_dlq, &[(&limit, Type::INT8)])?)
     }
 
     fn requeue_dlq_retries(&self, limit: usize) -> Result<u64> {
         let limit = limit as i64;
-        Ok(self.conn()?.execute_typed(&self.sql.requeue, &[(&limit, Type::INT8)])?)
+        Ok(self
+            .conn()?
+            .execute_typed(&self.sql.requeue, &[(&limit, Type::INT8)])?)
     }
 
     fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> Result<u64> {
         let (ttl, limit) = (ms(ttl), limit as i64);
-        Ok(self
-            .conn()?
-            .execute_typed(&self.sql.delete_resolved, &[(&ttl, Type::FLOAT8), (&limit, Type::INT8)])?)
+        Ok(self.conn()?.execute_typed(
+            &self.sql.delete_resolved,
+            &[(&ttl, Type::FLOAT8), (&limit, Type::INT8)],
+        )?)
     }
 
     fn try_lock(&self, name: &str, owner: Uuid, lease: Duration) -> Result<bool> {
         let lease = ms(lease);
         let rows = self.query(
             &self.sql.lock,
-            &[(&name, Type::VARCHAR), (&owner, Type::UUID), (&lease, Type::FLOAT8)],
+            &[
+                (&name, Type::VARCHAR),
+                (&owner, Type::UUID),
+                (&lease, Type::FLOAT8),
+            ],
         )?;
         Ok(!rows.is_empty())
     }
 
     fn unlock(&self, name: &str, owner: Uuid) -> Result<()> {
-        self.conn()?
-            .execute_typed(&self.sql.unlock, &[(&name, Type::VARCHAR), (&owner, Type::UUID)])?;
+        self.conn()?.execute_typed(
+            &self.sql.unlock,
+            &[(&name, Type::VARCHAR), (&owner, Type::UUID)],
+        )?;
         Ok(())
     }
 
@@ -419,25 +444,43 @@ impl Store for PgStore {
 
     fn dlq_count(&self, f: &DlqFilter) -> Result<u64> {
         let status = f.status.map(|s| s.as_str());
-        self.count(&self.sql.dlq_count, &[(&f.event_type, Type::TEXT), (&status, Type::TEXT)])
+        self.count(
+            &self.sql.dlq_count,
+            &[(&f.event_type, Type::TEXT), (&status, Type::TEXT)],
+        )
     }
 
     fn dlq_get(&self, id: EventId) -> Result<Option<DeadLetter>> {
         let id = id.as_uuid();
-        Ok(self.query(&self.sql.dlq_get, &[(&id, Type::UUID)])?.first().map(dead_letter))
+        Ok(self
+            .query(&self.sql.dlq_get, &[(&id, Type::UUID)])?
+            .first()
+            .map(dead_letter))
     }
 
-    fn dlq_set_status(&self, ids: &[EventId], from: &[DlqStatus], to: DlqStatus) -> Result<Vec<EventId>> {
+    fn dlq_set_status(
+        &self,
+        ids: &[EventId],
+        from: &[DlqStatus],
+        to: DlqStatus,
+    ) -> Result<Vec<EventId>> {
         let (ids, from, to) = (uuids(ids), statuses(from), to.as_str());
         self.ids(
             &self.sql.dlq_set_status,
-            &[(&ids, Type::UUID_ARRAY), (&from, Type::TEXT_ARRAY), (&to, Type::VARCHAR)],
+            &[
+                (&ids, Type::UUID_ARRAY),
+                (&from, Type::TEXT_ARRAY),
+                (&to, Type::VARCHAR),
+            ],
         )
     }
 
     fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> Result<Vec<EventId>> {
         let (ids, from) = (uuids(ids), statuses(from));
-        self.ids(&self.sql.dlq_delete, &[(&ids, Type::UUID_ARRAY), (&from, Type::TEXT_ARRAY)])
+        self.ids(
+            &self.sql.dlq_delete,
+            &[(&ids, Type::UUID_ARRAY), (&from, Type::TEXT_ARRAY)],
+        )
     }
 
     fn status(&self) -> Result<Vec<TypeStatus>> {

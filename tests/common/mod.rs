@@ -8,12 +8,14 @@ use txbox::{PgStore, Store};
 
 /// The test database; override with `TXBOX_PG_URL`.
 pub fn pg_url() -> String {
-    std::env::var("TXBOX_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    std::env::var("TXBOX_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 /// A plain client, or `None` (with the reason printed) when PostgreSQL is not
 /// reachable outside CI. In CI (`CI=true`) a missing database fails the test.
 pub fn client() -> Option<postgres::Client> {
+    let _ = env_logger::builder().is_test(true).try_init();
     match postgres::Client::connect(&pg_url(), postgres::NoTls) {
         Ok(c) => Some(c),
         Err(e) => {
@@ -34,7 +36,12 @@ pub fn fresh(prefix: &str) -> Option<(Arc<PgStore>, postgres::Client)> {
 /// Like [`fresh`] with the store connected to `url`.
 pub fn fresh_with_url(prefix: &str, url: &str) -> Option<(Arc<PgStore>, postgres::Client)> {
     let mut client = client()?;
-    for t in ["outbox_events", "outbox_dead_letters", "inbox_consumed", "job_locks"] {
+    for t in [
+        "outbox_events",
+        "outbox_dead_letters",
+        "inbox_consumed",
+        "job_locks",
+    ] {
         client
             .batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))
             .expect("drop table");

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Installs (if missing) and starts the services the tests need, then waits until
+# each answers. Safe to run again: running services are left alone.
+set -euo pipefail
+
+log() { echo "[services] $*"; }
+
+apt_updated=0
+apt_install() {
+    if [ "$apt_updated" = 0 ]; then
+        apt-get update -qq
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+wait_for() { # name, seconds, command...
+    local name=$1 secs=$2
+    shift 2
+    for _ in $(seq 1 "$secs"); do
+        if "$@" >/dev/null 2>&1; then
+            log "$name is up"
+            return 0
+        fi
+        sleep 1
+    done
+    log "$name did not come up within ${secs}s"
+    return 1
+}
+
+ensure_postgres() {
+    if pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null &&
+        psql -h 127.0.0.1 -U postgres -d test -c 'SELECT 1' >/dev/null 2>&1; then
+        log "PostgreSQL is up"
+        return
+    fi
+    if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+        log "installing PostgreSQL"
+        apt_install postgresql postgresql-client
+    fi
+    local ver
+    ver=$(ls /etc/postgresql | sort -V | tail -1)
+    local hba="/etc/postgresql/$ver/main/pg_hba.conf"
+    if ! grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
+        log "PostgreSQL: trust on loopback for the test user"
+        sed -i '1i host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\nlocal all all trust' "$hba"
+    fi
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main start 2>/dev/null ||
+        pg_ctlcluster --skip-systemctl-redirect "$ver" main reload 2>/dev/null || true
+    wait_for PostgreSQL 60 pg_isready -h 127.0.0.1 -p 5432
+    if ! psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1; then
+        psql -h 127.0.0.1 -U postgres -d postgres -c 'CREATE DATABASE test' >/dev/null
+    fi
+    wait_for "PostgreSQL database test" 30 psql -h 127.0.0.1 -U postgres -d test -c 'SELECT 1'
+}
+
+for s in "${@:-postgres}"; do
+    case "$s" in
+        postgres) ensure_postgres ;;
+        *) log "unknown service $s"; exit 2 ;;
+    esac
+done

@@ -1,0 +1,469 @@
+//! The relay against a real PostgreSQL, with the in-memory sender standing in for
+//! the broker (the relay's logic is under test here, not a broker).
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+use txbox::{
+    Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, Outbox, Outcome, Relay, Store,
+};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn fast() -> EventOptions {
+    EventOptions::new().adaptive_polling(ms(10), ms(100), 1.5)
+}
+
+#[test]
+fn committed_events_are_delivered_with_key_headers_and_destination() {
+    let p = "t_rel_basic_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(fast())
+        .event("order-created", EventOptions::new().destination("orders"))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = MemorySender::new();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+
+    let mut tx = client.transaction().unwrap();
+    outbox
+        .publish(&mut tx, "order-created", &json!({"rolled": true}))
+        .unwrap();
+    tx.rollback().unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ev = txbox::NewEvent::new("order-created", &json!({"id": 1}))
+        .unwrap()
+        .key("o-1")
+        .header("trace", "t-1");
+    let id = outbox.publish_event(&mut tx, ev).unwrap();
+    tx.commit().unwrap();
+
+    wait_until("the event is processed", Duration::from_secs(10), || {
+        count(&mut client, p, "PROCESSED") == 1
+    });
+    let sent = sender.sent();
+    assert_eq!(sent.len(), 1, "the rolled-back event is never sent");
+    let e = &sent[0];
+    assert_eq!(e.id, id);
+    assert_eq!(e.event_type, "order-created");
+    assert_eq!(e.destination, "orders");
+    assert_eq!(e.key.as_deref(), Some("o-1"));
+    assert_eq!(
+        e.headers,
+        BTreeMap::from([("trace".to_string(), "t-1".to_string())])
+    );
+    assert_eq!(e.payload, r#"{"id":1}"#);
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn failing_sender_backs_off_fails_moves_to_dlq_and_retry_delivers() {
+    let p = "t_rel_fail_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event(
+            "pay",
+            EventOptions::new()
+                .fixed_polling(ms(20))
+                .max_retries(2)
+                .backoff_delay(ms(700))
+                .backoff_multiplier(2.0)
+                .backoff_jitter(0.0),
+        )
+        .dlq(true)
+        .dlq_move_interval(ms(100))
+        .dlq_retry_interval(ms(100))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = MemorySender::new();
+    let attempts_at = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let seen = attempts_at.clone();
+    sender.fail_when(move |_| {
+        seen.lock().unwrap().push(Instant::now());
+        Some("broker said no".into())
+    });
+    let relay = Relay::start(store.clone(), &config, sender.clone()).unwrap();
+
+    let mut tx = client.transaction().unwrap();
+    let id = outbox
+        .publish(&mut tx, "pay", &json!({"amount": 5}))
+        .unwrap();
+    tx.commit().unwrap();
+
+    // first failure: PENDING, attempts 1, next attempt ~700ms after now, error kept
+    let row_sql = format!(
+        "SELECT status, attempts, last_error, extract(epoch FROM next_attempt_at - now())::float8 \
+         FROM {p}outbox_events WHERE id = $1"
+    );
+    let mut first = None;
+    wait_until("the first failed attempt", Duration::from_secs(10), || {
+        let r = client.query_one(&row_sql, &[&id.as_uuid()]).unwrap();
+        if r.get::<_, i32>(1) == 1 {
+            first = Some((
+                r.get::<_, String>(0),
+                r.get::<_, Option<String>>(2),
+                r.get::<_, f64>(3),
+            ));
+        }
+        first.is_some()
+    });
+    let (status, error, due_in) = first.unwrap();
+    assert_eq!(status, "PENDING");
+    assert_eq!(error.as_deref(), Some("broker said no"));
+    assert!(
+        due_in > 0.3 && due_in <= 0.7,
+        "next attempt in {due_in}s, backoff 700ms"
+    );
+
+    // retries used up -> FAILED -> moved to the dead letters
+    let dlq = Dlq::new(store.clone());
+    wait_until("the dead letter", Duration::from_secs(15), || {
+        dlq.get(id).is_ok()
+    });
+    let dead = dlq.get(id).unwrap();
+    assert_eq!(dead.status, DlqStatus::Dead);
+    assert_eq!(dead.attempts, 3, "first try + 2 retries");
+    assert_eq!(dead.last_error.as_deref(), Some("broker said no"));
+    assert_eq!(dead.payload, r#"{"amount":5}"#);
+    assert_eq!(
+        count(&mut client, p, "FAILED") + count(&mut client, p, "PENDING"),
+        0
+    );
+    let times = attempts_at.lock().unwrap().clone();
+    assert_eq!(times.len(), 3);
+    let gap1 = times[1] - times[0];
+    let gap2 = times[2] - times[1];
+    assert!(
+        gap1 >= ms(650) && gap1 < ms(3000),
+        "first retry after {gap1:?}, want ~700ms"
+    );
+    assert!(
+        gap2 >= ms(1350) && gap2 < ms(4000),
+        "second retry after {gap2:?}, want ~1400ms"
+    );
+
+    // an operator retries it; the broker is back; it is delivered with a fresh budget
+    sender.succeed_all();
+    dlq.retry(id).unwrap();
+    assert_eq!(dlq.get(id).unwrap().status, DlqStatus::Retry);
+    wait_until(
+        "delivery after the DLQ retry",
+        Duration::from_secs(10),
+        || sender.sent().iter().any(|e| e.id == id),
+    );
+    wait_until("the row is processed", Duration::from_secs(10), || {
+        count(&mut client, p, "PROCESSED") == 1
+    });
+    assert!(dlq.get(id).is_err(), "no longer a dead letter");
+    assert_eq!(sender.sent()[0].attempts, 0, "fresh retry budget");
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn stuck_recovery_counts_no_attempt_and_an_expired_claim_cannot_finish() {
+    let p = "t_rel_fence_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", EventOptions::new())
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let id = outbox.publish(&mut tx, "e", &1).unwrap();
+    tx.commit().unwrap();
+
+    let old = uuid::Uuid::now_v7();
+    let claimed = store.claim("e", 10, ms(300), old).unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(
+        store
+            .claim("e", 10, ms(300), uuid::Uuid::now_v7())
+            .unwrap()
+            .len(),
+        0,
+        "held rows are skipped"
+    );
+    assert_eq!(
+        store.recover_expired(100).unwrap(),
+        0,
+        "lease not expired yet"
+    );
+    let mut recovered = 0;
+    wait_until(
+        "the lease to expire and recovery to return the row",
+        Duration::from_secs(5),
+        || {
+            recovered += store.recover_expired(100).unwrap();
+            recovered == 1
+        },
+    );
+    let r = client
+        .query_one(
+            &format!("SELECT status, attempts, claim_token FROM {p}outbox_events"),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(r.get::<_, String>(0), "PENDING");
+    assert_eq!(r.get::<_, i32>(1), 0, "recovery does not count an attempt");
+    assert_eq!(r.get::<_, Option<uuid::Uuid>>(2), None);
+
+    let new = uuid::Uuid::now_v7();
+    assert_eq!(
+        store
+            .claim("e", 10, Duration::from_secs(60), new)
+            .unwrap()
+            .len(),
+        1
+    );
+    // the first relay comes back late: its finish changes nothing
+    assert_eq!(store.finish(old, &[(id, Outcome::Sent)]).unwrap(), 0);
+    let fail = Outcome::Failed {
+        error: "late".into(),
+    };
+    assert_eq!(store.finish(old, &[(id, fail)]).unwrap(), 0);
+    assert_eq!(count(&mut client, p, "IN_PROCESS"), 1);
+    // the new owner finishes
+    assert_eq!(store.finish(new, &[(id, Outcome::Sent)]).unwrap(), 1);
+    assert_eq!(count(&mut client, p, "PROCESSED"), 1);
+}
+
+#[test]
+fn two_relays_deliver_10000_events_exactly_once() {
+    let p = "t_rel_two_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(fast())
+        .event("bulk", EventOptions::new())
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut published = HashSet::new();
+    for chunk in 0..20 {
+        let mut tx = client.transaction().unwrap();
+        let payloads: Vec<_> = (0..500).map(|i| json!({"n": chunk * 500 + i})).collect();
+        published.extend(outbox.publish_batch(&mut tx, "bulk", &payloads).unwrap());
+        tx.commit().unwrap();
+    }
+    let store2 = Arc::new(txbox::PgStore::connect(&pg_url(), p).unwrap());
+    let (a, b) = (MemorySender::new(), MemorySender::new());
+    let relay_a = Relay::start(store, &config, a.clone()).unwrap();
+    let relay_b = Relay::start(store2, &config, b.clone()).unwrap();
+    wait_until("10,000 deliveries", Duration::from_secs(120), || {
+        a.len() + b.len() >= 10_000
+    });
+    wait_until("all rows processed", Duration::from_secs(30), || {
+        count(&mut client, p, "PROCESSED") == 10_000
+    });
+    relay_a.shutdown(Duration::from_secs(5)).unwrap();
+    relay_b.shutdown(Duration::from_secs(5)).unwrap();
+
+    let mut delivered = HashSet::new();
+    let mut duplicates = 0;
+    for e in a.sent().into_iter().chain(b.sent()) {
+        if !delivered.insert(e.id) {
+            duplicates += 1;
+        }
+    }
+    assert_eq!(duplicates, 0);
+    assert_eq!(delivered, published);
+    assert!(
+        !a.is_empty() && !b.is_empty(),
+        "both relays took a share: {} / {}",
+        a.len(),
+        b.len()
+    );
+}
+
+#[test]
+fn thread_counts_and_an_idle_relay_shuts_down_at_once() {
+    let p = "t_rel_threads_";
+    let Some((store, _client)) = fresh(p) else {
+        return;
+    };
+    let slow =
+        EventOptions::new().adaptive_polling(Duration::from_secs(60), Duration::from_secs(60), 1.5);
+    let base = Config::builder()
+        .table_prefix(p)
+        .defaults(slow)
+        .event("a", EventOptions::new())
+        .event("b", EventOptions::new())
+        .event("c", EventOptions::new());
+    let config = base.clone().build().unwrap();
+    let relay = Relay::start(store.clone(), &config, MemorySender::new()).unwrap();
+    assert_eq!(relay.thread_count(), 2 + 3);
+    assert_eq!(
+        relay.thread_names(),
+        [
+            "txbox-poll-a",
+            "txbox-poll-b",
+            "txbox-poll-c",
+            "txbox-recovery",
+            "txbox-cleanup"
+        ]
+    );
+    std::thread::sleep(ms(300)); // let every thread reach its 1-minute sleep
+    let t = Instant::now();
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "shutdown took {:?}",
+        t.elapsed()
+    );
+
+    let config = base.dlq(true).build().unwrap();
+    let relay = Relay::start(store, &config, MemorySender::new()).unwrap();
+    assert_eq!(relay.thread_count(), 5 + 3);
+    std::thread::sleep(ms(300));
+    let t = Instant::now();
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "shutdown took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn killed_database_connections_lose_nothing() {
+    let p = "t_rel_kill_";
+    let app = "txbox_kill_test";
+    let url = format!("{}?application_name={app}", pg_url());
+    let Some((store, mut client)) = fresh_with_url(p, &url) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(fast().batch_size(50))
+        .event("k", EventOptions::new())
+        .recovery_interval(ms(200))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = MemorySender::new();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+
+    let producer = {
+        let outbox = outbox.clone();
+        std::thread::spawn(move || {
+            let mut c = common::client().unwrap();
+            let mut ids = Vec::new();
+            for i in 0..40 {
+                let mut tx = c.transaction().unwrap();
+                let payloads: Vec<_> = (0..50).map(|j| json!({"n": i * 50 + j})).collect();
+                ids.extend(outbox.publish_batch(&mut tx, "k", &payloads).unwrap());
+                tx.commit().unwrap();
+                std::thread::sleep(ms(25));
+            }
+            ids
+        })
+    };
+    let mut kills = 0;
+    while !producer.is_finished() || kills < 5 {
+        let n: i64 = client
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                &[&app],
+            )
+            .unwrap()
+            .get(0);
+        kills += (n > 0) as usize;
+        std::thread::sleep(ms(150));
+    }
+    let published: Vec<EventId> = producer.join().unwrap();
+    assert_eq!(published.len(), 2000);
+    wait_until("every event delivered", Duration::from_secs(60), || {
+        let got: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
+        published.iter().all(|id| got.contains(id))
+    });
+    wait_until("all rows processed", Duration::from_secs(60), || {
+        count(&mut client, p, "PROCESSED") == 2000
+    });
+    assert!(kills >= 5, "connections were killed {kills} times");
+    assert_eq!(relay.thread_count(), 3, "no relay thread died");
+    let duplicates = sender.len() - 2000;
+    eprintln!("killed connections {kills} times: delivered 2000, duplicates {duplicates}, lost 0");
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn cleanup_deletes_old_processed_rows_under_the_lock() {
+    let p = "t_rel_clean_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(fast())
+        .event("c", EventOptions::new())
+        .processed_ttl(ms(500))
+        .cleanup_interval(ms(100))
+        .maintenance_batch_size(7)
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    outbox.publish_batch(&mut tx, "c", 0..30).unwrap();
+    tx.commit().unwrap();
+
+    // another instance holds the cleanup lock: nothing is deleted
+    let other = uuid::Uuid::now_v7();
+    assert!(store
+        .try_lock("txbox-cleanup-processed", other, Duration::from_secs(60))
+        .unwrap());
+    let sender = MemorySender::new();
+    let relay = Relay::start(store.clone(), &config, sender.clone()).unwrap();
+    wait_until("30 processed", Duration::from_secs(10), || {
+        count(&mut client, p, "PROCESSED") == 30
+    });
+    std::thread::sleep(ms(1000)); // past the TTL, several cleanup rounds
+    assert_eq!(
+        count(&mut client, p, "PROCESSED"),
+        30,
+        "the lock holder alone cleans"
+    );
+    store.unlock("txbox-cleanup-processed", other).unwrap();
+    wait_until("cleanup in batches of 7", Duration::from_secs(10), || {
+        count(&mut client, p, "PROCESSED") == 0
+    });
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+
+    // the batch bound, directly
+    let mut tx = client.transaction().unwrap();
+    outbox.publish_batch(&mut tx, "c", 0..20).unwrap();
+    tx.commit().unwrap();
+    let t = uuid::Uuid::now_v7();
+    let claimed = store.claim("c", 100, Duration::from_secs(60), t).unwrap();
+    let done: Vec<_> = claimed.iter().map(|e| (e.id, Outcome::Sent)).collect();
+    store.finish(t, &done).unwrap();
+    assert_eq!(
+        store
+            .delete_processed(Duration::from_secs(3600), 5)
+            .unwrap(),
+        0,
+        "younger than the TTL"
+    );
+    std::thread::sleep(ms(20));
+    assert_eq!(store.delete_processed(ms(10), 5).unwrap(), 5);
+}
