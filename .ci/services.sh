@@ -54,9 +54,32 @@ ensure_postgres() {
     wait_for "PostgreSQL database test" 30 psql -h 127.0.0.1 -U postgres -d test -c 'SELECT 1'
 }
 
-for s in "${@:-postgres}"; do
+rabbit_up() { (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; }
+
+ensure_rabbitmq() {
+    if rabbit_up && rabbitmqctl -q status >/dev/null 2>&1; then
+        log "RabbitMQ is up"
+        return
+    fi
+    if ! command -v rabbitmq-server >/dev/null 2>&1; then
+        log "installing RabbitMQ"
+        apt_install rabbitmq-server
+    fi
+    rabbitmq-server -detached >/dev/null 2>&1 || true
+    wait_for "RabbitMQ node" 120 rabbitmqctl -q await_startup
+    rabbitmqctl -q start_app >/dev/null 2>&1 || true
+    wait_for "RabbitMQ port" 60 rabbit_up
+}
+
+ensure_kafka() {
+    bash "$(dirname "$0")/kafka.sh" start
+}
+
+for s in ${@:-postgres rabbitmq kafka}; do
     case "$s" in
         postgres) ensure_postgres ;;
+        rabbitmq) ensure_rabbitmq ;;
+        kafka) ensure_kafka ;;
         *) log "unknown service $s"; exit 2 ;;
     esac
 done

@@ -95,6 +95,8 @@ impl Backoff {
 pub struct EventSettings {
     /// Topic (Kafka) or exchange (RabbitMQ). `None`: the event type's name.
     pub destination: Option<String>,
+    /// RabbitMQ routing key. `None`: the event type's name.
+    pub routing_key: Option<String>,
     /// Most events one poll claims (default 200).
     pub batch_size: usize,
     /// Polling between claims.
@@ -111,6 +113,7 @@ impl Default for EventSettings {
     fn default() -> Self {
         EventSettings {
             destination: None,
+            routing_key: None,
             batch_size: 200,
             polling: Polling {
                 strategy: PollingStrategy::Adaptive,
@@ -146,6 +149,7 @@ impl Default for EventSettings {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EventOptions {
     destination: Option<String>,
+    routing_key: Option<String>,
     batch_size: Option<usize>,
     strategy: Option<PollingStrategy>,
     delay: Option<Duration>,
@@ -169,6 +173,11 @@ impl EventOptions {
     /// Topic (Kafka) or exchange (RabbitMQ).
     pub fn destination(mut self, d: impl Into<String>) -> Self {
         self.destination = Some(d.into());
+        self
+    }
+    /// RabbitMQ routing key (default: the event type).
+    pub fn routing_key(mut self, k: impl Into<String>) -> Self {
+        self.routing_key = Some(k.into());
         self
     }
     /// Most events one poll claims.
@@ -230,6 +239,9 @@ impl EventOptions {
         let mut s = base.clone();
         if let Some(d) = &self.destination {
             s.destination = Some(d.clone());
+        }
+        if let Some(k) = &self.routing_key {
+            s.routing_key = Some(k.clone());
         }
         macro_rules! set {
             ($($field:ident => $target:expr),* $(,)?) => { $( if let Some(v) = self.$field { $target = v; } )* };
@@ -296,6 +308,9 @@ pub struct Config {
     pub dlq: DlqSettings,
     /// Recovery and cleanup.
     pub maintenance: MaintenanceSettings,
+    /// librdkafka properties for the Kafka sender and consumer (`[kafka]` in TOML),
+    /// passed through as they are, e.g. `"bootstrap.servers"`.
+    pub kafka: BTreeMap<String, String>,
 }
 
 impl Config {
@@ -364,6 +379,7 @@ pub struct ConfigBuilder {
     events: BTreeMap<String, EventOptions>,
     dlq: DlqOptions,
     maintenance: MaintenanceOptions,
+    kafka: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -450,6 +466,12 @@ impl ConfigBuilder {
         self
     }
 
+    /// Sets a librdkafka property (e.g. `"bootstrap.servers"`) for the Kafka sender and consumer.
+    pub fn kafka_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.kafka.insert(key.into(), value.into());
+        self
+    }
+
     /// Resolves inheritance and validates every value.
     pub fn build(self) -> Result<Config> {
         let table_prefix = self.table_prefix.unwrap_or_default();
@@ -509,6 +531,7 @@ impl ConfigBuilder {
             events,
             dlq,
             maintenance,
+            kafka: self.kafka,
         })
     }
 }
@@ -525,6 +548,11 @@ fn validate_event(s: &EventSettings, path: &str) -> Result<()> {
     if let Some(d) = &s.destination {
         if d.trim().is_empty() || d.len() > 255 {
             return err("destination", "must be 1 to 255 characters");
+        }
+    }
+    if let Some(k) = &s.routing_key {
+        if k.len() > 255 {
+            return err("routing_key", "must be at most 255 characters");
         }
     }
     if !(1..=10_000).contains(&s.batch_size) {
@@ -612,12 +640,15 @@ mod toml_model {
         dlq: Dlq,
         #[serde(default)]
         maintenance: Maintenance,
+        #[serde(default)]
+        kafka: BTreeMap<String, toml::Value>,
     }
 
     #[derive(Deserialize, Default)]
     #[serde(deny_unknown_fields)]
     struct Event {
         destination: Option<String>,
+        routing_key: Option<String>,
         batch_size: Option<usize>,
         #[serde(default)]
         polling: PollingRaw,
@@ -696,6 +727,7 @@ mod toml_model {
             };
             Ok(EventOptions {
                 destination: self.destination.clone(),
+                routing_key: self.routing_key.clone(),
                 batch_size: self.batch_size,
                 strategy,
                 delay: dur(&p("polling.delay"), &self.polling.delay)?,
@@ -711,6 +743,21 @@ mod toml_model {
                 lease: dur(&p("lease"), &self.lease)?,
             })
         }
+    }
+
+    fn kafka_properties(raw: BTreeMap<String, toml::Value>) -> Result<BTreeMap<String, String>> {
+        raw.into_iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    toml::Value::String(s) => s,
+                    toml::Value::Integer(i) => i.to_string(),
+                    toml::Value::Float(f) => f.to_string(),
+                    toml::Value::Boolean(b) => b.to_string(),
+                    _ => return Err(Error::config(format!("kafka.{k}"), "must be a string, number or boolean")),
+                };
+                Ok((k, v))
+            })
+            .collect()
     }
 
     impl Root {
@@ -746,6 +793,7 @@ mod toml_model {
                     )?,
                     batch_size: self.maintenance.batch_size,
                 },
+                kafka: kafka_properties(self.kafka)?,
             })
         }
     }

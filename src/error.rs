@@ -72,6 +72,14 @@ pub enum Error {
     #[error("database pool: {0}")]
     Pool(String),
 
+    /// A received message has no valid `txbox-event-id` header.
+    #[error("message at {0} has no valid txbox-event-id header")]
+    MissingEventId(String),
+
+    /// A broker (Kafka, RabbitMQ) returned an error or could not be reached.
+    #[error("broker: {0}")]
+    Broker(String),
+
     /// No row with this id.
     #[error("event {0} not found")]
     NotFound(EventId),

@@ -14,6 +14,8 @@ use crate::error::{Error, Result};
 pub const HEADER_EVENT_ID: &str = "txbox-event-id";
 /// Header that carries the event type on every message txbox sends.
 pub const HEADER_EVENT_TYPE: &str = "txbox-event-type";
+/// Header that carries the event key on RabbitMQ messages (Kafka uses the record key).
+pub const HEADER_EVENT_KEY: &str = "txbox-event-key";
 /// Prefix reserved for txbox's own headers; user headers may not start with it.
 pub const RESERVED_HEADER_PREFIX: &str = "txbox-";
 
@@ -90,6 +92,8 @@ pub struct Event {
     /// Where it goes: the topic (Kafka) or exchange (RabbitMQ) configured for its type;
     /// the event type itself when none is configured.
     pub destination: String,
+    /// The RabbitMQ routing key configured for its type; the event type when none is.
+    pub routing_key: String,
     /// The optional key (Kafka record key).
     pub key: Option<String>,
     /// The user's headers.

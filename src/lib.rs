@@ -63,14 +63,20 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod consumer;
 pub mod dlq;
 mod error;
 pub mod event;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod outbox;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 pub mod relay;
 pub mod sender;
 pub mod store;
 
+pub use consumer::{Position, ReceivedEvent, StopSignal};
 pub use config::{Config, ConfigBuilder, EventOptions, EventSettings};
 pub use dlq::{DeadLetter, Dlq, DlqFilter, DlqStatus};
 pub use error::{Error, Result};

@@ -145,6 +145,7 @@ impl Relay {
                     .destination
                     .clone()
                     .unwrap_or_else(|| event_type.clone()),
+                routing_key: settings.routing_key.clone().unwrap_or_else(|| event_type.clone()),
                 event_type: event_type.clone(),
                 settings: settings.clone(),
                 factory: sender.clone(),
@@ -329,6 +330,7 @@ struct Poller {
     ctx: Ctx,
     event_type: String,
     destination: String,
+    routing_key: String,
     settings: EventSettings,
     factory: Arc<dyn SenderFactory>,
     sender: Option<Box<dyn Sender>>,
@@ -383,6 +385,7 @@ impl Poller {
         }
         for e in &mut events {
             e.destination.clone_from(&self.destination);
+            e.routing_key.clone_from(&self.routing_key);
         }
         let results = match self.sender.as_mut() {
             Some(sender) => sender.send(&events),
@@ -497,6 +500,7 @@ mod tests {
             id: EventId::new(),
             event_type: "t".into(),
             destination: "t".into(),
+            routing_key: "t".into(),
             key: None,
             headers: Default::default(),
             payload: "{}".into(),

@@ -315,6 +315,7 @@ impl Store for PgStore {
                 id: EventId::from_uuid(r.get(0)),
                 event_type: r.get(1),
                 destination: String::new(),
+                routing_key: String::new(),
                 key: r.get(2),
                 headers: parse_headers(r.get(3)),
                 payload: r.get(4),

@@ -72,3 +72,81 @@ pub fn count(client: &mut postgres::Client, prefix: &str, status: &str) -> i64 {
         .expect("count")
         .get(0)
 }
+
+fn in_ci() -> bool {
+    std::env::var("CI").map(|v| v == "true").unwrap_or(false)
+}
+
+fn reachable(addr: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok())
+        .unwrap_or(false)
+}
+
+/// `true` if the service at `addr` answers; otherwise prints why the test skips, or
+/// panics in CI.
+pub fn service_up(name: &str, addr: &str) -> bool {
+    if reachable(addr) {
+        return true;
+    }
+    if in_ci() {
+        panic!("{name} at {addr} is required in CI and does not answer");
+    }
+    eprintln!("SKIPPED: {name} at {addr} does not answer");
+    false
+}
+
+/// Kafka bootstrap servers; override with `TXBOX_KAFKA_BROKERS`.
+pub fn kafka_brokers() -> String {
+    std::env::var("TXBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// RabbitMQ URL; override with `TXBOX_RABBITMQ_URL`.
+pub fn rabbit_url() -> String {
+    std::env::var("TXBOX_RABBITMQ_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into())
+}
+
+/// Runs one of the project's `.ci` scripts.
+pub fn ci_script(script: &str, args: &[&str]) {
+    let path = format!("{}/.ci/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("bash").arg(&path).args(args).output().expect("run script");
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Creates a Kafka topic. Tansu does not auto-create topics; against a real Kafka
+/// set `TXBOX_KAFKA_CREATE_TOPICS=0` and let the broker auto-create them.
+pub fn create_topic(name: &str, partitions: u32) {
+    if std::env::var("TXBOX_KAFKA_CREATE_TOPICS").map(|v| v == "0").unwrap_or(false) {
+        return;
+    }
+    ci_script("kafka.sh", &["topic", name, &partitions.to_string()]);
+}
+
+/// A short unique suffix for topic, queue and table names.
+pub fn unique() -> String {
+    uuid::Uuid::now_v7().simple().to_string()[20..].to_string()
+}
+
+/// Collects what a consumer loop hands to its handler.
+#[derive(Clone, Default)]
+pub struct Collected(pub Arc<std::sync::Mutex<Vec<txbox::ReceivedEvent>>>);
+
+impl Collected {
+    pub fn push(&self, e: &txbox::ReceivedEvent) {
+        self.0.lock().unwrap().push(e.clone());
+    }
+    pub fn all(&self) -> Vec<txbox::ReceivedEvent> {
+        self.0.lock().unwrap().clone()
+    }
+    pub fn ids(&self) -> std::collections::HashSet<txbox::EventId> {
+        self.all().iter().filter_map(|e| e.id).collect()
+    }
+}

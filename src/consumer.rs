@@ -1,0 +1,149 @@
+//! What the broker consumer loops hand to a handler, and how to stop them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+use crate::event::{EventId, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE, RESERVED_HEADER_PREFIX};
+
+/// Where a received message came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Position {
+    /// A Kafka record.
+    Kafka {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Offset.
+        offset: i64,
+    },
+    /// A RabbitMQ delivery.
+    RabbitMq {
+        /// Queue consumed from.
+        queue: String,
+        /// Delivery tag on the consumer's channel.
+        delivery_tag: u64,
+        /// The broker delivered it before.
+        redelivered: bool,
+    },
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Position::Kafka { topic, partition, offset } => {
+                write!(f, "kafka {topic}/{partition}@{offset}")
+            }
+            Position::RabbitMq { queue, delivery_tag, .. } => {
+                write!(f, "rabbitmq queue {queue} delivery {delivery_tag}")
+            }
+        }
+    }
+}
+
+/// A message read from a broker, as a consumer loop hands it to its handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedEvent {
+    /// The event id from the [`HEADER_EVENT_ID`] header; `None` when it is missing or
+    /// not a UUID (see [`ReceivedEvent::event_id`]).
+    pub id: Option<EventId>,
+    /// The event type from the [`HEADER_EVENT_TYPE`] header.
+    pub event_type: Option<String>,
+    /// The record key (Kafka) or routing key (RabbitMQ).
+    pub key: Option<String>,
+    /// The user's headers (txbox's own `txbox-*` headers are in the fields above).
+    pub headers: BTreeMap<String, String>,
+    /// The payload bytes (JSON when published through txbox).
+    pub payload: Vec<u8>,
+    /// Where it came from.
+    pub position: Position,
+}
+
+impl ReceivedEvent {
+    /// Builds one from raw headers: picks out txbox's headers, keeps the rest.
+    pub(crate) fn from_parts(
+        raw_headers: impl IntoIterator<Item = (String, String)>,
+        key: Option<String>,
+        payload: Vec<u8>,
+        position: Position,
+    ) -> Self {
+        let (mut id, mut event_type, mut headers, mut key) = (None, None, BTreeMap::new(), key);
+        for (k, v) in raw_headers {
+            if k == HEADER_EVENT_KEY {
+                key = Some(v);
+            } else if k == HEADER_EVENT_ID {
+                id = v.parse().ok();
+            } else if k == HEADER_EVENT_TYPE {
+                event_type = Some(v);
+            } else if !k.starts_with(RESERVED_HEADER_PREFIX) {
+                headers.insert(k, v);
+            }
+        }
+        ReceivedEvent { id, event_type, key, headers, payload, position }
+    }
+
+    /// The event id, or [`Error::MissingEventId`] naming the message's position.
+    pub fn event_id(&self) -> Result<EventId> {
+        self.id.ok_or_else(|| Error::MissingEventId(self.position.to_string()))
+    }
+
+    /// Deserializes the JSON payload.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_slice(&self.payload)
+            .map_err(|e| Error::InvalidInput(format!("payload at {}: {e}", self.position)))
+    }
+}
+
+/// Stops a consumer loop from another thread. Clones share the signal.
+///
+/// ```
+/// let stop = txbox::consumer::StopSignal::new();
+/// let for_loop = stop.clone();
+/// stop.stop();
+/// assert!(for_loop.is_stopped());
+/// ```
+#[derive(Clone)]
+pub struct StopSignal {
+    tx: Arc<Mutex<Option<Sender<()>>>>,
+    rx: Receiver<()>,
+}
+
+impl Default for StopSignal {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StopSignal {
+    /// A signal not yet given.
+    pub fn new() -> Self {
+        let (tx, rx) = bounded(0);
+        StopSignal { tx: Arc::new(Mutex::new(Some(tx))), rx }
+    }
+
+    /// Asks the loop to stop; it returns after the message in hand.
+    pub fn stop(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// True once [`StopSignal::stop`] was called.
+    pub fn is_stopped(&self) -> bool {
+        matches!(self.rx.try_recv(), Err(crossbeam_channel::TryRecvError::Disconnected))
+    }
+
+    /// Sleeps `d` or until stopped; true if stopped.
+    pub fn sleep(&self, d: Duration) -> bool {
+        matches!(self.rx.recv_timeout(d), Err(crossbeam_channel::RecvTimeoutError::Disconnected))
+    }
+
+    /// The channel that disconnects on stop, for `select!`.
+    pub fn receiver(&self) -> &Receiver<()> {
+        &self.rx
+    }
+}

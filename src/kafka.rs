@@ -1,0 +1,392 @@
+//! Kafka (feature `kafka`): a [`KafkaSender`] for the relay and a [`KafkaConsumer`]
+//! loop, both on `rdkafka` with its bundled librdkafka and no async runtime.
+//!
+//! ## Record contract
+//! - record key: the event's key (none when the event has none);
+//! - record value: the JSON payload, byte for byte;
+//! - headers: `txbox-event-id` (the UUIDv7, text), `txbox-event-type`, then the
+//!   user's headers as they were published.
+//!
+//! ## Delivery
+//! The producer runs with `acks=all` and `enable.idempotence=true`. Each record is
+//! confirmed by its own delivery report, never by `flush()`: a batch waits for all of
+//! its reports up to the delivery timeout, and one record that fails (unknown topic,
+//! too large, timeout) fails alone while the rest of its batch counts as sent.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::consumer::{Position, ReceivedEvent, StopSignal};
+use crate::error::{Error, Result};
+use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
+use crate::sender::{SendError, Sender, SenderFactory};
+
+/// Default `message.timeout.ms`: how long librdkafka tries one record.
+pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn client_config(properties: &BTreeMap<String, String>) -> Result<ClientConfig> {
+    if !properties.contains_key("bootstrap.servers") {
+        return Err(Error::config("kafka.bootstrap.servers", "must be set"));
+    }
+    let mut c = ClientConfig::new();
+    for (k, v) in properties {
+        c.set(k, v);
+    }
+    Ok(c)
+}
+
+fn kafka_err(what: &str, e: KafkaError) -> Error {
+    Error::Broker(format!("kafka {what}: {e}"))
+}
+
+/// The results of one batch, filled in by delivery reports.
+struct Batch {
+    results: Mutex<(Vec<Option<Result<(), SendError>>>, usize)>,
+    done: Condvar,
+}
+
+impl Batch {
+    fn set(&self, index: usize, result: Result<(), SendError>) {
+        let mut g = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = g.0.get_mut(index) {
+            if slot.is_none() {
+                *slot = Some(result);
+                g.1 += 1;
+            }
+        }
+        self.done.notify_all();
+    }
+}
+
+/// Routes each delivery report to its batch slot.
+struct Reports;
+
+impl ClientContext for Reports {}
+
+impl ProducerContext for Reports {
+    type DeliveryOpaque = Box<(Arc<Batch>, usize)>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
+        let (batch, index) = *opaque;
+        let outcome = match result {
+            Ok(_) => Ok(()),
+            Err((e, _)) => Err(SendError::new(format!("kafka delivery failed: {e}"))),
+        };
+        batch.set(index, outcome);
+    }
+}
+
+/// The relay's Kafka sender: one thread-safe idempotent producer shared by every
+/// relay thread (clones share it).
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// let sender = txbox::kafka::KafkaSender::builder("127.0.0.1:9092")
+///     .property("compression.type", "lz4")
+///     .build()?;
+/// # let _ = sender; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct KafkaSender {
+    producer: ThreadedProducer<Reports>,
+    wait: Duration,
+}
+
+/// Builds a [`KafkaSender`].
+#[derive(Debug, Clone)]
+pub struct KafkaSenderBuilder {
+    properties: BTreeMap<String, String>,
+}
+
+impl KafkaSenderBuilder {
+    /// Sets any librdkafka producer property (overrides txbox's defaults).
+    pub fn property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.properties.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets every property of the map (e.g. [`Config::kafka`](crate::Config::kafka)).
+    pub fn properties(mut self, map: &BTreeMap<String, String>) -> Self {
+        self.properties.extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self
+    }
+
+    /// Creates the producer. Fails on a bad property (named in the error).
+    pub fn build(self) -> Result<KafkaSender> {
+        let timeout_ms: u64 = match self.properties.get("message.timeout.ms") {
+            Some(v) => v.parse().map_err(|_| {
+                Error::config("kafka.message.timeout.ms", format!("must be a number of milliseconds, not {v:?}"))
+            })?,
+            None => DEFAULT_MESSAGE_TIMEOUT.as_millis() as u64,
+        };
+        let producer = client_config(&self.properties)?
+            .create_with_context(Reports)
+            .map_err(|e| kafka_err("producer", e))?;
+        Ok(KafkaSender {
+            producer,
+            wait: Duration::from_millis(timeout_ms) + Duration::from_secs(5),
+        })
+    }
+}
+
+impl KafkaSender {
+    /// A builder with txbox's producer defaults: `acks=all`,
+    /// `enable.idempotence=true`, `message.timeout.ms=30000`, `linger.ms=5`.
+    pub fn builder(bootstrap_servers: &str) -> KafkaSenderBuilder {
+        let mut properties = BTreeMap::new();
+        for (k, v) in [
+            ("bootstrap.servers", bootstrap_servers),
+            ("acks", "all"),
+            ("enable.idempotence", "true"),
+            ("message.timeout.ms", "30000"),
+            ("linger.ms", "5"),
+        ] {
+            properties.insert(k.to_string(), v.to_string());
+        }
+        KafkaSenderBuilder { properties }
+    }
+
+    /// A sender from the `[kafka]` properties of a [`Config`](crate::Config), which
+    /// must set `bootstrap.servers`.
+    pub fn from_config(config: &crate::Config) -> Result<KafkaSender> {
+        let servers = config
+            .kafka
+            .get("bootstrap.servers")
+            .ok_or_else(|| Error::config("kafka.bootstrap.servers", "must be set"))?;
+        Self::builder(servers).properties(&config.kafka).build()
+    }
+
+    fn enqueue(&self, e: &Event, batch: &Arc<Batch>, index: usize, deadline: Instant) -> Result<(), SendError> {
+        let mut headers = OwnedHeaders::new_with_capacity(2 + e.headers.len())
+            .insert(Header { key: HEADER_EVENT_ID, value: Some(e.id.to_string().as_bytes()) })
+            .insert(Header { key: HEADER_EVENT_TYPE, value: Some(e.event_type.as_bytes()) });
+        for (k, v) in &e.headers {
+            headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
+        }
+        let mut record = BaseRecord::with_opaque_to(&e.destination, Box::new((batch.clone(), index)))
+            .payload(e.payload.as_bytes())
+            .headers(headers);
+        if let Some(k) = &e.key {
+            record = record.key(k.as_bytes());
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) if Instant::now() < deadline => {
+                    record = r;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((err, _)) => return Err(SendError::new(format!("kafka produce to {}: {err}", e.destination))),
+            }
+        }
+    }
+}
+
+impl Sender for KafkaSender {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        let batch = Arc::new(Batch {
+            results: Mutex::new((vec![None; events.len()], 0)),
+            done: Condvar::new(),
+        });
+        let deadline = Instant::now() + self.wait;
+        for (i, e) in events.iter().enumerate() {
+            if let Err(err) = self.enqueue(e, &batch, i, deadline) {
+                batch.set(i, Err(err));
+            }
+        }
+        let mut g = batch.results.lock().unwrap_or_else(|p| p.into_inner());
+        while g.1 < events.len() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = match batch.done.wait_timeout(g, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        let wait = self.wait;
+        g.0.iter_mut()
+            .map(|r| {
+                r.take().unwrap_or_else(|| {
+                    Err(SendError::new(format!("kafka: no delivery report within {wait:?}")))
+                })
+            })
+            .collect()
+    }
+}
+
+impl SenderFactory for KafkaSender {
+    fn create(&self) -> Result<Box<dyn Sender>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+/// A blocking Kafka consumer loop with at-least-once semantics: the offset of a
+/// message is committed only after its handler returned `Ok`; a handler error seeks
+/// back so the same message is handled again after `retry_delay`.
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// use txbox::{consumer::StopSignal, kafka::KafkaConsumer};
+/// let consumer = KafkaConsumer::builder("127.0.0.1:9092", "billing").build()?;
+/// consumer.subscribe(&["orders"])?;
+/// let stop = StopSignal::new();
+/// consumer.run(&stop, |event| {
+///     println!("{:?} {:?}", event.id, event.event_type);
+///     Ok::<(), std::io::Error>(())
+/// })?;
+/// # Ok(()) }
+/// ```
+pub struct KafkaConsumer {
+    consumer: BaseConsumer,
+    retry_delay: Duration,
+}
+
+/// Builds a [`KafkaConsumer`].
+#[derive(Debug, Clone)]
+pub struct KafkaConsumerBuilder {
+    properties: BTreeMap<String, String>,
+    retry_delay: Duration,
+}
+
+impl KafkaConsumerBuilder {
+    /// Sets any librdkafka consumer property.
+    pub fn property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.properties.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets every property of the map.
+    pub fn properties(mut self, map: &BTreeMap<String, String>) -> Self {
+        self.properties.extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self
+    }
+
+    /// Wait before a message whose handler failed is handled again (default 1s).
+    pub fn retry_delay(mut self, d: Duration) -> Self {
+        self.retry_delay = d;
+        self
+    }
+
+    /// Creates the consumer (auto commit off: the loop commits).
+    pub fn build(mut self) -> Result<KafkaConsumer> {
+        self.properties.insert("enable.auto.commit".into(), "false".into());
+        let consumer = client_config(&self.properties)?
+            .create()
+            .map_err(|e| kafka_err("consumer", e))?;
+        Ok(KafkaConsumer { consumer, retry_delay: self.retry_delay })
+    }
+}
+
+impl KafkaConsumer {
+    /// A builder for consumer group `group_id`, reading from the earliest offset when
+    /// the group has none committed.
+    pub fn builder(bootstrap_servers: &str, group_id: &str) -> KafkaConsumerBuilder {
+        let mut properties = BTreeMap::new();
+        for (k, v) in [
+            ("bootstrap.servers", bootstrap_servers),
+            ("group.id", group_id),
+            ("auto.offset.reset", "earliest"),
+        ] {
+            properties.insert(k.to_string(), v.to_string());
+        }
+        KafkaConsumerBuilder { properties, retry_delay: Duration::from_secs(1) }
+    }
+
+    /// Joins the consumer group for these topics (partitions assigned by the group).
+    pub fn subscribe(&self, topics: &[&str]) -> Result<()> {
+        self.consumer.subscribe(topics).map_err(|e| kafka_err("subscribe", e))
+    }
+
+    /// Reads these partitions directly, from the group's committed offset (or the
+    /// earliest when none): no group rebalance.
+    pub fn assign(&self, topic: &str, partitions: &[i32]) -> Result<()> {
+        let mut list = TopicPartitionList::new();
+        for p in partitions {
+            list.add_partition_offset(topic, *p, Offset::Stored)
+                .map_err(|e| kafka_err("assign", e))?;
+        }
+        self.consumer.assign(&list).map_err(|e| kafka_err("assign", e))
+    }
+
+    /// The partitions of `topic`, from the broker's metadata.
+    pub fn partitions(&self, topic: &str, timeout: Duration) -> Result<Vec<i32>> {
+        let md = self
+            .consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| kafka_err("metadata", e))?;
+        Ok(md
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic)
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect())
+    }
+
+    /// Hands every message to `handler` until `stop`. Commits a message's offset only
+    /// after `Ok`; on `Err` the error is logged, the partition rewinds to the message
+    /// and it is handled again after the retry delay. Broker errors are logged and
+    /// polled through; the loop returns only when stopped.
+    pub fn run<E, F>(&self, stop: &StopSignal, mut handler: F) -> Result<()>
+    where
+        E: Display,
+        F: FnMut(&ReceivedEvent) -> Result<(), E>,
+    {
+        while !stop.is_stopped() {
+            let msg = match self.consumer.poll(Duration::from_millis(100)) {
+                None => continue,
+                Some(Err(e)) => {
+                    log::warn!("txbox: kafka consumer: {e}");
+                    stop.sleep(Duration::from_millis(200));
+                    continue;
+                }
+                Some(Ok(m)) => m,
+            };
+            let headers = msg
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            let event = ReceivedEvent::from_parts(
+                headers,
+                msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                msg.payload().unwrap_or_default().to_vec(),
+                Position::Kafka {
+                    topic: msg.topic().to_string(),
+                    partition: msg.partition(),
+                    offset: msg.offset(),
+                },
+            );
+            match handler(&event) {
+                Ok(()) => {
+                    if let Err(e) = self.consumer.commit_message(&msg, CommitMode::Sync) {
+                        log::warn!("txbox: kafka commit at {}: {e} (the message may be seen again)", event.position);
+                    }
+                }
+                Err(e) => {
+                    log::warn!("txbox: handler failed at {}: {e}; it will be handled again", event.position);
+                    let (topic, partition, offset) = (msg.topic().to_string(), msg.partition(), msg.offset());
+                    drop(msg);
+                    if let Err(e) = self.consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(5)) {
+                        log::error!("txbox: kafka seek back to {topic}/{partition}@{offset}: {e}");
+                    }
+                    stop.sleep(self.retry_delay);
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,395 @@
+//! RabbitMQ (feature `rabbitmq`): a [`RabbitSender`] for the relay and a
+//! [`RabbitConsumer`] loop, on `amiquip`.
+//!
+//! ## Message contract
+//! - exchange: the event type's `destination`; routing key: its `routing_key`
+//!   (default: the event type);
+//! - body: the JSON payload; `content_type` `application/json`; `type` the event type;
+//! - `message_id` and the header `txbox-event-id`: the event id; header
+//!   `txbox-event-type`: the event type; `txbox-event-key`: the event's key, when
+//!   it has one; then the user's headers (string values);
+//! - persistent (`delivery_mode` 2) and `mandatory`: a message no queue takes comes
+//!   back as a failure and is never counted as sent.
+//!
+//! Each relay thread gets its own connection and channel with publisher confirms; a
+//! batch waits for the broker's ack of every message. A dropped connection is opened
+//! again on a later batch, with backoff.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::time::{Duration, Instant};
+
+use amiquip::{
+    AmqpProperties, AmqpValue, Channel, Confirm, Connection, ConsumerMessage, ConsumerOptions, FieldTable,
+    Publish, Return,
+};
+use crossbeam_channel::{select, Receiver};
+
+use crate::consumer::{Position, ReceivedEvent, StopSignal};
+use crate::error::{Error, Result};
+use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE};
+use crate::sender::{SendError, Sender, SenderFactory};
+
+/// Opens a plain-TCP AMQP connection (`amqp://`; TLS is not built in).
+fn open(url: &str) -> std::result::Result<Connection, amiquip::Error> {
+    Connection::insecure_open(url)
+}
+
+fn text(v: &AmqpValue) -> String {
+    match v {
+        AmqpValue::LongString(s) => s.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Makes one [`RabbitSender`] per relay thread.
+///
+/// ```no_run
+/// let factory = txbox::rabbitmq::RabbitSenderFactory::new("amqp://guest:guest@127.0.0.1:5672");
+/// # let _ = factory;
+/// ```
+#[derive(Debug, Clone)]
+pub struct RabbitSenderFactory {
+    url: String,
+    confirm_timeout: Duration,
+}
+
+impl RabbitSenderFactory {
+    /// Senders for the broker at `url` (`amqp://user:pass@host:port/vhost`).
+    pub fn new(url: &str) -> Self {
+        RabbitSenderFactory { url: url.to_string(), confirm_timeout: Duration::from_secs(30) }
+    }
+
+    /// Longest wait for the broker's confirms of one batch (default 30s).
+    pub fn confirm_timeout(mut self, d: Duration) -> Self {
+        self.confirm_timeout = d;
+        self
+    }
+}
+
+impl SenderFactory for RabbitSenderFactory {
+    fn create(&self) -> Result<Box<dyn Sender>> {
+        Ok(Box::new(RabbitSender::new(&self.url, self.confirm_timeout)))
+    }
+}
+
+struct Open {
+    // Field order: the channel closes before its connection.
+    channel: Channel,
+    confirms: Receiver<Confirm>,
+    returns: Receiver<Return>,
+    next_tag: u64,
+    _connection: Connection,
+}
+
+/// One connection and one confirm-mode channel, owned by one relay thread.
+pub struct RabbitSender {
+    url: String,
+    confirm_timeout: Duration,
+    open: Option<Open>,
+    retry_at: Instant,
+    backoff: Duration,
+    last_error: String,
+}
+
+const MIN_RECONNECT: Duration = Duration::from_millis(100);
+const MAX_RECONNECT: Duration = Duration::from_secs(10);
+
+impl RabbitSender {
+    /// A sender that connects on its first batch.
+    pub fn new(url: &str, confirm_timeout: Duration) -> Self {
+        RabbitSender {
+            url: url.to_string(),
+            confirm_timeout,
+            open: None,
+            retry_at: Instant::now(),
+            backoff: MIN_RECONNECT,
+            last_error: String::new(),
+        }
+    }
+
+    fn connect(&mut self) -> std::result::Result<&mut Open, String> {
+        if self.open.is_none() {
+            let now = Instant::now();
+            if now < self.retry_at {
+                return Err(format!(
+                    "rabbitmq not connected ({}); next try in {:?}",
+                    self.last_error,
+                    self.retry_at - now
+                ));
+            }
+            match Self::open_channel(&self.url) {
+                Ok(o) => {
+                    self.backoff = MIN_RECONNECT;
+                    self.open = Some(o);
+                    log::info!("txbox: rabbitmq sender connected");
+                }
+                Err(e) => {
+                    self.last_error = e.to_string();
+                    self.retry_at = now + self.backoff;
+                    self.backoff = (self.backoff * 2).min(MAX_RECONNECT);
+                    return Err(format!("rabbitmq connect: {e}"));
+                }
+            }
+        }
+        self.open.as_mut().ok_or_else(|| "rabbitmq not connected".to_string())
+    }
+
+    fn open_channel(url: &str) -> std::result::Result<Open, amiquip::Error> {
+        let mut connection = open(url)?;
+        let channel = connection.open_channel(None)?;
+        let confirms = channel.listen_for_publisher_confirms()?;
+        let returns = channel.listen_for_returns()?;
+        channel.enable_publisher_confirms()?;
+        Ok(Open { channel, confirms, returns, next_tag: 1, _connection: connection })
+    }
+
+    fn drop_connection(&mut self, why: &str) {
+        if self.open.take().is_some() {
+            log::warn!("txbox: rabbitmq sender: {why}; reconnecting");
+            self.last_error = why.to_string();
+            self.retry_at = Instant::now() + self.backoff;
+        }
+    }
+}
+
+fn properties(e: &Event) -> AmqpProperties {
+    let mut headers = FieldTable::new();
+    headers.insert(HEADER_EVENT_ID.to_string(), AmqpValue::LongString(e.id.to_string()));
+    headers.insert(HEADER_EVENT_TYPE.to_string(), AmqpValue::LongString(e.event_type.clone()));
+    if let Some(key) = &e.key {
+        headers.insert(HEADER_EVENT_KEY.to_string(), AmqpValue::LongString(key.clone()));
+    }
+    for (k, v) in &e.headers {
+        headers.insert(k.clone(), AmqpValue::LongString(v.clone()));
+    }
+    AmqpProperties::default()
+        .with_message_id(e.id.to_string())
+        .with_type_(e.event_type.clone())
+        .with_content_type("application/json".to_string())
+        .with_delivery_mode(2)
+        .with_headers(headers)
+}
+
+impl Sender for RabbitSender {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        let fail_all = |msg: &str| events.iter().map(|_| Err(SendError::new(msg))).collect();
+        let timeout = self.confirm_timeout;
+        let open = match self.connect() {
+            Ok(o) => o,
+            Err(msg) => return fail_all(&msg),
+        };
+        // tag of each event on this channel
+        let first = open.next_tag;
+        let mut results: Vec<Option<Result<(), SendError>>> = vec![None; events.len()];
+        let mut broken = None;
+        for (i, e) in events.iter().enumerate() {
+            let mut publish = Publish::with_properties(e.payload.as_bytes(), e.routing_key.clone(), properties(e));
+            publish.mandatory = true;
+            match open.channel.basic_publish(e.destination.clone(), publish) {
+                Ok(()) => open.next_tag += 1,
+                Err(err) => {
+                    broken = Some(format!("rabbitmq publish to exchange {:?}: {err}", e.destination));
+                    for r in results.iter_mut().skip(i) {
+                        *r = Some(Err(SendError::new(broken.clone().unwrap_or_default())));
+                    }
+                    break;
+                }
+            }
+        }
+        let last = open.next_tag - 1; // tags first..=last were published
+        let deadline = Instant::now() + timeout;
+        let mut confirmed = 0u64;
+        let total = last + 1 - first;
+        while confirmed < total && broken.is_none() {
+            let now = Instant::now();
+            let confirm = match open.confirms.recv_timeout(deadline.saturating_duration_since(now)) {
+                Ok(c) => c,
+                Err(_) => {
+                    broken = Some(format!("rabbitmq: no publisher confirm within {timeout:?}"));
+                    break;
+                }
+            };
+            let (payload, ok) = match confirm {
+                Confirm::Ack(p) => (p, true),
+                Confirm::Nack(p) => (p, false),
+            };
+            let upto = payload.delivery_tag;
+            let from = if payload.multiple { first } else { upto };
+            for tag in from.max(first)..=upto.min(last) {
+                let slot = &mut results[(tag - first) as usize];
+                if slot.is_none() {
+                    *slot = Some(if ok { Ok(()) } else { Err(SendError::new("rabbitmq: broker nacked the message")) });
+                    confirmed += 1;
+                }
+            }
+        }
+        // Returns arrive before the ack of the same message: all are queued by now.
+        while let Ok(ret) = open.returns.try_recv() {
+            let id = ret.properties.message_id().clone().unwrap_or_default();
+            if let Some(i) = events.iter().position(|e| e.id.to_string() == id) {
+                results[i] = Some(Err(SendError::new(format!(
+                    "rabbitmq returned the message as unroutable: {} {} (exchange {:?}, routing key {:?})",
+                    ret.reply_code, ret.reply_text, ret.exchange, ret.routing_key
+                ))));
+            }
+        }
+        if let Some(why) = &broken {
+            self.drop_connection(why);
+        }
+        let why = broken.unwrap_or_default();
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(SendError::new(why.clone()))))
+            .collect()
+    }
+}
+
+/// What the consumer loop does with a message whose handler failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// Nack with requeue: the broker delivers it again (default).
+    Requeue,
+    /// Reject without requeue: it goes to the queue's dead-letter exchange, if any.
+    DeadLetter,
+}
+
+/// A blocking RabbitMQ consumer loop: manual ack after the handler returned `Ok`; on
+/// `Err`, nack with requeue (or reject to the dead-letter exchange).
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// use txbox::{consumer::StopSignal, rabbitmq::RabbitConsumer};
+/// let consumer = RabbitConsumer::new("amqp://guest:guest@127.0.0.1:5672", "billing-orders").prefetch(50);
+/// let stop = StopSignal::new();
+/// consumer.run(&stop, |event| {
+///     println!("{:?}", event.id);
+///     Ok::<(), std::io::Error>(())
+/// })?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RabbitConsumer {
+    url: String,
+    queue: String,
+    prefetch: u16,
+    on_error: OnError,
+    retry_delay: Duration,
+}
+
+impl RabbitConsumer {
+    /// Consumes `queue` (which must exist) at `url`. Prefetch 100, requeue on error.
+    pub fn new(url: &str, queue: &str) -> Self {
+        RabbitConsumer {
+            url: url.to_string(),
+            queue: queue.to_string(),
+            prefetch: 100,
+            on_error: OnError::Requeue,
+            retry_delay: Duration::from_millis(500),
+        }
+    }
+
+    /// Unacked messages the broker may push at once.
+    pub fn prefetch(mut self, n: u16) -> Self {
+        self.prefetch = n.max(1);
+        self
+    }
+
+    /// What a handler error does to the message.
+    pub fn on_error(mut self, policy: OnError) -> Self {
+        self.on_error = policy;
+        self
+    }
+
+    /// Wait after a handler error before the next message (default 500ms), so a
+    /// requeued message that keeps failing does not spin.
+    pub fn retry_delay(mut self, d: Duration) -> Self {
+        self.retry_delay = d;
+        self
+    }
+
+    /// Hands every message to `handler` until `stop`. A lost connection is logged and
+    /// opened again with backoff; unacked messages are redelivered by the broker.
+    pub fn run<E, F>(&self, stop: &StopSignal, mut handler: F) -> Result<()>
+    where
+        E: Display,
+        F: FnMut(&ReceivedEvent) -> Result<(), E>,
+    {
+        let mut backoff = MIN_RECONNECT;
+        while !stop.is_stopped() {
+            match self.session(stop, &mut handler) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    log::warn!("txbox: rabbitmq consumer on {}: {e}; reconnecting in {backoff:?}", self.queue);
+                    if stop.sleep(backoff) {
+                        return Ok(());
+                    }
+                    backoff = (backoff * 2).min(MAX_RECONNECT);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn session<E, F>(&self, stop: &StopSignal, handler: &mut F) -> Result<()>
+    where
+        E: Display,
+        F: FnMut(&ReceivedEvent) -> Result<(), E>,
+    {
+        let amqp = |e: amiquip::Error| Error::Broker(format!("rabbitmq: {e}"));
+        let mut connection = open(&self.url).map_err(amqp)?;
+        let channel = connection.open_channel(None).map_err(amqp)?;
+        channel.qos(0, self.prefetch, false).map_err(amqp)?;
+        let consumer = channel
+            .basic_consume(self.queue.clone(), ConsumerOptions::default())
+            .map_err(amqp)?;
+        loop {
+            let message = select! {
+                recv(stop.receiver()) -> _ => return Ok(()),
+                recv(consumer.receiver()) -> m => m,
+            };
+            let delivery = match message {
+                Ok(ConsumerMessage::Delivery(d)) => d,
+                Ok(other) => return Err(Error::Broker(format!("rabbitmq consumer ended: {other:?}"))),
+                Err(_) => return Err(Error::Broker("rabbitmq consumer channel closed".into())),
+            };
+            let headers: BTreeMap<String, String> = delivery
+                .properties
+                .headers()
+                .as_ref()
+                .map(|h| h.iter().map(|(k, v)| (k.clone(), text(v))).collect())
+                .unwrap_or_default();
+            let mut raw: Vec<(String, String)> = headers.into_iter().collect();
+            if !raw.iter().any(|(k, _)| k == HEADER_EVENT_ID) {
+                if let Some(id) = delivery.properties.message_id() {
+                    raw.push((HEADER_EVENT_ID.to_string(), id.clone()));
+                }
+            }
+            let event = ReceivedEvent::from_parts(
+                raw,
+                None,
+                delivery.body.clone(),
+                Position::RabbitMq {
+                    queue: self.queue.clone(),
+                    delivery_tag: delivery.delivery_tag(),
+                    redelivered: delivery.redelivered,
+                },
+            );
+            match handler(&event) {
+                Ok(()) => consumer.ack(delivery).map_err(amqp)?,
+                Err(e) => {
+                    let requeue = self.on_error == OnError::Requeue;
+                    log::warn!(
+                        "txbox: handler failed at {}: {e}; {}",
+                        event.position,
+                        if requeue { "requeued" } else { "rejected to the dead-letter exchange" }
+                    );
+                    consumer.nack(delivery, requeue).map_err(amqp)?;
+                    if stop.sleep(self.retry_delay) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}

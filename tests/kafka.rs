@@ -1,0 +1,201 @@
+//! PostgreSQL -> relay -> Kafka (Tansu here; any Kafka via TXBOX_KAFKA_BROKERS) -> consumer loop.
+#![cfg(feature = "kafka")]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use txbox::kafka::{KafkaConsumer, KafkaSender};
+use txbox::{Config, Dlq, EventOptions, NewEvent, Outbox, Relay, StopSignal};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn kafka_up() -> bool {
+    service_up("Kafka", &kafka_brokers())
+}
+
+/// Runs a consumer loop over every partition of `topic` in a thread.
+fn consume(
+    topic: &str,
+    handler: impl FnMut(&txbox::ReceivedEvent) -> Result<(), String> + Send + 'static,
+) -> (StopSignal, std::thread::JoinHandle<()>) {
+    let consumer = KafkaConsumer::builder(&kafka_brokers(), &format!("g-{topic}"))
+        .retry_delay(ms(100))
+        .build()
+        .unwrap();
+    let parts = consumer.partitions(topic, Duration::from_secs(10)).unwrap();
+    assert!(!parts.is_empty(), "topic {topic} has partitions");
+    consumer.assign(topic, &parts).unwrap();
+    let stop = StopSignal::new();
+    let s = stop.clone();
+    let h = std::thread::spawn(move || consumer.run(&s, handler).unwrap());
+    (stop, h)
+}
+
+#[test]
+fn events_arrive_with_id_type_key_headers_and_payload() {
+    if !kafka_up() {
+        return;
+    }
+    let topic = format!("txbox-rt-{}", unique());
+    create_topic(&topic, 3);
+    let p = "t_kafka_rt_";
+    let Some((store, mut client)) = fresh(p) else { return };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
+        .event("order-created", EventOptions::new().destination(&topic))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
+    let relay = Relay::start(store, &config, sender).unwrap();
+
+    let mut published = HashMap::new();
+    let mut tx = client.transaction().unwrap();
+    for i in 0..50 {
+        let e = NewEvent::new("order-created", &json!({"order": i}))
+            .unwrap()
+            .key(format!("order-{}", i % 5))
+            .header("trace-id", format!("t{i}"));
+        published.insert(outbox.publish_event(&mut tx, e).unwrap(), i);
+    }
+    tx.commit().unwrap();
+
+    let got = Collected::default();
+    let sink = got.clone();
+    let (stop, h) = consume(&topic, move |e| {
+        sink.push(e);
+        Ok(())
+    });
+    wait_until("50 events consumed", Duration::from_secs(60), || got.ids().len() == 50);
+    stop.stop();
+    h.join().unwrap();
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+
+    for e in got.all() {
+        let id = e.id.expect("event id header");
+        let i = published[&id];
+        assert_eq!(e.event_type.as_deref(), Some("order-created"));
+        assert_eq!(e.key, Some(format!("order-{}", i % 5)));
+        assert_eq!(e.headers, BTreeMap::from([("trace-id".to_string(), format!("t{i}"))]));
+        assert_eq!(e.payload, format!("{{\"order\":{i}}}").into_bytes());
+        assert_eq!(e.json::<serde_json::Value>().unwrap(), json!({"order": i}));
+        assert!(matches!(e.position, txbox::Position::Kafka { topic: ref t, .. } if *t == topic));
+    }
+    assert_eq!(count(&mut client, p, "PROCESSED"), 50);
+}
+
+#[test]
+fn an_oversized_message_fails_alone_and_ends_in_the_dlq() {
+    if !kafka_up() {
+        return;
+    }
+    let topic = format!("txbox-big-{}", unique());
+    create_topic(&topic, 1);
+    let p = "t_kafka_big_";
+    let Some((store, mut client)) = fresh(p) else { return };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event(
+            "doc",
+            EventOptions::new()
+                .destination(&topic)
+                .fixed_polling(ms(50))
+                .max_retries(1)
+                .backoff_delay(ms(100))
+                .backoff_jitter(0.0),
+        )
+        .dlq(true)
+        .dlq_move_interval(ms(100))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = KafkaSender::builder(&kafka_brokers())
+        .property("message.max.bytes", "10000")
+        .build()
+        .unwrap();
+    let relay = Relay::start(store.clone(), &config, sender).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let mut small = Vec::new();
+    for i in 0..3 {
+        small.push(outbox.publish(&mut tx, "doc", &json!({"i": i})).unwrap());
+    }
+    let big = outbox.publish(&mut tx, "doc", &"x".repeat(20_000)).unwrap();
+    for i in 3..6 {
+        small.push(outbox.publish(&mut tx, "doc", &json!({"i": i})).unwrap());
+    }
+    tx.commit().unwrap();
+
+    let dlq = Dlq::new(store);
+    wait_until("the big event in the DLQ", Duration::from_secs(30), || dlq.get(big).is_ok());
+    let dead = dlq.get(big).unwrap();
+    assert_eq!(dead.attempts, 2);
+    let err = dead.last_error.unwrap();
+    assert!(err.to_lowercase().contains("too large") || err.contains("size"), "{err}");
+    assert_eq!(count(&mut client, p, "PROCESSED"), 6, "the rest of the batch was delivered");
+
+    let got = Collected::default();
+    let sink = got.clone();
+    let (stop, h) = consume(&topic, move |e| {
+        sink.push(e);
+        Ok(())
+    });
+    wait_until("6 small events consumed", Duration::from_secs(30), || got.ids().len() == 6);
+    stop.stop();
+    h.join().unwrap();
+    assert_eq!(got.ids(), small.into_iter().collect());
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn a_handler_that_fails_once_sees_the_message_again() {
+    if !kafka_up() {
+        return;
+    }
+    let topic = format!("txbox-retry-{}", unique());
+    create_topic(&topic, 1);
+    let p = "t_kafka_retry_";
+    let Some((store, mut client)) = fresh(p) else { return };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
+        .event("e", EventOptions::new().destination(&topic))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let relay = Relay::start(store, &config, KafkaSender::builder(&kafka_brokers()).build().unwrap()).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox.publish_batch(&mut tx, "e", 0..10).unwrap();
+    tx.commit().unwrap();
+
+    let calls: Arc<Mutex<HashMap<txbox::EventId, usize>>> = Default::default();
+    let c = calls.clone();
+    let victim = ids[4];
+    let (stop, h) = consume(&topic, move |e| {
+        let id = e.event_id().map_err(|e| e.to_string())?;
+        let mut calls = c.lock().unwrap();
+        let n = calls.entry(id).or_default();
+        *n += 1;
+        if id == victim && *n == 1 {
+            return Err("database hiccup".into());
+        }
+        Ok(())
+    });
+    wait_until("every event handled", Duration::from_secs(30), || {
+        let calls = calls.lock().unwrap();
+        ids.iter().all(|id| calls.contains_key(id)) && calls[&victim] >= 2
+    });
+    stop.stop();
+    h.join().unwrap();
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    let calls = calls.lock().unwrap();
+    assert_eq!(calls[&victim], 2, "failed once, then handled again");
+    assert!(ids.iter().filter(|id| **id != victim).all(|id| calls[id] >= 1));
+}
