@@ -38,7 +38,7 @@ case "${1:-start}" in
             exit 0
         fi
         bin=$(tansu_bin)
-        nohup "$bin" broker --listener-url "tcp://$ADDR:$PORT" --advertised-listener-url "tcp://$ADDR:$PORT" \
+        RUST_LOG=${TXBOX_TANSU_RUST_LOG:-warn} nohup "$bin" broker --listener-url "tcp://$ADDR:$PORT" --advertised-listener-url "tcp://$ADDR:$PORT" \
             --storage-engine memory://tansu/ >>"$LOG" 2>&1 &
         for _ in $(seq 1 60); do
             if answers; then

@@ -753,7 +753,12 @@ mod toml_model {
                     toml::Value::Integer(i) => i.to_string(),
                     toml::Value::Float(f) => f.to_string(),
                     toml::Value::Boolean(b) => b.to_string(),
-                    _ => return Err(Error::config(format!("kafka.{k}"), "must be a string, number or boolean")),
+                    _ => {
+                        return Err(Error::config(
+                            format!("kafka.{k}"),
+                            "must be a string, number or boolean",
+                        ))
+                    }
                 };
                 Ok((k, v))
             })

@@ -9,7 +9,9 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
-use crate::event::{EventId, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE, RESERVED_HEADER_PREFIX};
+use crate::event::{
+    EventId, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE, RESERVED_HEADER_PREFIX,
+};
 
 /// Where a received message came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,10 +39,18 @@ pub enum Position {
 impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Position::Kafka { topic, partition, offset } => {
+            Position::Kafka {
+                topic,
+                partition,
+                offset,
+            } => {
                 write!(f, "kafka {topic}/{partition}@{offset}")
             }
-            Position::RabbitMq { queue, delivery_tag, .. } => {
+            Position::RabbitMq {
+                queue,
+                delivery_tag,
+                ..
+            } => {
                 write!(f, "rabbitmq queue {queue} delivery {delivery_tag}")
             }
         }
@@ -85,12 +95,20 @@ impl ReceivedEvent {
                 headers.insert(k, v);
             }
         }
-        ReceivedEvent { id, event_type, key, headers, payload, position }
+        ReceivedEvent {
+            id,
+            event_type,
+            key,
+            headers,
+            payload,
+            position,
+        }
     }
 
     /// The event id, or [`Error::MissingEventId`] naming the message's position.
     pub fn event_id(&self) -> Result<EventId> {
-        self.id.ok_or_else(|| Error::MissingEventId(self.position.to_string()))
+        self.id
+            .ok_or_else(|| Error::MissingEventId(self.position.to_string()))
     }
 
     /// Deserializes the JSON payload.
@@ -124,7 +142,10 @@ impl StopSignal {
     /// A signal not yet given.
     pub fn new() -> Self {
         let (tx, rx) = bounded(0);
-        StopSignal { tx: Arc::new(Mutex::new(Some(tx))), rx }
+        StopSignal {
+            tx: Arc::new(Mutex::new(Some(tx))),
+            rx,
+        }
     }
 
     /// Asks the loop to stop; it returns after the message in hand.
@@ -134,12 +155,18 @@ impl StopSignal {
 
     /// True once [`StopSignal::stop`] was called.
     pub fn is_stopped(&self) -> bool {
-        matches!(self.rx.try_recv(), Err(crossbeam_channel::TryRecvError::Disconnected))
+        matches!(
+            self.rx.try_recv(),
+            Err(crossbeam_channel::TryRecvError::Disconnected)
+        )
     }
 
     /// Sleeps `d` or until stopped; true if stopped.
     pub fn sleep(&self, d: Duration) -> bool {
-        matches!(self.rx.recv_timeout(d), Err(crossbeam_channel::RecvTimeoutError::Disconnected))
+        matches!(
+            self.rx.recv_timeout(d),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+        )
     }
 
     /// The channel that disconnects on stop, for `select!`.

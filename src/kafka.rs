@@ -15,14 +15,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::consumer::{Position, ReceivedEvent, StopSignal};
@@ -48,10 +49,14 @@ fn kafka_err(what: &str, e: KafkaError) -> Error {
     Error::Broker(format!("kafka {what}: {e}"))
 }
 
+/// One slot per record of a batch, and how many are filled.
+type Slots = (Vec<Option<Result<(), SendError>>>, usize);
+
 /// The results of one batch, filled in by delivery reports.
 struct Batch {
-    results: Mutex<(Vec<Option<Result<(), SendError>>>, usize)>,
+    results: Mutex<Slots>,
     done: Condvar,
+    timeouts: AtomicUsize,
 }
 
 impl Batch {
@@ -64,6 +69,22 @@ impl Batch {
             }
         }
         self.done.notify_all();
+    }
+
+    /// Waits until `n` reports are in or the deadline passes; returns how many are in.
+    fn wait_all(&self, n: usize, deadline: Instant) -> usize {
+        let mut g = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        while g.1 < n {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = match self.done.wait_timeout(g, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        g.1
     }
 }
 
@@ -79,7 +100,12 @@ impl ProducerContext for Reports {
         let (batch, index) = *opaque;
         let outcome = match result {
             Ok(_) => Ok(()),
-            Err((e, _)) => Err(SendError::new(format!("kafka delivery failed: {e}"))),
+            Err((e, _)) => {
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageTimedOut) {
+                    batch.timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(SendError::new(format!("kafka delivery failed: {e}")))
+            }
         };
         batch.set(index, outcome);
     }
@@ -97,7 +123,16 @@ impl ProducerContext for Reports {
 /// ```
 #[derive(Clone)]
 pub struct KafkaSender {
-    producer: ThreadedProducer<Reports>,
+    shared: Arc<Shared>,
+}
+
+/// Batches in a row whose every record timed out before the producer is replaced.
+const REBUILD_AFTER: usize = 3;
+
+struct Shared {
+    config: ClientConfig,
+    timed_out_batches: AtomicUsize,
+    producer: RwLock<(u64, ThreadedProducer<Reports>)>,
     wait: Duration,
 }
 
@@ -116,7 +151,8 @@ impl KafkaSenderBuilder {
 
     /// Sets every property of the map (e.g. [`Config::kafka`](crate::Config::kafka)).
     pub fn properties(mut self, map: &BTreeMap<String, String>) -> Self {
-        self.properties.extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self.properties
+            .extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));
         self
     }
 
@@ -124,16 +160,24 @@ impl KafkaSenderBuilder {
     pub fn build(self) -> Result<KafkaSender> {
         let timeout_ms: u64 = match self.properties.get("message.timeout.ms") {
             Some(v) => v.parse().map_err(|_| {
-                Error::config("kafka.message.timeout.ms", format!("must be a number of milliseconds, not {v:?}"))
+                Error::config(
+                    "kafka.message.timeout.ms",
+                    format!("must be a number of milliseconds, not {v:?}"),
+                )
             })?,
             None => DEFAULT_MESSAGE_TIMEOUT.as_millis() as u64,
         };
-        let producer = client_config(&self.properties)?
+        let config = client_config(&self.properties)?;
+        let producer = config
             .create_with_context(Reports)
             .map_err(|e| kafka_err("producer", e))?;
         Ok(KafkaSender {
-            producer,
-            wait: Duration::from_millis(timeout_ms) + Duration::from_secs(5),
+            shared: Arc::new(Shared {
+                config,
+                timed_out_batches: AtomicUsize::new(0),
+                producer: RwLock::new((0, producer)),
+                wait: Duration::from_millis(timeout_ms) + Duration::from_secs(5),
+            }),
         })
     }
 }
@@ -165,27 +209,71 @@ impl KafkaSender {
         Self::builder(servers).properties(&config.kafka).build()
     }
 
-    fn enqueue(&self, e: &Event, batch: &Arc<Batch>, index: usize, deadline: Instant) -> Result<(), SendError> {
-        let mut headers = OwnedHeaders::new_with_capacity(2 + e.headers.len())
-            .insert(Header { key: HEADER_EVENT_ID, value: Some(e.id.to_string().as_bytes()) })
-            .insert(Header { key: HEADER_EVENT_TYPE, value: Some(e.event_type.as_bytes()) });
-        for (k, v) in &e.headers {
-            headers = headers.insert(Header { key: k, value: Some(v.as_bytes()) });
+    /// Replaces a producer that hit a fatal error or is stuck; `generation` tells
+    /// whether another thread replaced it already.
+    fn rebuild(&self, generation: u64, why: &str) {
+        let mut w = self
+            .shared
+            .producer
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if w.0 != generation {
+            return;
         }
-        let mut record = BaseRecord::with_opaque_to(&e.destination, Box::new((batch.clone(), index)))
-            .payload(e.payload.as_bytes())
-            .headers(headers);
+        match self.shared.config.create_with_context(Reports) {
+            Ok(p) => {
+                log::warn!("txbox: kafka producer replaced: {why}");
+                self.shared.timed_out_batches.store(0, Ordering::Relaxed);
+                *w = (generation + 1, p);
+            }
+            Err(e) => log::error!("txbox: kafka producer could not be replaced ({why}): {e}"),
+        }
+    }
+
+    fn enqueue(
+        producer: &ThreadedProducer<Reports>,
+        e: &Event,
+        batch: &Arc<Batch>,
+        index: usize,
+        deadline: Instant,
+    ) -> Result<(), SendError> {
+        let mut headers = OwnedHeaders::new_with_capacity(2 + e.headers.len())
+            .insert(Header {
+                key: HEADER_EVENT_ID,
+                value: Some(e.id.to_string().as_bytes()),
+            })
+            .insert(Header {
+                key: HEADER_EVENT_TYPE,
+                value: Some(e.event_type.as_bytes()),
+            });
+        for (k, v) in &e.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        let mut record =
+            BaseRecord::with_opaque_to(&e.destination, Box::new((batch.clone(), index)))
+                .payload(e.payload.as_bytes())
+                .headers(headers);
         if let Some(k) = &e.key {
             record = record.key(k.as_bytes());
         }
         loop {
-            match self.producer.send(record) {
+            match producer.send(record) {
                 Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) if Instant::now() < deadline => {
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
+                    if Instant::now() < deadline =>
+                {
                     record = r;
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                Err((err, _)) => return Err(SendError::new(format!("kafka produce to {}: {err}", e.destination))),
+                Err((err, _)) => {
+                    return Err(SendError::new(format!(
+                        "kafka produce to {}: {err}",
+                        e.destination
+                    )))
+                }
             }
         }
     }
@@ -196,29 +284,56 @@ impl Sender for KafkaSender {
         let batch = Arc::new(Batch {
             results: Mutex::new((vec![None; events.len()], 0)),
             done: Condvar::new(),
+            timeouts: AtomicUsize::new(0),
         });
-        let deadline = Instant::now() + self.wait;
-        for (i, e) in events.iter().enumerate() {
-            if let Err(err) = self.enqueue(e, &batch, i, deadline) {
-                batch.set(i, Err(err));
+        let wait = self.shared.wait;
+        let deadline = Instant::now() + wait;
+        let fatal = {
+            let guard = self
+                .shared
+                .producer
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            let (generation, producer) = &*guard;
+            for (i, e) in events.iter().enumerate() {
+                if let Err(err) = Self::enqueue(producer, e, &batch, i, deadline) {
+                    batch.set(i, Err(err));
+                }
             }
+            let reported = batch.wait_all(events.len(), deadline);
+            let timed_out = batch.timeouts.load(Ordering::Relaxed) + (events.len() - reported);
+            // A producer whose every record times out while others get through is
+            // stuck (e.g. an idempotent producer id the broker forgot after a restart):
+            // after a few such batches it is replaced, as after a fatal error.
+            let stuck = if timed_out == events.len() {
+                self.shared
+                    .timed_out_batches
+                    .fetch_add(1, Ordering::Relaxed)
+                    + 1
+                    >= REBUILD_AFTER
+            } else {
+                self.shared.timed_out_batches.store(0, Ordering::Relaxed);
+                false
+            };
+            match producer.client().fatal_error() {
+                Some((code, msg)) => Some((*generation, format!("fatal error {code:?}: {msg}"))),
+                None if stuck => Some((
+                    *generation,
+                    format!("{REBUILD_AFTER} batches in a row timed out"),
+                )),
+                None => None,
+            }
+        };
+        if let Some((generation, why)) = fatal {
+            self.rebuild(generation, &why);
         }
         let mut g = batch.results.lock().unwrap_or_else(|p| p.into_inner());
-        while g.1 < events.len() {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            g = match batch.done.wait_timeout(g, deadline - now) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
-            };
-        }
-        let wait = self.wait;
         g.0.iter_mut()
             .map(|r| {
                 r.take().unwrap_or_else(|| {
-                    Err(SendError::new(format!("kafka: no delivery report within {wait:?}")))
+                    Err(SendError::new(format!(
+                        "kafka: no delivery report within {wait:?}"
+                    )))
                 })
             })
             .collect()
@@ -268,7 +383,8 @@ impl KafkaConsumerBuilder {
 
     /// Sets every property of the map.
     pub fn properties(mut self, map: &BTreeMap<String, String>) -> Self {
-        self.properties.extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self.properties
+            .extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));
         self
     }
 
@@ -280,11 +396,15 @@ impl KafkaConsumerBuilder {
 
     /// Creates the consumer (auto commit off: the loop commits).
     pub fn build(mut self) -> Result<KafkaConsumer> {
-        self.properties.insert("enable.auto.commit".into(), "false".into());
+        self.properties
+            .insert("enable.auto.commit".into(), "false".into());
         let consumer = client_config(&self.properties)?
             .create()
             .map_err(|e| kafka_err("consumer", e))?;
-        Ok(KafkaConsumer { consumer, retry_delay: self.retry_delay })
+        Ok(KafkaConsumer {
+            consumer,
+            retry_delay: self.retry_delay,
+        })
     }
 }
 
@@ -300,12 +420,17 @@ impl KafkaConsumer {
         ] {
             properties.insert(k.to_string(), v.to_string());
         }
-        KafkaConsumerBuilder { properties, retry_delay: Duration::from_secs(1) }
+        KafkaConsumerBuilder {
+            properties,
+            retry_delay: Duration::from_secs(1),
+        }
     }
 
     /// Joins the consumer group for these topics (partitions assigned by the group).
     pub fn subscribe(&self, topics: &[&str]) -> Result<()> {
-        self.consumer.subscribe(topics).map_err(|e| kafka_err("subscribe", e))
+        self.consumer
+            .subscribe(topics)
+            .map_err(|e| kafka_err("subscribe", e))
     }
 
     /// Reads these partitions directly, from the group's committed offset (or the
@@ -316,7 +441,9 @@ impl KafkaConsumer {
             list.add_partition_offset(topic, *p, Offset::Stored)
                 .map_err(|e| kafka_err("assign", e))?;
         }
-        self.consumer.assign(&list).map_err(|e| kafka_err("assign", e))
+        self.consumer
+            .assign(&list)
+            .map_err(|e| kafka_err("assign", e))
     }
 
     /// The partitions of `topic`, from the broker's metadata.
@@ -356,7 +483,12 @@ impl KafkaConsumer {
                 .headers()
                 .map(|h| {
                     h.iter()
-                        .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                        .map(|h| {
+                            (
+                                h.key.to_string(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
                         .collect::<Vec<_>>()
                 })
                 .unwrap_or_default();
@@ -373,14 +505,26 @@ impl KafkaConsumer {
             match handler(&event) {
                 Ok(()) => {
                     if let Err(e) = self.consumer.commit_message(&msg, CommitMode::Sync) {
-                        log::warn!("txbox: kafka commit at {}: {e} (the message may be seen again)", event.position);
+                        log::warn!(
+                            "txbox: kafka commit at {}: {e} (the message may be seen again)",
+                            event.position
+                        );
                     }
                 }
                 Err(e) => {
-                    log::warn!("txbox: handler failed at {}: {e}; it will be handled again", event.position);
-                    let (topic, partition, offset) = (msg.topic().to_string(), msg.partition(), msg.offset());
+                    log::warn!(
+                        "txbox: handler failed at {}: {e}; it will be handled again",
+                        event.position
+                    );
+                    let (topic, partition, offset) =
+                        (msg.topic().to_string(), msg.partition(), msg.offset());
                     drop(msg);
-                    if let Err(e) = self.consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(5)) {
+                    if let Err(e) = self.consumer.seek(
+                        &topic,
+                        partition,
+                        Offset::Offset(offset),
+                        Duration::from_secs(5),
+                    ) {
                         log::error!("txbox: kafka seek back to {topic}/{partition}@{offset}: {e}");
                     }
                     stop.sleep(self.retry_delay);

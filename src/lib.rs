@@ -76,8 +76,8 @@ pub mod relay;
 pub mod sender;
 pub mod store;
 
-pub use consumer::{Position, ReceivedEvent, StopSignal};
 pub use config::{Config, ConfigBuilder, EventOptions, EventSettings};
+pub use consumer::{Position, ReceivedEvent, StopSignal};
 pub use dlq::{DeadLetter, Dlq, DlqFilter, DlqStatus};
 pub use error::{Error, Result};
 pub use event::{Event, EventId, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_TYPE};

@@ -20,8 +20,8 @@ use std::fmt::Display;
 use std::time::{Duration, Instant};
 
 use amiquip::{
-    AmqpProperties, AmqpValue, Channel, Confirm, Connection, ConsumerMessage, ConsumerOptions, FieldTable,
-    Publish, Return,
+    AmqpProperties, AmqpValue, Channel, Confirm, Connection, ConsumerMessage, ConsumerOptions,
+    FieldTable, Publish, Return,
 };
 use crossbeam_channel::{select, Receiver};
 
@@ -57,7 +57,10 @@ pub struct RabbitSenderFactory {
 impl RabbitSenderFactory {
     /// Senders for the broker at `url` (`amqp://user:pass@host:port/vhost`).
     pub fn new(url: &str) -> Self {
-        RabbitSenderFactory { url: url.to_string(), confirm_timeout: Duration::from_secs(30) }
+        RabbitSenderFactory {
+            url: url.to_string(),
+            confirm_timeout: Duration::from_secs(30),
+        }
     }
 
     /// Longest wait for the broker's confirms of one batch (default 30s).
@@ -132,7 +135,9 @@ impl RabbitSender {
                 }
             }
         }
-        self.open.as_mut().ok_or_else(|| "rabbitmq not connected".to_string())
+        self.open
+            .as_mut()
+            .ok_or_else(|| "rabbitmq not connected".to_string())
     }
 
     fn open_channel(url: &str) -> std::result::Result<Open, amiquip::Error> {
@@ -141,7 +146,13 @@ impl RabbitSender {
         let confirms = channel.listen_for_publisher_confirms()?;
         let returns = channel.listen_for_returns()?;
         channel.enable_publisher_confirms()?;
-        Ok(Open { channel, confirms, returns, next_tag: 1, _connection: connection })
+        Ok(Open {
+            channel,
+            confirms,
+            returns,
+            next_tag: 1,
+            _connection: connection,
+        })
     }
 
     fn drop_connection(&mut self, why: &str) {
@@ -155,10 +166,19 @@ impl RabbitSender {
 
 fn properties(e: &Event) -> AmqpProperties {
     let mut headers = FieldTable::new();
-    headers.insert(HEADER_EVENT_ID.to_string(), AmqpValue::LongString(e.id.to_string()));
-    headers.insert(HEADER_EVENT_TYPE.to_string(), AmqpValue::LongString(e.event_type.clone()));
+    headers.insert(
+        HEADER_EVENT_ID.to_string(),
+        AmqpValue::LongString(e.id.to_string()),
+    );
+    headers.insert(
+        HEADER_EVENT_TYPE.to_string(),
+        AmqpValue::LongString(e.event_type.clone()),
+    );
     if let Some(key) = &e.key {
-        headers.insert(HEADER_EVENT_KEY.to_string(), AmqpValue::LongString(key.clone()));
+        headers.insert(
+            HEADER_EVENT_KEY.to_string(),
+            AmqpValue::LongString(key.clone()),
+        );
     }
     for (k, v) in &e.headers {
         headers.insert(k.clone(), AmqpValue::LongString(v.clone()));
@@ -184,12 +204,19 @@ impl Sender for RabbitSender {
         let mut results: Vec<Option<Result<(), SendError>>> = vec![None; events.len()];
         let mut broken = None;
         for (i, e) in events.iter().enumerate() {
-            let mut publish = Publish::with_properties(e.payload.as_bytes(), e.routing_key.clone(), properties(e));
+            let mut publish = Publish::with_properties(
+                e.payload.as_bytes(),
+                e.routing_key.clone(),
+                properties(e),
+            );
             publish.mandatory = true;
             match open.channel.basic_publish(e.destination.clone(), publish) {
                 Ok(()) => open.next_tag += 1,
                 Err(err) => {
-                    broken = Some(format!("rabbitmq publish to exchange {:?}: {err}", e.destination));
+                    broken = Some(format!(
+                        "rabbitmq publish to exchange {:?}: {err}",
+                        e.destination
+                    ));
                     for r in results.iter_mut().skip(i) {
                         *r = Some(Err(SendError::new(broken.clone().unwrap_or_default())));
                     }
@@ -203,7 +230,10 @@ impl Sender for RabbitSender {
         let total = last + 1 - first;
         while confirmed < total && broken.is_none() {
             let now = Instant::now();
-            let confirm = match open.confirms.recv_timeout(deadline.saturating_duration_since(now)) {
+            let confirm = match open
+                .confirms
+                .recv_timeout(deadline.saturating_duration_since(now))
+            {
                 Ok(c) => c,
                 Err(_) => {
                     broken = Some(format!("rabbitmq: no publisher confirm within {timeout:?}"));
@@ -219,7 +249,11 @@ impl Sender for RabbitSender {
             for tag in from.max(first)..=upto.min(last) {
                 let slot = &mut results[(tag - first) as usize];
                 if slot.is_none() {
-                    *slot = Some(if ok { Ok(()) } else { Err(SendError::new("rabbitmq: broker nacked the message")) });
+                    *slot = Some(if ok {
+                        Ok(())
+                    } else {
+                        Err(SendError::new("rabbitmq: broker nacked the message"))
+                    });
                     confirmed += 1;
                 }
             }
@@ -320,7 +354,10 @@ impl RabbitConsumer {
             match self.session(stop, &mut handler) {
                 Ok(()) => return Ok(()),
                 Err(e) => {
-                    log::warn!("txbox: rabbitmq consumer on {}: {e}; reconnecting in {backoff:?}", self.queue);
+                    log::warn!(
+                        "txbox: rabbitmq consumer on {}: {e}; reconnecting in {backoff:?}",
+                        self.queue
+                    );
                     if stop.sleep(backoff) {
                         return Ok(());
                     }
@@ -350,7 +387,9 @@ impl RabbitConsumer {
             };
             let delivery = match message {
                 Ok(ConsumerMessage::Delivery(d)) => d,
-                Ok(other) => return Err(Error::Broker(format!("rabbitmq consumer ended: {other:?}"))),
+                Ok(other) => {
+                    return Err(Error::Broker(format!("rabbitmq consumer ended: {other:?}")))
+                }
                 Err(_) => return Err(Error::Broker("rabbitmq consumer channel closed".into())),
             };
             let headers: BTreeMap<String, String> = delivery
@@ -382,7 +421,11 @@ impl RabbitConsumer {
                     log::warn!(
                         "txbox: handler failed at {}: {e}; {}",
                         event.position,
-                        if requeue { "requeued" } else { "rejected to the dead-letter exchange" }
+                        if requeue {
+                            "requeued"
+                        } else {
+                            "rejected to the dead-letter exchange"
+                        }
                     );
                     consumer.nack(delivery, requeue).map_err(amqp)?;
                     if stop.sleep(self.retry_delay) {

@@ -46,7 +46,9 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     let topic = format!("txbox-rt-{}", unique());
     create_topic(&topic, 3);
     let p = "t_kafka_rt_";
-    let Some((store, mut client)) = fresh(p) else { return };
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
     let config = Config::builder()
         .table_prefix(p)
         .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
@@ -74,7 +76,9 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
         sink.push(e);
         Ok(())
     });
-    wait_until("50 events consumed", Duration::from_secs(60), || got.ids().len() == 50);
+    wait_until("50 events consumed", Duration::from_secs(60), || {
+        got.ids().len() == 50
+    });
     stop.stop();
     h.join().unwrap();
     relay.shutdown(Duration::from_secs(10)).unwrap();
@@ -84,7 +88,10 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
         let i = published[&id];
         assert_eq!(e.event_type.as_deref(), Some("order-created"));
         assert_eq!(e.key, Some(format!("order-{}", i % 5)));
-        assert_eq!(e.headers, BTreeMap::from([("trace-id".to_string(), format!("t{i}"))]));
+        assert_eq!(
+            e.headers,
+            BTreeMap::from([("trace-id".to_string(), format!("t{i}"))])
+        );
         assert_eq!(e.payload, format!("{{\"order\":{i}}}").into_bytes());
         assert_eq!(e.json::<serde_json::Value>().unwrap(), json!({"order": i}));
         assert!(matches!(e.position, txbox::Position::Kafka { topic: ref t, .. } if *t == topic));
@@ -100,7 +107,9 @@ fn an_oversized_message_fails_alone_and_ends_in_the_dlq() {
     let topic = format!("txbox-big-{}", unique());
     create_topic(&topic, 1);
     let p = "t_kafka_big_";
-    let Some((store, mut client)) = fresh(p) else { return };
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
     let config = Config::builder()
         .table_prefix(p)
         .event(
@@ -134,12 +143,21 @@ fn an_oversized_message_fails_alone_and_ends_in_the_dlq() {
     tx.commit().unwrap();
 
     let dlq = Dlq::new(store);
-    wait_until("the big event in the DLQ", Duration::from_secs(30), || dlq.get(big).is_ok());
+    wait_until("the big event in the DLQ", Duration::from_secs(30), || {
+        dlq.get(big).is_ok()
+    });
     let dead = dlq.get(big).unwrap();
     assert_eq!(dead.attempts, 2);
     let err = dead.last_error.unwrap();
-    assert!(err.to_lowercase().contains("too large") || err.contains("size"), "{err}");
-    assert_eq!(count(&mut client, p, "PROCESSED"), 6, "the rest of the batch was delivered");
+    assert!(
+        err.to_lowercase().contains("too large") || err.contains("size"),
+        "{err}"
+    );
+    assert_eq!(
+        count(&mut client, p, "PROCESSED"),
+        6,
+        "the rest of the batch was delivered"
+    );
 
     let got = Collected::default();
     let sink = got.clone();
@@ -147,7 +165,9 @@ fn an_oversized_message_fails_alone_and_ends_in_the_dlq() {
         sink.push(e);
         Ok(())
     });
-    wait_until("6 small events consumed", Duration::from_secs(30), || got.ids().len() == 6);
+    wait_until("6 small events consumed", Duration::from_secs(30), || {
+        got.ids().len() == 6
+    });
     stop.stop();
     h.join().unwrap();
     assert_eq!(got.ids(), small.into_iter().collect());
@@ -162,7 +182,9 @@ fn a_handler_that_fails_once_sees_the_message_again() {
     let topic = format!("txbox-retry-{}", unique());
     create_topic(&topic, 1);
     let p = "t_kafka_retry_";
-    let Some((store, mut client)) = fresh(p) else { return };
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
     let config = Config::builder()
         .table_prefix(p)
         .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
@@ -170,7 +192,12 @@ fn a_handler_that_fails_once_sees_the_message_again() {
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
-    let relay = Relay::start(store, &config, KafkaSender::builder(&kafka_brokers()).build().unwrap()).unwrap();
+    let relay = Relay::start(
+        store,
+        &config,
+        KafkaSender::builder(&kafka_brokers()).build().unwrap(),
+    )
+    .unwrap();
     let mut tx = client.transaction().unwrap();
     let ids = outbox.publish_batch(&mut tx, "e", 0..10).unwrap();
     tx.commit().unwrap();
@@ -197,5 +224,8 @@ fn a_handler_that_fails_once_sees_the_message_again() {
     relay.shutdown(Duration::from_secs(10)).unwrap();
     let calls = calls.lock().unwrap();
     assert_eq!(calls[&victim], 2, "failed once, then handled again");
-    assert!(ids.iter().filter(|id| **id != victim).all(|id| calls[id] >= 1));
+    assert!(ids
+        .iter()
+        .filter(|id| **id != victim)
+        .all(|id| calls[id] >= 1));
 }

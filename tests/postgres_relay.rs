@@ -471,39 +471,88 @@ fn cleanup_deletes_old_processed_rows_under_the_lock() {
 #[test]
 fn dead_letters_resolve_delete_cleanup_and_refused_transitions() {
     let p = "t_rel_dlq_";
-    let Some((store, mut client)) = fresh(p) else { return };
-    let config = Config::builder().table_prefix(p).event("d", EventOptions::new()).build().unwrap();
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("d", EventOptions::new())
+        .build()
+        .unwrap();
     let outbox = Outbox::new(&config).unwrap();
     let mut tx = client.transaction().unwrap();
     let ids = outbox.publish_batch(&mut tx, "d", 0..3).unwrap();
     tx.commit().unwrap();
     let t = uuid::Uuid::now_v7();
     let claimed = store.claim("d", 10, Duration::from_secs(60), t).unwrap();
-    let failed: Vec<_> = claimed.iter().map(|e| (e.id, Outcome::Failed { error: "gone".into() })).collect();
+    let failed: Vec<_> = claimed
+        .iter()
+        .map(|e| {
+            (
+                e.id,
+                Outcome::Failed {
+                    error: "gone".into(),
+                },
+            )
+        })
+        .collect();
     assert_eq!(store.finish(t, &failed).unwrap(), 3);
-    assert_eq!(store.move_failed_to_dlq(2).unwrap(), 2, "bounded by the limit");
+    assert_eq!(
+        store.move_failed_to_dlq(2).unwrap(),
+        2,
+        "bounded by the limit"
+    );
     assert_eq!(store.move_failed_to_dlq(10).unwrap(), 1);
     assert_eq!(count(&mut client, p, "FAILED"), 0);
 
     let dlq = Dlq::new(store.clone());
     let all = dlq.list(&txbox::DlqFilter::default()).unwrap();
-    assert_eq!(all.iter().map(|d| d.id).collect::<Vec<_>>(), ids, "ordered by moved-at, then id");
-    let page = dlq.list(&txbox::DlqFilter { offset: 1, limit: 1, ..Default::default() }).unwrap();
+    assert_eq!(
+        all.iter().map(|d| d.id).collect::<Vec<_>>(),
+        ids,
+        "ordered by moved-at, then id"
+    );
+    let page = dlq
+        .list(&txbox::DlqFilter {
+            offset: 1,
+            limit: 1,
+            ..Default::default()
+        })
+        .unwrap();
     assert_eq!(page[0].id, ids[1]);
 
     dlq.resolve(ids[0]).unwrap();
     let err = dlq.resolve(ids[0]).unwrap_err();
-    assert!(matches!(err, txbox::Error::InvalidTransition { .. }), "{err}");
+    assert!(
+        matches!(err, txbox::Error::InvalidTransition { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("RESOLVED"), "{err}");
     let missing = EventId::new();
     assert!(matches!(dlq.retry(missing).unwrap_err(), txbox::Error::NotFound(id) if id == missing));
     dlq.delete(ids[1]).unwrap();
-    assert!(matches!(dlq.delete(ids[1]).unwrap_err(), txbox::Error::NotFound(_)));
-    let resolved = txbox::DlqFilter { status: Some(DlqStatus::Resolved), ..Default::default() };
+    assert!(matches!(
+        dlq.delete(ids[1]).unwrap_err(),
+        txbox::Error::NotFound(_)
+    ));
+    let resolved = txbox::DlqFilter {
+        status: Some(DlqStatus::Resolved),
+        ..Default::default()
+    };
     assert_eq!(dlq.count(&resolved).unwrap(), 1);
 
-    assert_eq!(store.delete_resolved_dlq(Duration::from_secs(3600), 10).unwrap(), 0, "younger than the TTL");
+    assert_eq!(
+        store
+            .delete_resolved_dlq(Duration::from_secs(3600), 10)
+            .unwrap(),
+        0,
+        "younger than the TTL"
+    );
     std::thread::sleep(ms(20));
     assert_eq!(store.delete_resolved_dlq(ms(10), 10).unwrap(), 1);
-    assert_eq!(dlq.count(&txbox::DlqFilter::default()).unwrap(), 1, "the DEAD one stays");
+    assert_eq!(
+        dlq.count(&txbox::DlqFilter::default()).unwrap(),
+        1,
+        "the DEAD one stays"
+    );
 }

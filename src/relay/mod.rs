@@ -145,7 +145,10 @@ impl Relay {
                     .destination
                     .clone()
                     .unwrap_or_else(|| event_type.clone()),
-                routing_key: settings.routing_key.clone().unwrap_or_else(|| event_type.clone()),
+                routing_key: settings
+                    .routing_key
+                    .clone()
+                    .unwrap_or_else(|| event_type.clone()),
                 event_type: event_type.clone(),
                 settings: settings.clone(),
                 factory: sender.clone(),

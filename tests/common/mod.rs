@@ -106,13 +106,18 @@ pub fn kafka_brokers() -> String {
 
 /// RabbitMQ URL; override with `TXBOX_RABBITMQ_URL`.
 pub fn rabbit_url() -> String {
-    std::env::var("TXBOX_RABBITMQ_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into())
+    std::env::var("TXBOX_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into())
 }
 
 /// Runs one of the project's `.ci` scripts.
 pub fn ci_script(script: &str, args: &[&str]) {
     let path = format!("{}/.ci/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new("bash").arg(&path).args(args).output().expect("run script");
+    let out = std::process::Command::new("bash")
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("run script");
     assert!(
         out.status.success(),
         "{script} {args:?} failed: {}{}",
@@ -124,7 +129,10 @@ pub fn ci_script(script: &str, args: &[&str]) {
 /// Creates a Kafka topic. Tansu does not auto-create topics; against a real Kafka
 /// set `TXBOX_KAFKA_CREATE_TOPICS=0` and let the broker auto-create them.
 pub fn create_topic(name: &str, partitions: u32) {
-    if std::env::var("TXBOX_KAFKA_CREATE_TOPICS").map(|v| v == "0").unwrap_or(false) {
+    if std::env::var("TXBOX_KAFKA_CREATE_TOPICS")
+        .map(|v| v == "0")
+        .unwrap_or(false)
+    {
         return;
     }
     ci_script("kafka.sh", &["topic", name, &partitions.to_string()]);

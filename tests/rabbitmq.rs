@@ -1,0 +1,270 @@
+//! PostgreSQL -> relay -> RabbitMQ -> consumer loop, against the real broker.
+#![cfg(feature = "rabbitmq")]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use amiquip::{
+    AmqpValue, Connection, ExchangeDeclareOptions, ExchangeType, FieldTable, QueueDeclareOptions,
+};
+use common::*;
+use serde_json::json;
+use txbox::rabbitmq::{RabbitConsumer, RabbitSenderFactory};
+use txbox::{Config, Dlq, EventOptions, NewEvent, Outbox, Relay, StopSignal};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn rabbit_up() -> bool {
+    service_up("RabbitMQ", "127.0.0.1:5672")
+}
+
+/// Declares an exchange and a queue bound to it (auto-deleted with the test's connection
+/// gone is not wanted: the relay publishes from other connections).
+fn declare(exchange: &str, kind: ExchangeType, queue: &str, routing_key: &str, args: FieldTable) {
+    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
+    let ch = conn.open_channel(None).unwrap();
+    ch.exchange_declare(kind, exchange, ExchangeDeclareOptions::default())
+        .unwrap();
+    ch.queue_declare(queue, QueueDeclareOptions::default())
+        .unwrap();
+    ch.queue_bind(queue, exchange, routing_key, args).unwrap();
+    conn.close().unwrap();
+}
+
+fn consume(
+    queue: &str,
+    handler: impl FnMut(&txbox::ReceivedEvent) -> Result<(), String> + Send + 'static,
+) -> (StopSignal, std::thread::JoinHandle<()>) {
+    let consumer = RabbitConsumer::new(&rabbit_url(), queue)
+        .prefetch(20)
+        .retry_delay(ms(50));
+    let stop = StopSignal::new();
+    let s = stop.clone();
+    let h = std::thread::spawn(move || consumer.run(&s, handler).unwrap());
+    (stop, h)
+}
+
+#[test]
+fn events_arrive_with_id_type_key_headers_and_payload() {
+    if !rabbit_up() {
+        return;
+    }
+    let u = unique();
+    let (exchange, queue) = (format!("txbox-ex-{u}"), format!("txbox-q-{u}"));
+    declare(
+        &exchange,
+        ExchangeType::Direct,
+        &queue,
+        "orders.created",
+        FieldTable::new(),
+    );
+    let p = "t_rabbit_rt_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
+        .event(
+            "order-created",
+            EventOptions::new()
+                .destination(&exchange)
+                .routing_key("orders.created"),
+        )
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let relay = Relay::start(store, &config, RabbitSenderFactory::new(&rabbit_url())).unwrap();
+
+    let mut published = HashMap::new();
+    let mut tx = client.transaction().unwrap();
+    for i in 0..50 {
+        let mut e = NewEvent::new("order-created", &json!({"order": i}))
+            .unwrap()
+            .header("trace-id", format!("t{i}"));
+        if i % 2 == 0 {
+            e = e.key(format!("order-{i}"));
+        }
+        published.insert(outbox.publish_event(&mut tx, e).unwrap(), i);
+    }
+    tx.commit().unwrap();
+
+    let got = Collected::default();
+    let sink = got.clone();
+    let (stop, h) = consume(&queue, move |e| {
+        sink.push(e);
+        Ok(())
+    });
+    wait_until("50 events consumed", Duration::from_secs(30), || {
+        got.ids().len() == 50
+    });
+    stop.stop();
+    h.join().unwrap();
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+
+    for e in got.all() {
+        let i = published[&e.id.expect("event id")];
+        assert_eq!(e.event_type.as_deref(), Some("order-created"));
+        assert_eq!(e.key, (i % 2 == 0).then(|| format!("order-{i}")));
+        assert_eq!(
+            e.headers,
+            BTreeMap::from([("trace-id".to_string(), format!("t{i}"))])
+        );
+        assert_eq!(e.json::<serde_json::Value>().unwrap(), json!({"order": i}));
+        assert!(
+            matches!(e.position, txbox::Position::RabbitMq { queue: ref q, .. } if *q == queue)
+        );
+    }
+    assert_eq!(count(&mut client, p, "PROCESSED"), 50);
+}
+
+#[test]
+fn an_unroutable_message_fails_alone_and_ends_in_the_dlq() {
+    if !rabbit_up() {
+        return;
+    }
+    let u = unique();
+    let (exchange, queue) = (format!("txbox-hx-{u}"), format!("txbox-hq-{u}"));
+    // a headers exchange that routes only region=eu
+    let mut args = FieldTable::new();
+    args.insert("x-match".into(), AmqpValue::LongString("all".into()));
+    args.insert("region".into(), AmqpValue::LongString("eu".into()));
+    declare(&exchange, ExchangeType::Headers, &queue, "", args);
+    let p = "t_rabbit_lost_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event(
+            "shipment",
+            EventOptions::new()
+                .destination(&exchange)
+                .fixed_polling(ms(50))
+                .max_retries(1)
+                .backoff_delay(ms(100))
+                .backoff_jitter(0.0),
+        )
+        .dlq(true)
+        .dlq_move_interval(ms(100))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let relay = Relay::start(
+        store.clone(),
+        &config,
+        RabbitSenderFactory::new(&rabbit_url()),
+    )
+    .unwrap();
+    let mut tx = client.transaction().unwrap();
+    let mut routed = Vec::new();
+    let mut lost = None;
+    for i in 0..6 {
+        let region = if i == 2 { "us" } else { "eu" };
+        let e = NewEvent::new("shipment", &json!({"i": i}))
+            .unwrap()
+            .header("region", region);
+        let id = outbox.publish_event(&mut tx, e).unwrap();
+        if i == 2 {
+            lost = Some(id);
+        } else {
+            routed.push(id);
+        }
+    }
+    tx.commit().unwrap();
+    let lost = lost.unwrap();
+
+    let dlq = Dlq::new(store);
+    wait_until(
+        "the unroutable event in the DLQ",
+        Duration::from_secs(30),
+        || dlq.get(lost).is_ok(),
+    );
+    let dead = dlq.get(lost).unwrap();
+    assert_eq!(dead.attempts, 2);
+    assert!(
+        dead.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("unroutable"),
+        "{:?}",
+        dead.last_error
+    );
+    assert_eq!(count(&mut client, p, "PROCESSED"), 5);
+
+    let got = Collected::default();
+    let sink = got.clone();
+    let (stop, h) = consume(&queue, move |e| {
+        sink.push(e);
+        Ok(())
+    });
+    wait_until("5 routed events consumed", Duration::from_secs(30), || {
+        got.ids().len() == 5
+    });
+    stop.stop();
+    h.join().unwrap();
+    assert_eq!(got.ids(), routed.into_iter().collect());
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn a_handler_that_fails_once_sees_the_message_again() {
+    if !rabbit_up() {
+        return;
+    }
+    let u = unique();
+    let (exchange, queue) = (format!("txbox-rx-{u}"), format!("txbox-rq-{u}"));
+    declare(
+        &exchange,
+        ExchangeType::Direct,
+        &queue,
+        "e",
+        FieldTable::new(),
+    );
+    let p = "t_rabbit_retry_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
+        .event("e", EventOptions::new().destination(&exchange))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let relay = Relay::start(store, &config, RabbitSenderFactory::new(&rabbit_url())).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox.publish_batch(&mut tx, "e", 0..10).unwrap();
+    tx.commit().unwrap();
+
+    let calls: Arc<Mutex<HashMap<txbox::EventId, usize>>> = Default::default();
+    let c = calls.clone();
+    let victim = ids[3];
+    let (stop, h) = consume(&queue, move |e| {
+        let id = e.event_id().map_err(|e| e.to_string())?;
+        let mut calls = c.lock().unwrap();
+        let n = calls.entry(id).or_default();
+        *n += 1;
+        if id == victim && *n == 1 {
+            return Err("database hiccup".into());
+        }
+        Ok(())
+    });
+    wait_until("every event handled", Duration::from_secs(30), || {
+        let calls = calls.lock().unwrap();
+        ids.iter().all(|id| calls.contains_key(id)) && calls[&victim] >= 2
+    });
+    stop.stop();
+    h.join().unwrap();
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        calls.lock().unwrap()[&victim],
+        2,
+        "nacked with requeue, then handled again"
+    );
+}
