@@ -286,6 +286,10 @@ fn overrides_inherit_from_defaults() {
         initial_delay = "1s"
         [events.b.backoff]
         multiplier = 2.0
+        [kafka]
+        "bootstrap.servers" = "broker:9092"
+        "linger.ms" = 10
+        "enable.idempotence" = true
         "#,
     )
     .unwrap();
@@ -306,6 +310,9 @@ fn overrides_inherit_from_defaults() {
     assert!(!b.backoff.enabled);
     assert_eq!(b.backoff.multiplier, 2.0);
     assert_eq!(b.max_retries, 7);
+    assert_eq!(config.kafka["bootstrap.servers"], "broker:9092");
+    assert_eq!(config.kafka["linger.ms"], "10");
+    assert_eq!(config.kafka["enable.idempotence"], "true");
     // built-in defaults
     let d = Config::builder()
         .event("x", EventOptions::new())

@@ -51,7 +51,7 @@ pub const MAX_ERROR_LEN: usize = 2000;
 /// ```
 pub struct Relay {
     stop: Option<crossbeam_channel::Sender<()>>,
-    done: Receiver<()>,
+    done: Receiver<usize>,
     workers: Vec<(String, JoinHandle<()>)>,
     wakers: BTreeMap<String, crossbeam_channel::Sender<()>>,
 }
@@ -89,12 +89,12 @@ impl Ctx {
     }
 }
 
-/// Sends on drop, so `shutdown` learns of a thread's end even after a panic.
-struct DoneGuard(crossbeam_channel::Sender<()>);
+/// Sends the thread's index on drop, so `shutdown` learns of its end even after a panic.
+struct DoneGuard(crossbeam_channel::Sender<usize>, usize);
 
 impl Drop for DoneGuard {
     fn drop(&mut self) {
-        let _ = self.0.send(());
+        let _ = self.0.send(self.1);
     }
 }
 
@@ -121,7 +121,7 @@ impl Relay {
             wakers: BTreeMap::new(),
         };
         let spawn = |relay: &mut Relay, name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
-            let guard = DoneGuard(done_tx.clone());
+            let guard = DoneGuard(done_tx.clone(), relay.workers.len());
             let handle = std::thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || {
@@ -253,14 +253,24 @@ impl Relay {
     pub fn shutdown(mut self, timeout: Duration) -> Result<()> {
         self.stop.take();
         let deadline = Instant::now() + timeout;
+        let mut finished = vec![false; self.workers.len()];
         let mut running = self.workers.len();
-        while running > 0 && self.done.recv_deadline(deadline).is_ok() {
-            running -= 1;
+        while running > 0 {
+            match self.done.recv_deadline(deadline) {
+                Ok(i) => {
+                    if let Some(f) = finished.get_mut(i) {
+                        *f = true;
+                    }
+                    running -= 1;
+                }
+                Err(_) => break,
+            }
         }
         let workers = std::mem::take(&mut self.workers);
         let mut left = 0;
-        for (name, handle) in workers {
-            if handle.is_finished() {
+        for ((name, handle), finished) in workers.into_iter().zip(finished) {
+            if finished {
+                // it has left its loop; joining waits only for the thread to exit
                 let _ = handle.join();
             } else {
                 log::warn!("txbox: relay thread {name} still running at the shutdown deadline");
