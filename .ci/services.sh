@@ -71,15 +71,29 @@ ensure_rabbitmq() {
     wait_for "RabbitMQ port" 60 rabbit_up
 }
 
+ensure_redis() {
+    if redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then
+        log "Redis is up"
+        return
+    fi
+    if ! command -v redis-server >/dev/null 2>&1; then
+        log "installing Redis"
+        apt_install redis-server
+    fi
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
+    wait_for Redis 30 sh -c 'redis-cli -h 127.0.0.1 -p 6379 ping | grep -q PONG'
+}
+
 ensure_kafka() {
     bash "$(dirname "$0")/kafka.sh" start
 }
 
-for s in ${@:-postgres rabbitmq kafka}; do
+for s in ${@:-postgres rabbitmq kafka redis}; do
     case "$s" in
         postgres) ensure_postgres ;;
         rabbitmq) ensure_rabbitmq ;;
         kafka) ensure_kafka ;;
+        redis) ensure_redis ;;
         *) log "unknown service $s"; exit 2 ;;
     esac
 done

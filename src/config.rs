@@ -293,6 +293,20 @@ pub struct MaintenanceSettings {
     pub batch_size: usize,
 }
 
+/// Inbox settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InboxSettings {
+    /// Consumed ids older than this are deleted (default 24h). Keep it at least as
+    /// long as a duplicate can still arrive.
+    pub ttl: Duration,
+    /// How long the inbox cache keeps an id (default 1h; must be <= `ttl`).
+    pub cache_ttl: Duration,
+    /// How often the cleanup runs (default 10m).
+    pub cleanup_interval: Duration,
+    /// Rows one cleanup statement deletes at most (default 1000).
+    pub batch_size: usize,
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -308,6 +322,8 @@ pub struct Config {
     pub dlq: DlqSettings,
     /// Recovery and cleanup.
     pub maintenance: MaintenanceSettings,
+    /// The inbox.
+    pub inbox: InboxSettings,
     /// librdkafka properties for the Kafka sender and consumer (`[kafka]` in TOML),
     /// passed through as they are, e.g. `"bootstrap.servers"`.
     pub kafka: BTreeMap<String, String>,
@@ -379,7 +395,16 @@ pub struct ConfigBuilder {
     events: BTreeMap<String, EventOptions>,
     dlq: DlqOptions,
     maintenance: MaintenanceOptions,
+    inbox: InboxOptions,
     kafka: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct InboxOptions {
+    ttl: Option<Duration>,
+    cache_ttl: Option<Duration>,
+    cleanup_interval: Option<Duration>,
+    batch_size: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -466,6 +491,27 @@ impl ConfigBuilder {
         self
     }
 
+    /// Age after which consumed inbox ids are deleted.
+    pub fn inbox_ttl(mut self, d: Duration) -> Self {
+        self.inbox.ttl = Some(d);
+        self
+    }
+    /// How long the inbox cache keeps an id (<= the inbox TTL).
+    pub fn inbox_cache_ttl(mut self, d: Duration) -> Self {
+        self.inbox.cache_ttl = Some(d);
+        self
+    }
+    /// How often the inbox cleanup runs.
+    pub fn inbox_cleanup_interval(mut self, d: Duration) -> Self {
+        self.inbox.cleanup_interval = Some(d);
+        self
+    }
+    /// Rows one inbox cleanup statement deletes at most.
+    pub fn inbox_batch_size(mut self, n: usize) -> Self {
+        self.inbox.batch_size = Some(n);
+        self
+    }
+
     /// Sets a librdkafka property (e.g. `"bootstrap.servers"`) for the Kafka sender and consumer.
     pub fn kafka_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.kafka.insert(key.into(), value.into());
@@ -524,6 +570,22 @@ impl ConfigBuilder {
                 "must be between 1 and 100000",
             ));
         }
+        let i = self.inbox;
+        let inbox = InboxSettings {
+            ttl: i.ttl.unwrap_or(Duration::from_secs(86_400)),
+            cache_ttl: i.cache_ttl.unwrap_or(Duration::from_secs(3600)),
+            cleanup_interval: i.cleanup_interval.unwrap_or(Duration::from_secs(600)),
+            batch_size: i.batch_size.unwrap_or(1000),
+        };
+        positive("inbox.ttl", inbox.ttl)?;
+        positive("inbox.cache_ttl", inbox.cache_ttl)?;
+        positive("inbox.cleanup_interval", inbox.cleanup_interval)?;
+        if inbox.cache_ttl > inbox.ttl {
+            return Err(Error::config("inbox.cache_ttl", "must be <= inbox.ttl"));
+        }
+        if !(1..=100_000).contains(&inbox.batch_size) {
+            return Err(Error::config("inbox.batch_size", "must be between 1 and 100000"));
+        }
         Ok(Config {
             table_prefix,
             max_payload_bytes,
@@ -531,6 +593,7 @@ impl ConfigBuilder {
             events,
             dlq,
             maintenance,
+            inbox,
             kafka: self.kafka,
         })
     }
@@ -641,7 +704,18 @@ mod toml_model {
         #[serde(default)]
         maintenance: Maintenance,
         #[serde(default)]
+        inbox: InboxRaw,
+        #[serde(default)]
         kafka: BTreeMap<String, toml::Value>,
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct InboxRaw {
+        ttl: Option<String>,
+        cache_ttl: Option<String>,
+        cleanup_interval: Option<String>,
+        batch_size: Option<usize>,
     }
 
     #[derive(Deserialize, Default)]
@@ -797,6 +871,12 @@ mod toml_model {
                         &self.maintenance.processed_ttl,
                     )?,
                     batch_size: self.maintenance.batch_size,
+                },
+                inbox: InboxOptions {
+                    ttl: dur("inbox.ttl", &self.inbox.ttl)?,
+                    cache_ttl: dur("inbox.cache_ttl", &self.inbox.cache_ttl)?,
+                    cleanup_interval: dur("inbox.cleanup_interval", &self.inbox.cleanup_interval)?,
+                    batch_size: self.inbox.batch_size,
                 },
                 kafka: kafka_properties(self.kafka)?,
             })

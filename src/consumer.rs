@@ -174,3 +174,19 @@ impl StopSignal {
         &self.rx
     }
 }
+
+/// What a consumer loop does with a message after its handler ran
+/// (see `run_with` on the Kafka and RabbitMQ consumers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Done: commit the offset / ack.
+    Ack,
+    /// Failed: see it again (Kafka rewinds; RabbitMQ nacks as its `OnError` says).
+    Retry(String),
+    /// Unprocessable: RabbitMQ rejects it to the queue's dead-letter exchange; Kafka,
+    /// which has none, commits past it. Logged at error level.
+    Reject(String),
+    /// Stop the loop without committing or acking the message; `run_with` returns
+    /// [`Error::ConsumerStopped`].
+    Stop(String),
+}

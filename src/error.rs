@@ -80,6 +80,10 @@ pub enum Error {
     #[error("broker: {0}")]
     Broker(String),
 
+    /// A consumer loop stopped because a handler asked it to.
+    #[error("consumer stopped: {0}")]
+    ConsumerStopped(String),
+
     /// No row with this id.
     #[error("event {0} not found")]
     NotFound(EventId),

@@ -26,7 +26,7 @@ use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::consumer::{Position, ReceivedEvent, StopSignal};
+use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
 use crate::sender::{SendError, Sender, SenderFactory};
@@ -469,6 +469,20 @@ impl KafkaConsumer {
         E: Display,
         F: FnMut(&ReceivedEvent) -> Result<(), E>,
     {
+        self.run_with(stop, |e| match handler(e) {
+            Ok(()) => Verdict::Ack,
+            Err(err) => Verdict::Retry(err.to_string()),
+        })
+    }
+
+    /// Like [`KafkaConsumer::run`] with a [`Verdict`] per message: `Ack` commits,
+    /// `Retry` rewinds, `Reject` logs at error level and commits past the message
+    /// (Kafka has no dead-letter exchange), `Stop` returns
+    /// [`Error::ConsumerStopped`] without committing.
+    pub fn run_with<F>(&self, stop: &StopSignal, mut handler: F) -> Result<()>
+    where
+        F: FnMut(&ReceivedEvent) -> Verdict,
+    {
         while !stop.is_stopped() {
             let msg = match self.consumer.poll(Duration::from_millis(100)) {
                 None => continue,
@@ -483,12 +497,7 @@ impl KafkaConsumer {
                 .headers()
                 .map(|h| {
                     h.iter()
-                        .map(|h| {
-                            (
-                                h.key.to_string(),
-                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                            )
-                        })
+                        .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
                         .collect::<Vec<_>>()
                 })
                 .unwrap_or_default();
@@ -502,32 +511,27 @@ impl KafkaConsumer {
                     offset: msg.offset(),
                 },
             );
-            match handler(&event) {
-                Ok(()) => {
-                    if let Err(e) = self.consumer.commit_message(&msg, CommitMode::Sync) {
-                        log::warn!(
-                            "txbox: kafka commit at {}: {e} (the message may be seen again)",
-                            event.position
-                        );
-                    }
+            let commit = match handler(&event) {
+                Verdict::Ack => true,
+                Verdict::Reject(why) => {
+                    log::error!("txbox: kafka message at {} rejected and skipped: {why}", event.position);
+                    true
                 }
-                Err(e) => {
-                    log::warn!(
-                        "txbox: handler failed at {}: {e}; it will be handled again",
-                        event.position
-                    );
-                    let (topic, partition, offset) =
-                        (msg.topic().to_string(), msg.partition(), msg.offset());
+                Verdict::Stop(why) => return Err(Error::ConsumerStopped(why)),
+                Verdict::Retry(why) => {
+                    log::warn!("txbox: handler failed at {}: {why}; it will be handled again", event.position);
+                    let (topic, partition, offset) = (msg.topic().to_string(), msg.partition(), msg.offset());
                     drop(msg);
-                    if let Err(e) = self.consumer.seek(
-                        &topic,
-                        partition,
-                        Offset::Offset(offset),
-                        Duration::from_secs(5),
-                    ) {
+                    if let Err(e) = self.consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(5)) {
                         log::error!("txbox: kafka seek back to {topic}/{partition}@{offset}: {e}");
                     }
                     stop.sleep(self.retry_delay);
+                    continue;
+                }
+            };
+            if commit {
+                if let Err(e) = self.consumer.commit_message(&msg, CommitMode::Sync) {
+                    log::warn!("txbox: kafka commit at {}: {e} (the message may be seen again)", event.position);
                 }
             }
         }

@@ -67,6 +67,7 @@ pub mod consumer;
 pub mod dlq;
 mod error;
 pub mod event;
+pub mod inbox;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 mod outbox;
@@ -77,7 +78,7 @@ pub mod sender;
 pub mod store;
 
 pub use config::{Config, ConfigBuilder, EventOptions, EventSettings};
-pub use consumer::{Position, ReceivedEvent, StopSignal};
+pub use consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 pub use dlq::{DeadLetter, Dlq, DlqFilter, DlqStatus};
 pub use error::{Error, Result};
 pub use event::{Event, EventId, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_TYPE};

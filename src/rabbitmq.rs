@@ -25,7 +25,7 @@ use amiquip::{
 };
 use crossbeam_channel::{select, Receiver};
 
-use crate::consumer::{Position, ReceivedEvent, StopSignal};
+use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE};
 use crate::sender::{SendError, Sender, SenderFactory};
@@ -349,10 +349,25 @@ impl RabbitConsumer {
         E: Display,
         F: FnMut(&ReceivedEvent) -> Result<(), E>,
     {
+        self.run_with(stop, |e| match handler(e) {
+            Ok(()) => Verdict::Ack,
+            Err(err) => Verdict::Retry(err.to_string()),
+        })
+    }
+
+    /// Like [`RabbitConsumer::run`] with a [`Verdict`] per message: `Ack` acks,
+    /// `Retry` nacks as [`OnError`] says, `Reject` rejects to the dead-letter exchange
+    /// (logged at error level), `Stop` nacks with requeue and returns
+    /// [`Error::ConsumerStopped`].
+    pub fn run_with<F>(&self, stop: &StopSignal, mut handler: F) -> Result<()>
+    where
+        F: FnMut(&ReceivedEvent) -> Verdict,
+    {
         let mut backoff = MIN_RECONNECT;
         while !stop.is_stopped() {
             match self.session(stop, &mut handler) {
                 Ok(()) => return Ok(()),
+                Err(e @ Error::ConsumerStopped(_)) => return Err(e),
                 Err(e) => {
                     log::warn!(
                         "txbox: rabbitmq consumer on {}: {e}; reconnecting in {backoff:?}",
@@ -368,10 +383,9 @@ impl RabbitConsumer {
         Ok(())
     }
 
-    fn session<E, F>(&self, stop: &StopSignal, handler: &mut F) -> Result<()>
+    fn session<F>(&self, stop: &StopSignal, handler: &mut F) -> Result<()>
     where
-        E: Display,
-        F: FnMut(&ReceivedEvent) -> Result<(), E>,
+        F: FnMut(&ReceivedEvent) -> Verdict,
     {
         let amqp = |e: amiquip::Error| Error::Broker(format!("rabbitmq: {e}"));
         let mut connection = open(&self.url).map_err(amqp)?;
@@ -415,17 +429,21 @@ impl RabbitConsumer {
                 },
             );
             match handler(&event) {
-                Ok(()) => consumer.ack(delivery).map_err(amqp)?,
-                Err(e) => {
+                Verdict::Ack => consumer.ack(delivery).map_err(amqp)?,
+                Verdict::Reject(why) => {
+                    log::error!("txbox: rabbitmq message at {} rejected to the dead-letter exchange: {why}", event.position);
+                    consumer.reject(delivery, false).map_err(amqp)?;
+                }
+                Verdict::Stop(why) => {
+                    consumer.nack(delivery, true).map_err(amqp)?;
+                    return Err(Error::ConsumerStopped(why));
+                }
+                Verdict::Retry(why) => {
                     let requeue = self.on_error == OnError::Requeue;
                     log::warn!(
-                        "txbox: handler failed at {}: {e}; {}",
+                        "txbox: handler failed at {}: {why}; {}",
                         event.position,
-                        if requeue {
-                            "requeued"
-                        } else {
-                            "rejected to the dead-letter exchange"
-                        }
+                        if requeue { "requeued" } else { "rejected to the dead-letter exchange" }
                     );
                     consumer.nack(delivery, requeue).map_err(amqp)?;
                     if stop.sleep(self.retry_delay) {

@@ -114,6 +114,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Per-type counts of the outbox (bounded, index-backed queries).
     fn status(&self) -> Result<Vec<TypeStatus>>;
+
+    /// Records consumed ids in a transaction of its own; returns those that were new
+    /// (the unique key decides, never a check-then-insert).
+    fn inbox_insert(&self, ids: &[EventId]) -> Result<Vec<EventId>>;
+
+    /// Deletes up to `limit` consumed ids recorded more than `ttl` ago.
+    fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64>;
 }
 
 /// The table names, from a validated prefix.

@@ -158,6 +158,8 @@ struct Sql {
     dlq_set_status: String,
     dlq_delete: String,
     status: String,
+    inbox_insert: String,
+    inbox_delete: String,
 }
 
 const DLQ_COLUMNS: &str =
@@ -167,7 +169,7 @@ const DLQ_COLUMNS: &str =
 
 impl Sql {
     fn new(t: &Tables) -> Self {
-        let (o, d, l) = (&t.outbox, &t.dlq, &t.locks);
+        let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
         let filter = "($1::text IS NULL OR event_type = $1) AND ($2::text IS NULL OR status = $2)";
         Sql {
             migrate_lock: "SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))".into(),
@@ -258,6 +260,12 @@ impl Sql {
                    extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'PENDING'))::float8 \
                  FROM {o} WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') \
                  GROUP BY event_type ORDER BY event_type"
+            ),
+            inbox_insert: inbox_insert_sql(t),
+            inbox_delete: format!(
+                "DELETE FROM {i} WHERE event_id IN (SELECT event_id FROM {i} \
+                   WHERE consumed_at < now() - $1 * interval '1 millisecond' LIMIT $2 \
+                   FOR UPDATE SKIP LOCKED)"
             ),
         }
     }
@@ -484,6 +492,17 @@ impl Store for PgStore {
         )
     }
 
+    fn inbox_insert(&self, ids: &[EventId]) -> Result<Vec<EventId>> {
+        insert_ids(&mut *self.conn()?, &self.sql.inbox_insert, ids)
+    }
+
+    fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64> {
+        let (ttl, limit) = (ms(ttl), limit as i64);
+        Ok(self
+            .conn()?
+            .execute_typed(&self.sql.inbox_delete, &[(&ttl, Type::FLOAT8), (&limit, Type::INT8)])?)
+    }
+
     fn status(&self) -> Result<Vec<TypeStatus>> {
         let rows = self.query(&self.sql.status, &[])?;
         Ok(rows
@@ -499,6 +518,24 @@ impl Store for PgStore {
             })
             .collect())
     }
+}
+
+fn inbox_insert_sql(t: &Tables) -> String {
+    format!(
+        "INSERT INTO {} (event_id) SELECT DISTINCT unnest($1::uuid[]) ON CONFLICT (event_id) DO NOTHING \
+         RETURNING event_id",
+        t.inbox
+    )
+}
+
+/// Records ids in `tx`; returns the new ones.
+fn insert_ids(tx: &mut impl postgres::GenericClient, sql: &str, ids: &[EventId]) -> Result<Vec<EventId>> {
+    let ids = uuids(ids);
+    Ok(tx
+        .query_typed(sql, &[(&ids, Type::UUID_ARRAY)])?
+        .iter()
+        .map(|r| EventId::from_uuid(r.get(0)))
+        .collect())
 }
 
 /// `INSERT` of new events into the caller's transaction: one statement, one round
@@ -553,5 +590,60 @@ impl crate::outbox::sealed::Sealed for postgres::Transaction<'_> {}
 impl crate::outbox::OutboxTransaction for postgres::Transaction<'_> {
     fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
         insert_events(self, tables, events)
+    }
+}
+
+impl crate::inbox::sealed::Sealed for postgres::Transaction<'_> {}
+
+impl crate::inbox::InboxTransaction for postgres::Transaction<'_> {
+    fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
+        insert_ids(self, &inbox_insert_sql(tables), ids)
+    }
+}
+
+impl crate::inbox::Inbox {
+    /// Transactional, on a transaction the inbox opens from `pool`: records `id`,
+    /// runs `handler` in the same transaction and commits both, or rolls both back
+    /// when the handler fails (its error passes through unchanged). Caches the id
+    /// after the commit.
+    pub fn handle_pg<T, E, F>(&self, pool: &PgPool, id: EventId, handler: F) -> Result<crate::inbox::Handled<T>, E>
+    where
+        E: From<Error>,
+        F: FnOnce(&mut postgres::Transaction<'_>) -> Result<T, E>,
+    {
+        // a cache hit must not even take a connection
+        if self.is_cached(id) {
+            return Ok(crate::inbox::Handled::Duplicate);
+        }
+        let mut conn = pool.get().map_err(Error::from)?;
+        let mut tx = conn.transaction().map_err(Error::from)?;
+        let handled = self.handle_in_uncached(&mut tx, id, handler)?; // Err: tx rolls back on drop
+        tx.commit().map_err(Error::from)?;
+        if !handled.is_duplicate() {
+            self.committed(&[id]);
+        }
+        Ok(handled)
+    }
+
+    /// A handler for [`KafkaConsumer::run_with`](crate::kafka::KafkaConsumer::run_with)
+    /// or [`RabbitConsumer::run_with`](crate::rabbitmq::RabbitConsumer::run_with):
+    /// reads the event id, runs `handler` through [`Inbox::handle_pg`], then lets the
+    /// loop commit / ack. A message without a valid id goes to `policy`; a failed
+    /// handler is retried (redelivered).
+    pub fn handler_pg<E, F>(
+        &self,
+        pool: PgPool,
+        policy: crate::inbox::MissingIdPolicy,
+        mut handler: F,
+    ) -> impl FnMut(&crate::ReceivedEvent) -> crate::consumer::Verdict
+    where
+        E: From<Error> + std::fmt::Display,
+        F: FnMut(&mut postgres::Transaction<'_>, &crate::ReceivedEvent) -> Result<(), E>,
+    {
+        let inbox = self.clone();
+        move |event| match event.id {
+            None => Self::missing_id(policy, event),
+            Some(id) => Self::verdict(inbox.handle_pg(&pool, id, |tx| handler(tx, event))),
+        }
     }
 }

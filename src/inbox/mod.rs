@@ -1,0 +1,387 @@
+//! The inbox: an idempotent consumer keyed by the event id.
+//!
+//! At-least-once delivery means a consumer sees some events twice. The inbox records
+//! each consumed event id in the `inbox_consumed` table, whose primary key decides
+//! duplicates (`INSERT ... ON CONFLICT DO NOTHING`, never check-then-insert), so two
+//! consumers racing on one id run the handler exactly once between them.
+//!
+//! - **Transactional** ([`Inbox::handle_in`], or [`Inbox::handle_pg`] which opens the
+//!   transaction from a pool): the id and the handler's writes commit together
+//!   (effectively-once). If the handler fails, everything rolls back and a redelivery
+//!   runs it again.
+//! - **At-most-once** ([`Inbox::handle_at_most_once`]): the id commits first, then the
+//!   handler runs; a failed handler is not retried and a redelivery is skipped. For
+//!   effects that cannot be undone (an email).
+//! - **Batch** ([`Inbox::handle_batch_in`]): the handler runs once with only the new
+//!   events; a batch of nothing but duplicates does not call it.
+//!
+//! ## Cache
+//! An optional [`InboxCache`] in front of the table: a hit skips the database. An id
+//! is cached only after its transaction committed. Keys are
+//! `txbox:inbox:<service>:<event id>`, so services sharing one Redis never see each
+//! other's ids. The rule: **cache TTL <= inbox TTL <= how long a duplicate can still
+//! arrive** (the broker's retention or redelivery window). A shorter cache TTL only
+//! costs database look-ups; an inbox TTL shorter than the redelivery window lets a
+//! late duplicate through.
+
+use std::fmt::Display;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::consumer::{ReceivedEvent, Verdict};
+use crate::error::{Error, Result};
+use crate::event::EventId;
+use crate::store::{Store, Tables};
+
+mod cache;
+#[cfg(feature = "redis")]
+mod redis;
+
+pub use cache::{InboxCache, MemoryCache};
+#[cfg(feature = "redis")]
+pub use redis::RedisCache;
+
+pub(crate) mod sealed {
+    pub trait Sealed {}
+}
+
+/// An open transaction the inbox can record ids in: `postgres::Transaction`.
+/// Sealed: txbox implements it per driver.
+pub trait InboxTransaction: sealed::Sealed {
+    #[doc(hidden)]
+    fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>>;
+}
+
+/// Whether the handler ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled<T> {
+    /// The event was new: the handler ran and returned this.
+    Consumed(T),
+    /// The event was consumed before: the handler did not run.
+    Duplicate,
+}
+
+impl<T> Handled<T> {
+    /// True for [`Handled::Duplicate`].
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Handled::Duplicate)
+    }
+}
+
+/// What the consumer adapters ([`Inbox::handler_pg`]) do with a message that has no
+/// valid `txbox-event-id` header. Every case is logged at error level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingIdPolicy {
+    /// Reject it: RabbitMQ routes it to the queue's dead-letter exchange; Kafka, which
+    /// has none, commits past it. The default.
+    #[default]
+    Reject,
+    /// Acknowledge and skip it.
+    Skip,
+    /// Stop the consumer loop (the message is neither acked nor committed).
+    Stop,
+}
+
+/// Counters of one inbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InboxStats {
+    /// Handlers run for new events.
+    pub consumed: u64,
+    /// Events skipped as duplicates.
+    pub duplicates: u64,
+    /// Cache look-ups that found the id.
+    pub cache_hits: u64,
+    /// Cache look-ups that did not.
+    pub cache_misses: u64,
+    /// SQL statements the inbox sent.
+    pub statements: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    consumed: AtomicU64,
+    duplicates: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
+    statements: AtomicU64,
+}
+
+/// The idempotent consumer.
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// use txbox::inbox::{Handled, Inbox, MemoryCache};
+/// let config = txbox::Config::builder().build()?;
+/// let inbox = Inbox::new(&config, "billing")?.with_cache(MemoryCache::new(100_000));
+/// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
+/// let id: txbox::EventId = "01890a5d-ac96-774b-bcce-b302099a8057".parse()?;
+/// let mut tx = client.transaction()?;
+/// let handled = inbox.handle_in(&mut tx, id, |tx| {
+///     tx.execute("UPDATE accounts SET balance = balance - 5 WHERE id = 1", &[])?;
+///     Ok::<_, txbox::Error>(())
+/// })?;
+/// tx.commit()?;
+/// inbox.committed(&[id]); // cache it now that it committed
+/// assert!(matches!(handled, Handled::Consumed(()) | Handled::Duplicate));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Inbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tables: Tables,
+    service: String,
+    cache: Option<Box<dyn InboxCache>>,
+    cache_ttl: Duration,
+    store: Option<Arc<dyn Store>>,
+    counters: Counters,
+}
+
+impl Inbox {
+    /// An inbox on the tables of `config` for the service `service_name` (part of
+    /// every cache key; a plain name such as `billing`).
+    pub fn new(config: &crate::Config, service_name: &str) -> Result<Self> {
+        if service_name.is_empty()
+            || service_name.len() > 100
+            || !service_name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(Error::InvalidInput(format!(
+                "inbox service name {service_name:?}: use 1 to 100 ASCII letters, digits, '-', '_' or '.'"
+            )));
+        }
+        Ok(Inbox {
+            inner: Arc::new(Inner {
+                tables: Tables::new(&config.table_prefix)?,
+                service: service_name.to_string(),
+                cache: None,
+                cache_ttl: config.inbox.cache_ttl,
+                store: None,
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    fn inner_mut(&mut self) -> &mut Inner {
+        Arc::get_mut(&mut self.inner).expect("configure the inbox before cloning it")
+    }
+
+    /// Puts a cache in front of the table (set before cloning the inbox).
+    pub fn with_cache(mut self, cache: impl InboxCache + 'static) -> Self {
+        self.inner_mut().cache = Some(Box::new(cache));
+        self
+    }
+
+    /// The store for [`Inbox::handle_at_most_once`], which commits the id in a
+    /// transaction of its own (set before cloning the inbox).
+    pub fn with_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.inner_mut().store = Some(store);
+        self
+    }
+
+    /// The cache key of `id`.
+    pub fn cache_key(&self, id: EventId) -> String {
+        format!("txbox:inbox:{}:{id}", self.inner.service)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> InboxStats {
+        let c = &self.inner.counters;
+        InboxStats {
+            consumed: c.consumed.load(Ordering::Relaxed),
+            duplicates: c.duplicates.load(Ordering::Relaxed),
+            cache_hits: c.cache_hits.load(Ordering::Relaxed),
+            cache_misses: c.cache_misses.load(Ordering::Relaxed),
+            statements: c.statements.load(Ordering::Relaxed),
+        }
+    }
+
+    fn count(&self, f: impl Fn(&Counters) -> &AtomicU64, n: u64) {
+        f(&self.inner.counters).fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// True if the cache knows `id` as consumed (a cache error counts as a miss).
+    fn cached(&self, id: EventId) -> bool {
+        let Some(cache) = &self.inner.cache else { return false };
+        let hit = match cache.contains(&self.cache_key(id)) {
+            Ok(hit) => hit,
+            Err(e) => {
+                log::warn!("txbox: inbox cache look-up failed, asking the database: {e}");
+                false
+            }
+        };
+        self.count(|c| if hit { &c.cache_hits } else { &c.cache_misses }, 1);
+        hit
+    }
+
+    /// Tells the cache that these ids committed. [`Inbox::handle_pg`] and
+    /// [`Inbox::handle_at_most_once`] call it themselves; after
+    /// [`Inbox::handle_in`] call it once your transaction committed.
+    pub fn committed(&self, ids: &[EventId]) {
+        let Some(cache) = &self.inner.cache else { return };
+        for id in ids {
+            if let Err(e) = cache.insert(&self.cache_key(*id), self.inner.cache_ttl) {
+                log::warn!("txbox: inbox cache insert failed (the table still has the id): {e}");
+            }
+        }
+    }
+
+    fn insert<Tx: InboxTransaction + ?Sized>(&self, tx: &mut Tx, ids: &[EventId]) -> Result<Vec<EventId>> {
+        self.count(|c| &c.statements, 1);
+        tx.insert_new_ids(&self.inner.tables, ids)
+    }
+
+    /// Transactional: records `id` in `tx` and runs `handler` in the same
+    /// transaction, unless `id` was consumed before. On `Err` roll `tx` back: the id
+    /// is then not recorded and a redelivery runs the handler again. The handler's
+    /// error passes through unchanged.
+    pub fn handle_in<Tx, T, E, F>(&self, tx: &mut Tx, id: EventId, handler: F) -> Result<Handled<T>, E>
+    where
+        Tx: InboxTransaction + ?Sized,
+        E: From<Error>,
+        F: FnOnce(&mut Tx) -> Result<T, E>,
+    {
+        if self.is_cached(id) {
+            return Ok(Handled::Duplicate);
+        }
+        self.handle_in_uncached(tx, id, handler)
+    }
+
+    /// A cache hit counts as a duplicate.
+    pub(crate) fn is_cached(&self, id: EventId) -> bool {
+        let hit = self.cached(id);
+        if hit {
+            self.count(|c| &c.duplicates, 1);
+        }
+        hit
+    }
+
+    pub(crate) fn handle_in_uncached<Tx, T, E, F>(&self, tx: &mut Tx, id: EventId, handler: F) -> Result<Handled<T>, E>
+    where
+        Tx: InboxTransaction + ?Sized,
+        E: From<Error>,
+        F: FnOnce(&mut Tx) -> Result<T, E>,
+    {
+        if self.insert(tx, &[id])?.is_empty() {
+            self.count(|c| &c.duplicates, 1);
+            return Ok(Handled::Duplicate);
+        }
+        let out = handler(tx)?;
+        self.count(|c| &c.consumed, 1);
+        Ok(Handled::Consumed(out))
+    }
+
+    /// Transactional batch: records the ids of all `events` in `tx` and calls
+    /// `handler` once with only the new ones; a batch of duplicates only does not call
+    /// it. Events without an id are refused ([`Error::MissingEventId`]).
+    pub fn handle_batch_in<'a, Tx, T, E, F>(&self, tx: &mut Tx, events: &'a [ReceivedEvent], handler: F) -> Result<Handled<T>, E>
+    where
+        Tx: InboxTransaction + ?Sized,
+        E: From<Error>,
+        F: FnOnce(&mut Tx, Vec<&'a ReceivedEvent>) -> Result<T, E>,
+    {
+        let mut ids = Vec::with_capacity(events.len());
+        for e in events {
+            ids.push(e.event_id()?);
+        }
+        let unseen: Vec<EventId> = ids.iter().copied().filter(|id| !self.cached(*id)).collect();
+        let new = if unseen.is_empty() { Vec::new() } else { self.insert(tx, &unseen)? };
+        self.count(|c| &c.duplicates, (events.len() - new.len()) as u64);
+        if new.is_empty() {
+            return Ok(Handled::Duplicate);
+        }
+        let fresh: Vec<&ReceivedEvent> = events
+            .iter()
+            .zip(&ids)
+            .filter(|(_, id)| new.contains(id))
+            .map(|(e, _)| e)
+            .collect();
+        let n = fresh.len() as u64;
+        let out = handler(tx, fresh)?;
+        self.count(|c| &c.consumed, n);
+        Ok(Handled::Consumed(out))
+    }
+
+    /// At-most-once: commits `id` first (in its own transaction, through the store
+    /// given with [`Inbox::with_store`]), then runs `handler` outside any transaction.
+    /// A failed handler is not retried: a redelivery is a duplicate.
+    pub fn handle_at_most_once<T, E, F>(&self, id: EventId, handler: F) -> Result<Handled<T>, E>
+    where
+        E: From<Error>,
+        F: FnOnce() -> Result<T, E>,
+    {
+        if self.is_cached(id) {
+            return Ok(Handled::Duplicate);
+        }
+        let store = self
+            .inner
+            .store
+            .as_ref()
+            .ok_or_else(|| Error::InvalidInput("handle_at_most_once needs Inbox::with_store".into()))?;
+        self.count(|c| &c.statements, 1);
+        if store.inbox_insert(&[id])?.is_empty() {
+            self.count(|c| &c.duplicates, 1);
+            return Ok(Handled::Duplicate);
+        }
+        self.committed(&[id]);
+        self.count(|c| &c.consumed, 1);
+        handler().map(Handled::Consumed)
+    }
+
+    /// The verdict for a consumer loop on a message without a valid event id.
+    pub(crate) fn missing_id(policy: MissingIdPolicy, event: &ReceivedEvent) -> Verdict {
+        let what = format!("message at {} has no valid txbox-event-id header", event.position);
+        match policy {
+            MissingIdPolicy::Reject => {
+                log::error!("txbox: inbox: {what}; rejected");
+                Verdict::Reject(what)
+            }
+            MissingIdPolicy::Skip => {
+                log::error!("txbox: inbox: {what}; skipped");
+                Verdict::Ack
+            }
+            MissingIdPolicy::Stop => {
+                log::error!("txbox: inbox: {what}; stopping the consumer");
+                Verdict::Stop(what)
+            }
+        }
+    }
+
+    /// The verdict for a consumer loop after the inbox handled a message.
+    pub(crate) fn verdict<T, E: Display>(result: Result<Handled<T>, E>) -> Verdict {
+        match result {
+            Ok(_) => Verdict::Ack,
+            Err(e) => Verdict::Retry(e.to_string()),
+        }
+    }
+}
+
+/// Deletes consumed ids older than the inbox TTL, in bounded batches, under the
+/// lease lock `txbox-cleanup-inbox` so one instance runs it at a time. One thread.
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// # let store: std::sync::Arc<dyn txbox::Store> = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?);
+/// let config = txbox::Config::builder().build()?;
+/// let cleaner = txbox::inbox::InboxCleanup::start(store, &config)?;
+/// // ...
+/// cleaner.shutdown(std::time::Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
+pub struct InboxCleanup {
+    relay: crate::Relay,
+}
+
+impl InboxCleanup {
+    /// Starts the cleanup thread with the `[inbox]` settings of `config`.
+    pub fn start(store: Arc<dyn Store>, config: &crate::Config) -> Result<Self> {
+        Ok(InboxCleanup { relay: crate::Relay::start_inbox_cleanup(store, &config.inbox)? })
+    }
+
+    /// Stops the thread, waiting at most `timeout`.
+    pub fn shutdown(self, timeout: Duration) -> Result<()> {
+        self.relay.shutdown(timeout)
+    }
+}
