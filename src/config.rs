@@ -584,7 +584,10 @@ impl ConfigBuilder {
             return Err(Error::config("inbox.cache_ttl", "must be <= inbox.ttl"));
         }
         if !(1..=100_000).contains(&inbox.batch_size) {
-            return Err(Error::config("inbox.batch_size", "must be between 1 and 100000"));
+            return Err(Error::config(
+                "inbox.batch_size",
+                "must be between 1 and 100000",
+            ));
         }
         Ok(Config {
             table_prefix,

@@ -497,7 +497,12 @@ impl KafkaConsumer {
                 .headers()
                 .map(|h| {
                     h.iter()
-                        .map(|h| (h.key.to_string(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned()))
+                        .map(|h| {
+                            (
+                                h.key.to_string(),
+                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            )
+                        })
                         .collect::<Vec<_>>()
                 })
                 .unwrap_or_default();
@@ -514,15 +519,27 @@ impl KafkaConsumer {
             let commit = match handler(&event) {
                 Verdict::Ack => true,
                 Verdict::Reject(why) => {
-                    log::error!("txbox: kafka message at {} rejected and skipped: {why}", event.position);
+                    log::error!(
+                        "txbox: kafka message at {} rejected and skipped: {why}",
+                        event.position
+                    );
                     true
                 }
                 Verdict::Stop(why) => return Err(Error::ConsumerStopped(why)),
                 Verdict::Retry(why) => {
-                    log::warn!("txbox: handler failed at {}: {why}; it will be handled again", event.position);
-                    let (topic, partition, offset) = (msg.topic().to_string(), msg.partition(), msg.offset());
+                    log::warn!(
+                        "txbox: handler failed at {}: {why}; it will be handled again",
+                        event.position
+                    );
+                    let (topic, partition, offset) =
+                        (msg.topic().to_string(), msg.partition(), msg.offset());
                     drop(msg);
-                    if let Err(e) = self.consumer.seek(&topic, partition, Offset::Offset(offset), Duration::from_secs(5)) {
+                    if let Err(e) = self.consumer.seek(
+                        &topic,
+                        partition,
+                        Offset::Offset(offset),
+                        Duration::from_secs(5),
+                    ) {
                         log::error!("txbox: kafka seek back to {topic}/{partition}@{offset}: {e}");
                     }
                     stop.sleep(self.retry_delay);
@@ -531,7 +548,10 @@ impl KafkaConsumer {
             };
             if commit {
                 if let Err(e) = self.consumer.commit_message(&msg, CommitMode::Sync) {
-                    log::warn!("txbox: kafka commit at {}: {e} (the message may be seen again)", event.position);
+                    log::warn!(
+                        "txbox: kafka commit at {}: {e} (the message may be seen again)",
+                        event.position
+                    );
                 }
             }
         }

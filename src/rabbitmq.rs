@@ -431,7 +431,10 @@ impl RabbitConsumer {
             match handler(&event) {
                 Verdict::Ack => consumer.ack(delivery).map_err(amqp)?,
                 Verdict::Reject(why) => {
-                    log::error!("txbox: rabbitmq message at {} rejected to the dead-letter exchange: {why}", event.position);
+                    log::error!(
+                        "txbox: rabbitmq message at {} rejected to the dead-letter exchange: {why}",
+                        event.position
+                    );
                     consumer.reject(delivery, false).map_err(amqp)?;
                 }
                 Verdict::Stop(why) => {
@@ -443,7 +446,11 @@ impl RabbitConsumer {
                     log::warn!(
                         "txbox: handler failed at {}: {why}; {}",
                         event.position,
-                        if requeue { "requeued" } else { "rejected to the dead-letter exchange" }
+                        if requeue {
+                            "requeued"
+                        } else {
+                            "rejected to the dead-letter exchange"
+                        }
                     );
                     consumer.nack(delivery, requeue).map_err(amqp)?;
                     if stop.sleep(self.retry_delay) {

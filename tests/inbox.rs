@@ -16,7 +16,10 @@ fn config(prefix: &str) -> Config {
 
 fn recorded(client: &mut postgres::Client, prefix: &str, id: EventId) -> i64 {
     client
-        .query_one(&format!("SELECT count(*) FROM {prefix}inbox_consumed WHERE event_id = $1"), &[&id.as_uuid()])
+        .query_one(
+            &format!("SELECT count(*) FROM {prefix}inbox_consumed WHERE event_id = $1"),
+            &[&id.as_uuid()],
+        )
         .unwrap()
         .get(0)
 }
@@ -28,14 +31,20 @@ fn event(id: Option<EventId>) -> ReceivedEvent {
         key: None,
         headers: Default::default(),
         payload: b"{}".to_vec(),
-        position: Position::Kafka { topic: "t".into(), partition: 0, offset: 0 },
+        position: Position::Kafka {
+            topic: "t".into(),
+            partition: 0,
+            offset: 0,
+        },
     }
 }
 
 #[test]
 fn the_same_event_twice_runs_the_handler_once() {
     let p = "t_inbox_twice_";
-    let Some((store, mut client)) = fresh(p) else { return };
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
     let inbox = Inbox::new(&config(p), "svc").unwrap();
     let runs = AtomicUsize::new(0);
     let id = EventId::new();
@@ -69,8 +78,12 @@ impl From<Error> for AppError {
 #[test]
 fn a_failed_handler_rolls_back_and_runs_again_on_redelivery() {
     let p = "t_inbox_fail_";
-    let Some((store, mut client)) = fresh(p) else { return };
-    client.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {p}effects (id uuid)")).unwrap();
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    client
+        .batch_execute(&format!("CREATE TABLE IF NOT EXISTS {p}effects (id uuid)"))
+        .unwrap();
     let inbox = Inbox::new(&config(p), "svc").unwrap();
     let id = EventId::new();
     let effect = format!("INSERT INTO {p}effects VALUES ($1)");
@@ -80,10 +93,17 @@ fn a_failed_handler_rolls_back_and_runs_again_on_redelivery() {
             Err::<(), _>(AppError::Declined("card declined"))
         })
         .unwrap_err();
-    assert!(matches!(err, AppError::Declined("card declined")), "the handler's own error passes through: {err:?}");
+    assert!(
+        matches!(err, AppError::Declined("card declined")),
+        "the handler's own error passes through: {err:?}"
+    );
     assert_eq!(recorded(&mut client, p, id), 0, "the id is not recorded");
     let effects = format!("SELECT count(*) FROM {p}effects");
-    assert_eq!(client.query_one(&effects, &[]).unwrap().get::<_, i64>(0), 0, "its writes rolled back");
+    assert_eq!(
+        client.query_one(&effects, &[]).unwrap().get::<_, i64>(0),
+        0,
+        "its writes rolled back"
+    );
 
     let again = inbox
         .handle_pg(store.pool(), id, |tx| {
@@ -94,18 +114,31 @@ fn a_failed_handler_rolls_back_and_runs_again_on_redelivery() {
     assert_eq!(again, Handled::Consumed("charged"));
     assert_eq!(recorded(&mut client, p, id), 1);
     assert_eq!(client.query_one(&effects, &[]).unwrap().get::<_, i64>(0), 1);
-    assert!(inbox.handle_pg(store.pool(), id, |_| Ok::<_, Error>(())).unwrap().is_duplicate());
+    assert!(inbox
+        .handle_pg(store.pool(), id, |_| Ok::<_, Error>(()))
+        .unwrap()
+        .is_duplicate());
 }
 
 #[test]
 fn at_most_once_commits_first_and_skips_the_redelivery_of_a_failed_handler() {
     let p = "t_inbox_amo_";
-    let Some((store, mut client)) = fresh(p) else { return };
-    let inbox = Inbox::new(&config(p), "svc").unwrap().with_store(store.clone());
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let inbox = Inbox::new(&config(p), "svc")
+        .unwrap()
+        .with_store(store.clone());
     let id = EventId::new();
-    let err = inbox.handle_at_most_once(id, || Err::<(), _>(Error::InvalidInput("smtp down".into()))).unwrap_err();
+    let err = inbox
+        .handle_at_most_once(id, || Err::<(), _>(Error::InvalidInput("smtp down".into())))
+        .unwrap_err();
     assert!(err.to_string().contains("smtp down"));
-    assert_eq!(recorded(&mut client, p, id), 1, "recorded before the handler ran");
+    assert_eq!(
+        recorded(&mut client, p, id),
+        1,
+        "recorded before the handler ran"
+    );
     let runs = AtomicUsize::new(0);
     let again = inbox
         .handle_at_most_once(id, || {
@@ -116,24 +149,32 @@ fn at_most_once_commits_first_and_skips_the_redelivery_of_a_failed_handler() {
     assert!(again.is_duplicate());
     assert_eq!(runs.load(Ordering::SeqCst), 0, "not retried");
     let no_store = Inbox::new(&config(p), "svc").unwrap();
-    let err = no_store.handle_at_most_once(EventId::new(), || Ok::<_, Error>(())).unwrap_err();
+    let err = no_store
+        .handle_at_most_once(EventId::new(), || Ok::<_, Error>(()))
+        .unwrap_err();
     assert!(err.to_string().contains("with_store"), "{err}");
 }
 
 #[test]
 fn a_batch_calls_the_handler_once_with_only_new_events() {
     let p = "t_inbox_batch_";
-    let Some((_store, mut client)) = fresh(p) else { return };
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
     let inbox = Inbox::new(&config(p), "svc").unwrap();
     let old: Vec<EventId> = (0..3).map(|_| EventId::new()).collect();
     let mut tx = client.transaction().unwrap();
     let first: Vec<_> = old.iter().map(|id| event(Some(*id))).collect();
-    inbox.handle_batch_in(&mut tx, &first, |_, new| Ok::<_, Error>(new.len())).unwrap();
+    inbox
+        .handle_batch_in(&mut tx, &first, |_, new| Ok::<_, Error>(new.len()))
+        .unwrap();
     tx.commit().unwrap();
 
     let fresh_ids: Vec<EventId> = (0..2).map(|_| EventId::new()).collect();
-    let mixed: Vec<_> =
-        [old[0], fresh_ids[0], old[1], fresh_ids[1], fresh_ids[1]].iter().map(|id| event(Some(*id))).collect();
+    let mixed: Vec<_> = [old[0], fresh_ids[0], old[1], fresh_ids[1], fresh_ids[1]]
+        .iter()
+        .map(|id| event(Some(*id)))
+        .collect();
     let mut calls = 0;
     let mut tx = client.transaction().unwrap();
     let handled = inbox
@@ -155,17 +196,23 @@ fn a_batch_calls_the_handler_once_with_only_new_events() {
     let mut tx = client.transaction().unwrap();
     let dup: Vec<_> = old.iter().map(|id| event(Some(*id))).collect();
     let out = inbox
-        .handle_batch_in(&mut tx, &dup, |_, _| -> Result<(), Error> { panic!("duplicates only: not called") })
+        .handle_batch_in(&mut tx, &dup, |_, _| -> Result<(), Error> {
+            panic!("duplicates only: not called")
+        })
         .unwrap();
     assert!(out.is_duplicate());
-    let err = inbox.handle_batch_in(&mut tx, &[event(None)], |_, _| Ok::<_, Error>(())).unwrap_err();
+    let err = inbox
+        .handle_batch_in(&mut tx, &[event(None)], |_, _| Ok::<_, Error>(()))
+        .unwrap_err();
     assert!(matches!(err, Error::MissingEventId(_)), "{err}");
 }
 
 #[test]
 fn two_threads_racing_on_one_id_run_the_handler_once() {
     let p = "t_inbox_race_";
-    let Some((store, mut client)) = fresh(p) else { return };
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
     let inbox = Inbox::new(&config(p), "svc").unwrap();
     for _ in 0..10 {
         let id = EventId::new();
@@ -173,7 +220,8 @@ fn two_threads_racing_on_one_id_run_the_handler_once() {
         let barrier = Arc::new(Barrier::new(2));
         let handles: Vec<_> = (0..2)
             .map(|_| {
-                let (inbox, store, runs, barrier) = (inbox.clone(), store.clone(), runs.clone(), barrier.clone());
+                let (inbox, store, runs, barrier) =
+                    (inbox.clone(), store.clone(), runs.clone(), barrier.clone());
                 std::thread::spawn(move || {
                     barrier.wait();
                     inbox
@@ -188,7 +236,11 @@ fn two_threads_racing_on_one_id_run_the_handler_once() {
             .collect();
         let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         assert_eq!(runs.load(Ordering::SeqCst), 1);
-        assert_eq!(results.iter().filter(|r| r.is_duplicate()).count(), 1, "{results:?}");
+        assert_eq!(
+            results.iter().filter(|r| r.is_duplicate()).count(),
+            1,
+            "{results:?}"
+        );
         assert_eq!(recorded(&mut client, p, id), 1);
     }
 }
@@ -196,17 +248,27 @@ fn two_threads_racing_on_one_id_run_the_handler_once() {
 #[test]
 fn a_cache_hit_does_not_touch_the_database() {
     let p = "t_inbox_cache_";
-    let Some((store, mut client)) = fresh(p) else { return };
-    let inbox = Inbox::new(&config(p), "svc").unwrap().with_cache(MemoryCache::new(1000));
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let inbox = Inbox::new(&config(p), "svc")
+        .unwrap()
+        .with_cache(MemoryCache::new(1000));
     let id = EventId::new();
-    inbox.handle_pg(store.pool(), id, |_| Ok::<_, Error>(())).unwrap();
+    inbox
+        .handle_pg(store.pool(), id, |_| Ok::<_, Error>(()))
+        .unwrap();
     let before = inbox.stats();
     assert_eq!((before.cache_misses, before.statements), (1, 1));
 
     // A transaction that refuses every statement: only a cache hit can answer.
     let mut tx = client.transaction().unwrap();
     assert!(tx.execute("SELECT 1/0", &[]).is_err());
-    let out = inbox.handle_in(&mut tx, id, |_| -> Result<(), Error> { panic!("a duplicate") }).unwrap();
+    let out = inbox
+        .handle_in(&mut tx, id, |_| -> Result<(), Error> {
+            panic!("a duplicate")
+        })
+        .unwrap();
     assert!(out.is_duplicate());
     // ... and a pool whose database is unreachable
     let nowhere = r2d2::Pool::builder()
@@ -215,18 +277,30 @@ fn a_cache_hit_does_not_touch_the_database() {
             "postgres://nobody@127.0.0.1:1/none".parse().unwrap(),
             postgres::NoTls,
         ));
-    assert!(inbox.handle_pg(&nowhere, id, |_| -> Result<(), Error> { panic!("a duplicate") }).unwrap().is_duplicate());
+    assert!(inbox
+        .handle_pg(&nowhere, id, |_| -> Result<(), Error> {
+            panic!("a duplicate")
+        })
+        .unwrap()
+        .is_duplicate());
     let after = inbox.stats();
-    assert_eq!(after.statements, before.statements, "no statement for cache hits");
+    assert_eq!(
+        after.statements, before.statements,
+        "no statement for cache hits"
+    );
     assert_eq!(after.cache_hits, 2);
     // a miss does go to the database (and fails here, as it should)
-    assert!(inbox.handle_pg(&nowhere, EventId::new(), |_| Ok::<_, Error>(())).is_err());
+    assert!(inbox
+        .handle_pg(&nowhere, EventId::new(), |_| Ok::<_, Error>(()))
+        .is_err());
 }
 
 #[test]
 fn a_rolled_back_handler_leaves_no_cached_id() {
     let p = "t_inbox_cache_rb_";
-    let Some((store, _client)) = fresh(p) else { return };
+    let Some((store, _client)) = fresh(p) else {
+        return;
+    };
     let cache = Arc::new(MemoryCache::new(1000));
     struct Shared(Arc<MemoryCache>);
     impl InboxCache for Shared {
@@ -237,13 +311,27 @@ fn a_rolled_back_handler_leaves_no_cached_id() {
             self.0.insert(key, ttl)
         }
     }
-    let inbox = Inbox::new(&config(p), "svc").unwrap().with_cache(Shared(cache.clone()));
+    let inbox = Inbox::new(&config(p), "svc")
+        .unwrap()
+        .with_cache(Shared(cache.clone()));
     let id = EventId::new();
-    assert!(inbox.handle_pg(store.pool(), id, |_| Err::<(), _>(Error::InvalidInput("boom".into()))).is_err());
-    assert!(!cache.contains(&inbox.cache_key(id)).unwrap(), "not cached after a rollback");
+    assert!(inbox
+        .handle_pg(store.pool(), id, |_| Err::<(), _>(Error::InvalidInput(
+            "boom".into()
+        )))
+        .is_err());
+    assert!(
+        !cache.contains(&inbox.cache_key(id)).unwrap(),
+        "not cached after a rollback"
+    );
     assert!(cache.is_empty());
-    inbox.handle_pg(store.pool(), id, |_| Ok::<_, Error>(())).unwrap();
-    assert!(cache.contains(&inbox.cache_key(id)).unwrap(), "cached after the commit");
+    inbox
+        .handle_pg(store.pool(), id, |_| Ok::<_, Error>(()))
+        .unwrap();
+    assert!(
+        cache.contains(&inbox.cache_key(id)).unwrap(),
+        "cached after the commit"
+    );
 }
 
 #[cfg(feature = "redis")]
@@ -255,35 +343,65 @@ fn redis_cache_keeps_service_names_apart_and_skips_rollbacks() {
         return;
     }
     let (pa, pb) = ("t_inbox_redis_a_", "t_inbox_redis_b_");
-    let Some((store_a, _c)) = fresh(pa) else { return };
-    let Some((store_b, _c)) = fresh(pb) else { return };
-    let a = Inbox::new(&config(pa), "billing").unwrap().with_cache(RedisCache::new(&url).unwrap());
-    let b = Inbox::new(&config(pb), "shipping").unwrap().with_cache(RedisCache::new(&url).unwrap());
+    let Some((store_a, _c)) = fresh(pa) else {
+        return;
+    };
+    let Some((store_b, _c)) = fresh(pb) else {
+        return;
+    };
+    let a = Inbox::new(&config(pa), "billing")
+        .unwrap()
+        .with_cache(RedisCache::new(&url).unwrap());
+    let b = Inbox::new(&config(pb), "shipping")
+        .unwrap()
+        .with_cache(RedisCache::new(&url).unwrap());
     let probe = RedisCache::new(&url).unwrap();
     let id = EventId::new();
-    assert!(!a.handle_pg(store_a.pool(), id, |_| Ok::<_, Error>(())).unwrap().is_duplicate());
+    assert!(!a
+        .handle_pg(store_a.pool(), id, |_| Ok::<_, Error>(()))
+        .unwrap()
+        .is_duplicate());
     assert!(probe.contains(&a.cache_key(id)).unwrap());
     assert!(!probe.contains(&b.cache_key(id)).unwrap());
     assert_ne!(a.cache_key(id), b.cache_key(id));
     // the same id at another service is new there
-    assert!(!b.handle_pg(store_b.pool(), id, |_| Ok::<_, Error>(())).unwrap().is_duplicate());
+    assert!(!b
+        .handle_pg(store_b.pool(), id, |_| Ok::<_, Error>(()))
+        .unwrap()
+        .is_duplicate());
     // and a duplicate at the first is answered by Redis
-    assert!(a.handle_pg(store_a.pool(), id, |_| Ok::<_, Error>(())).unwrap().is_duplicate());
+    assert!(a
+        .handle_pg(store_a.pool(), id, |_| Ok::<_, Error>(()))
+        .unwrap()
+        .is_duplicate());
     assert_eq!(a.stats().cache_hits, 1);
 
     let failed = EventId::new();
-    assert!(a.handle_pg(store_a.pool(), failed, |_| Err::<(), _>(Error::InvalidInput("no".into()))).is_err());
-    assert!(!probe.contains(&a.cache_key(failed)).unwrap(), "a rolled-back id is never cached");
+    assert!(a
+        .handle_pg(store_a.pool(), failed, |_| Err::<(), _>(
+            Error::InvalidInput("no".into())
+        ))
+        .is_err());
+    assert!(
+        !probe.contains(&a.cache_key(failed)).unwrap(),
+        "a rolled-back id is never cached"
+    );
 }
 
 #[test]
 fn cleanup_honours_the_ttl_and_the_batch_bound() {
     let p = "t_inbox_clean_";
-    let Some((store, mut client)) = fresh(p) else { return };
-    let inbox = Inbox::new(&config(p), "svc").unwrap().with_store(store.clone());
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let inbox = Inbox::new(&config(p), "svc")
+        .unwrap()
+        .with_store(store.clone());
     let ids: Vec<EventId> = (0..25).map(|_| EventId::new()).collect();
     for id in &ids {
-        inbox.handle_at_most_once(*id, || Ok::<_, Error>(())).unwrap();
+        inbox
+            .handle_at_most_once(*id, || Ok::<_, Error>(()))
+            .unwrap();
     }
     let old: Vec<uuid::Uuid> = ids[..15].iter().map(|i| i.as_uuid()).collect();
     client
@@ -292,7 +410,13 @@ fn cleanup_honours_the_ttl_and_the_batch_bound() {
             &[&old],
         )
         .unwrap();
-    assert_eq!(store.delete_expired_inbox(Duration::from_secs(86_400), 4).unwrap(), 4, "bounded");
+    assert_eq!(
+        store
+            .delete_expired_inbox(Duration::from_secs(86_400), 4)
+            .unwrap(),
+        4,
+        "bounded"
+    );
 
     let config = Config::builder()
         .table_prefix(p)

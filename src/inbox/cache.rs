@@ -42,12 +42,19 @@ struct State {
 impl MemoryCache {
     /// A cache holding at most `capacity` ids (at least 1).
     pub fn new(capacity: usize) -> Self {
-        MemoryCache { capacity: capacity.max(1), state: Mutex::new(State::default()) }
+        MemoryCache {
+            capacity: capacity.max(1),
+            state: Mutex::new(State::default()),
+        }
     }
 
     /// How many ids it holds now.
     pub fn len(&self) -> usize {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).expires.len()
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .expires
+            .len()
     }
 
     /// True when it holds nothing.

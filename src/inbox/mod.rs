@@ -146,7 +146,9 @@ impl Inbox {
     pub fn new(config: &crate::Config, service_name: &str) -> Result<Self> {
         if service_name.is_empty()
             || service_name.len() > 100
-            || !service_name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            || !service_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         {
             return Err(Error::InvalidInput(format!(
                 "inbox service name {service_name:?}: use 1 to 100 ASCII letters, digits, '-', '_' or '.'"
@@ -204,7 +206,9 @@ impl Inbox {
 
     /// True if the cache knows `id` as consumed (a cache error counts as a miss).
     fn cached(&self, id: EventId) -> bool {
-        let Some(cache) = &self.inner.cache else { return false };
+        let Some(cache) = &self.inner.cache else {
+            return false;
+        };
         let hit = match cache.contains(&self.cache_key(id)) {
             Ok(hit) => hit,
             Err(e) => {
@@ -220,7 +224,9 @@ impl Inbox {
     /// [`Inbox::handle_at_most_once`] call it themselves; after
     /// [`Inbox::handle_in`] call it once your transaction committed.
     pub fn committed(&self, ids: &[EventId]) {
-        let Some(cache) = &self.inner.cache else { return };
+        let Some(cache) = &self.inner.cache else {
+            return;
+        };
         for id in ids {
             if let Err(e) = cache.insert(&self.cache_key(*id), self.inner.cache_ttl) {
                 log::warn!("txbox: inbox cache insert failed (the table still has the id): {e}");
@@ -228,7 +234,11 @@ impl Inbox {
         }
     }
 
-    fn insert<Tx: InboxTransaction + ?Sized>(&self, tx: &mut Tx, ids: &[EventId]) -> Result<Vec<EventId>> {
+    fn insert<Tx: InboxTransaction + ?Sized>(
+        &self,
+        tx: &mut Tx,
+        ids: &[EventId],
+    ) -> Result<Vec<EventId>> {
         self.count(|c| &c.statements, 1);
         tx.insert_new_ids(&self.inner.tables, ids)
     }
@@ -237,7 +247,12 @@ impl Inbox {
     /// transaction, unless `id` was consumed before. On `Err` roll `tx` back: the id
     /// is then not recorded and a redelivery runs the handler again. The handler's
     /// error passes through unchanged.
-    pub fn handle_in<Tx, T, E, F>(&self, tx: &mut Tx, id: EventId, handler: F) -> Result<Handled<T>, E>
+    pub fn handle_in<Tx, T, E, F>(
+        &self,
+        tx: &mut Tx,
+        id: EventId,
+        handler: F,
+    ) -> Result<Handled<T>, E>
     where
         Tx: InboxTransaction + ?Sized,
         E: From<Error>,
@@ -258,7 +273,12 @@ impl Inbox {
         hit
     }
 
-    pub(crate) fn handle_in_uncached<Tx, T, E, F>(&self, tx: &mut Tx, id: EventId, handler: F) -> Result<Handled<T>, E>
+    pub(crate) fn handle_in_uncached<Tx, T, E, F>(
+        &self,
+        tx: &mut Tx,
+        id: EventId,
+        handler: F,
+    ) -> Result<Handled<T>, E>
     where
         Tx: InboxTransaction + ?Sized,
         E: From<Error>,
@@ -276,7 +296,12 @@ impl Inbox {
     /// Transactional batch: records the ids of all `events` in `tx` and calls
     /// `handler` once with only the new ones; a batch of duplicates only does not call
     /// it. Events without an id are refused ([`Error::MissingEventId`]).
-    pub fn handle_batch_in<'a, Tx, T, E, F>(&self, tx: &mut Tx, events: &'a [ReceivedEvent], handler: F) -> Result<Handled<T>, E>
+    pub fn handle_batch_in<'a, Tx, T, E, F>(
+        &self,
+        tx: &mut Tx,
+        events: &'a [ReceivedEvent],
+        handler: F,
+    ) -> Result<Handled<T>, E>
     where
         Tx: InboxTransaction + ?Sized,
         E: From<Error>,
@@ -287,7 +312,11 @@ impl Inbox {
             ids.push(e.event_id()?);
         }
         let unseen: Vec<EventId> = ids.iter().copied().filter(|id| !self.cached(*id)).collect();
-        let new = if unseen.is_empty() { Vec::new() } else { self.insert(tx, &unseen)? };
+        let new = if unseen.is_empty() {
+            Vec::new()
+        } else {
+            self.insert(tx, &unseen)?
+        };
         self.count(|c| &c.duplicates, (events.len() - new.len()) as u64);
         if new.is_empty() {
             return Ok(Handled::Duplicate);
@@ -315,11 +344,9 @@ impl Inbox {
         if self.is_cached(id) {
             return Ok(Handled::Duplicate);
         }
-        let store = self
-            .inner
-            .store
-            .as_ref()
-            .ok_or_else(|| Error::InvalidInput("handle_at_most_once needs Inbox::with_store".into()))?;
+        let store = self.inner.store.as_ref().ok_or_else(|| {
+            Error::InvalidInput("handle_at_most_once needs Inbox::with_store".into())
+        })?;
         self.count(|c| &c.statements, 1);
         if store.inbox_insert(&[id])?.is_empty() {
             self.count(|c| &c.duplicates, 1);
@@ -332,7 +359,10 @@ impl Inbox {
 
     /// The verdict for a consumer loop on a message without a valid event id.
     pub(crate) fn missing_id(policy: MissingIdPolicy, event: &ReceivedEvent) -> Verdict {
-        let what = format!("message at {} has no valid txbox-event-id header", event.position);
+        let what = format!(
+            "message at {} has no valid txbox-event-id header",
+            event.position
+        );
         match policy {
             MissingIdPolicy::Reject => {
                 log::error!("txbox: inbox: {what}; rejected");
@@ -377,7 +407,9 @@ pub struct InboxCleanup {
 impl InboxCleanup {
     /// Starts the cleanup thread with the `[inbox]` settings of `config`.
     pub fn start(store: Arc<dyn Store>, config: &crate::Config) -> Result<Self> {
-        Ok(InboxCleanup { relay: crate::Relay::start_inbox_cleanup(store, &config.inbox)? })
+        Ok(InboxCleanup {
+            relay: crate::Relay::start_inbox_cleanup(store, &config.inbox)?,
+        })
     }
 
     /// Stops the thread, waiting at most `timeout`.

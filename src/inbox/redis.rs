@@ -27,17 +27,29 @@ impl RedisCache {
     /// A cache on the Redis at `url` (`redis://host:port/db`). Connects lazily.
     pub fn new(url: &str) -> Result<Self> {
         let client = redis::Client::open(url).map_err(err)?;
-        Ok(RedisCache { client, conn: Mutex::new(None) })
+        Ok(RedisCache {
+            client,
+            conn: Mutex::new(None),
+        })
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T> {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T> {
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
-            let c = self.client.get_connection_with_timeout(Duration::from_secs(2)).map_err(err)?;
-            c.set_read_timeout(Some(Duration::from_secs(2))).map_err(err)?;
+            let c = self
+                .client
+                .get_connection_with_timeout(Duration::from_secs(2))
+                .map_err(err)?;
+            c.set_read_timeout(Some(Duration::from_secs(2)))
+                .map_err(err)?;
             *guard = Some(c);
         }
-        let conn = guard.as_mut().ok_or_else(|| Error::Broker("redis: not connected".into()))?;
+        let conn = guard
+            .as_mut()
+            .ok_or_else(|| Error::Broker("redis: not connected".into()))?;
         let out = f(conn);
         if out.is_err() {
             *guard = None; // open a fresh connection next time
@@ -48,11 +60,19 @@ impl RedisCache {
 
 impl InboxCache for RedisCache {
     fn contains(&self, key: &str) -> Result<bool> {
-        self.with(|c| redis::cmd("EXISTS").arg(key).query::<i64>(c)).map(|n| n > 0)
+        self.with(|c| redis::cmd("EXISTS").arg(key).query::<i64>(c))
+            .map(|n| n > 0)
     }
 
     fn insert(&self, key: &str, ttl: Duration) -> Result<()> {
         let ms = ttl.as_millis().max(1) as u64;
-        self.with(|c| redis::cmd("SET").arg(key).arg(1).arg("PX").arg(ms).query::<()>(c))
+        self.with(|c| {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(1)
+                .arg("PX")
+                .arg(ms)
+                .query::<()>(c)
+        })
     }
 }

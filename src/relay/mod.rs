@@ -228,21 +228,35 @@ impl Relay {
     }
 
     /// The inbox cleanup alone, on one thread (see [`crate::inbox::InboxCleanup`]).
-    pub(crate) fn start_inbox_cleanup(store: Arc<dyn Store>, s: &crate::config::InboxSettings) -> Result<Relay> {
+    pub(crate) fn start_inbox_cleanup(
+        store: Arc<dyn Store>,
+        s: &crate::config::InboxSettings,
+    ) -> Result<Relay> {
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
-        let ctx = Ctx { store, stop: stop_rx, instance: Uuid::now_v7() };
+        let ctx = Ctx {
+            store,
+            stop: stop_rx,
+            instance: Uuid::now_v7(),
+        };
         let s = s.clone();
         let guard = DoneGuard(done_tx, 0);
         let handle = std::thread::Builder::new()
             .name("txbox-inbox-cleanup".into())
             .spawn(move || {
                 let _guard = guard;
-                periodic(&ctx, "inbox cleanup", s.cleanup_interval, Some("txbox-cleanup-inbox"), |st| {
-                    st.delete_expired_inbox(s.ttl, s.batch_size)
-                })
+                periodic(
+                    &ctx,
+                    "inbox cleanup",
+                    s.cleanup_interval,
+                    Some("txbox-cleanup-inbox"),
+                    |st| st.delete_expired_inbox(s.ttl, s.batch_size),
+                )
             })
-            .map_err(|e| Error::Io { context: "spawning thread txbox-inbox-cleanup".into(), source: e })?;
+            .map_err(|e| Error::Io {
+                context: "spawning thread txbox-inbox-cleanup".into(),
+                source: e,
+            })?;
         Ok(Relay {
             stop: Some(stop_tx),
             done: done_rx,

@@ -498,9 +498,10 @@ impl Store for PgStore {
 
     fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64> {
         let (ttl, limit) = (ms(ttl), limit as i64);
-        Ok(self
-            .conn()?
-            .execute_typed(&self.sql.inbox_delete, &[(&ttl, Type::FLOAT8), (&limit, Type::INT8)])?)
+        Ok(self.conn()?.execute_typed(
+            &self.sql.inbox_delete,
+            &[(&ttl, Type::FLOAT8), (&limit, Type::INT8)],
+        )?)
     }
 
     fn status(&self) -> Result<Vec<TypeStatus>> {
@@ -529,7 +530,11 @@ fn inbox_insert_sql(t: &Tables) -> String {
 }
 
 /// Records ids in `tx`; returns the new ones.
-fn insert_ids(tx: &mut impl postgres::GenericClient, sql: &str, ids: &[EventId]) -> Result<Vec<EventId>> {
+fn insert_ids(
+    tx: &mut impl postgres::GenericClient,
+    sql: &str,
+    ids: &[EventId],
+) -> Result<Vec<EventId>> {
     let ids = uuids(ids);
     Ok(tx
         .query_typed(sql, &[(&ids, Type::UUID_ARRAY)])?
@@ -606,7 +611,12 @@ impl crate::inbox::Inbox {
     /// runs `handler` in the same transaction and commits both, or rolls both back
     /// when the handler fails (its error passes through unchanged). Caches the id
     /// after the commit.
-    pub fn handle_pg<T, E, F>(&self, pool: &PgPool, id: EventId, handler: F) -> Result<crate::inbox::Handled<T>, E>
+    pub fn handle_pg<T, E, F>(
+        &self,
+        pool: &PgPool,
+        id: EventId,
+        handler: F,
+    ) -> Result<crate::inbox::Handled<T>, E>
     where
         E: From<Error>,
         F: FnOnce(&mut postgres::Transaction<'_>) -> Result<T, E>,
