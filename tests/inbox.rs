@@ -82,7 +82,9 @@ fn a_failed_handler_rolls_back_and_runs_again_on_redelivery() {
         return;
     };
     client
-        .batch_execute(&format!("CREATE TABLE IF NOT EXISTS {p}effects (id uuid)"))
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {p}effects; CREATE TABLE {p}effects (id uuid)"
+        ))
         .unwrap();
     let inbox = Inbox::new(&config(p), "svc").unwrap();
     let id = EventId::new();
