@@ -1,0 +1,682 @@
+//! The logic every SQL dialect shares. A dialect supplies its statements (a
+//! [`Dialect`]) and a connection adapter ([`Conn`]); the flows below — claim,
+//! finish, recovery, dead letters, locks, inbox — are written once.
+//!
+//! Statements are written with numbered placeholders `$1`, `$2`, ... and an optional
+//! `{ids}` list, rendered per call into the driver's style (`$n`, `?`, `?n`, `:n`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::{split_statements, Outcome, Store, Tables, TypeStatus};
+use crate::dlq::{DeadLetter, DlqFilter, DlqStatus};
+use crate::error::{Error, Result};
+use crate::event::{Event, EventId, NewEvent};
+
+/// A parameter or column value.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Val {
+    Null,
+    Int(i64),
+    Float(f64),
+    Text(String),
+    Id(Uuid),
+    Bytes(Vec<u8>),
+}
+
+impl From<&str> for Val {
+    fn from(s: &str) -> Self {
+        Val::Text(s.to_string())
+    }
+}
+
+impl From<Option<&str>> for Val {
+    fn from(s: Option<&str>) -> Self {
+        s.map_or(Val::Null, Val::from)
+    }
+}
+
+/// One result row.
+#[derive(Debug, Clone)]
+pub(crate) struct Row(pub(crate) Vec<Val>);
+
+impl Row {
+    fn get(&self, i: usize) -> &Val {
+        self.0.get(i).unwrap_or(&Val::Null)
+    }
+
+    pub(crate) fn id(&self, i: usize) -> Result<EventId> {
+        match self.get(i) {
+            Val::Id(u) => Ok(EventId::from_uuid(*u)),
+            Val::Bytes(b) if b.len() == 16 => {
+                let mut a = [0u8; 16];
+                a.copy_from_slice(b);
+                Ok(EventId::from_uuid(Uuid::from_bytes(a)))
+            }
+            Val::Text(s) => s.parse(),
+            Val::Bytes(b) => String::from_utf8_lossy(b).parse(),
+            other => Err(Error::Database(format!("expected an id in column {i}, got {other:?}").into())),
+        }
+    }
+
+    pub(crate) fn opt_text(&self, i: usize) -> Option<String> {
+        match self.get(i) {
+            Val::Null => None,
+            Val::Text(s) => Some(s.clone()),
+            Val::Bytes(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            Val::Int(n) => Some(n.to_string()),
+            Val::Float(f) => Some(f.to_string()),
+            Val::Id(u) => Some(u.to_string()),
+        }
+    }
+
+    pub(crate) fn text(&self, i: usize) -> String {
+        self.opt_text(i).unwrap_or_default()
+    }
+
+    pub(crate) fn int(&self, i: usize) -> i64 {
+        match self.get(i) {
+            Val::Int(n) => *n,
+            Val::Float(f) => *f as i64,
+            Val::Text(s) => s.trim().parse::<f64>().map(|f| f as i64).unwrap_or(0),
+            Val::Bytes(b) => String::from_utf8_lossy(b).trim().parse::<f64>().map(|f| f as i64).unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    pub(crate) fn opt_float(&self, i: usize) -> Option<f64> {
+        match self.get(i) {
+            Val::Null => None,
+            Val::Int(n) => Some(*n as f64),
+            Val::Float(f) => Some(*f),
+            Val::Text(s) => s.trim().parse().ok(),
+            Val::Bytes(b) => String::from_utf8_lossy(b).trim().parse().ok(),
+            Val::Id(_) => None,
+        }
+    }
+}
+
+/// One database connection of a driver.
+pub(crate) trait Conn {
+    /// Runs a query with parameters (already in the driver's placeholder style).
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>>;
+    /// Runs a statement with parameters; returns the affected row count.
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64>;
+    /// Runs statements without parameters (transaction control, DDL).
+    fn batch(&mut self, sql: &str) -> Result<()>;
+}
+
+/// Hands out connections.
+pub(crate) trait Pool: Send + Sync + 'static {
+    fn get(&self) -> Result<Box<dyn Conn + '_>>;
+}
+
+/// How a driver writes placeholders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Style {
+    /// `$1` (PostgreSQL)
+    Dollar,
+    /// `?`, in order of appearance (MySQL)
+    Question,
+    /// `?1` (SQLite)
+    QuestionNumbered,
+    /// `:1` (Oracle)
+    Colon,
+}
+
+/// A driver error that means "try again" (deadlock, lock wait timeout).
+#[derive(Debug)]
+pub(crate) struct Retryable(pub(crate) String);
+
+impl std::fmt::Display for Retryable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (retryable)", self.0)
+    }
+}
+
+impl std::error::Error for Retryable {}
+
+/// A driver error that means "unique key violated" (Oracle's inbox insert).
+#[derive(Debug)]
+pub(crate) struct UniqueViolation(pub(crate) String);
+
+impl std::fmt::Display for UniqueViolation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UniqueViolation {}
+
+fn is<T: std::error::Error + 'static>(e: &Error) -> bool {
+    matches!(e, Error::Database(b) if b.downcast_ref::<T>().is_some())
+}
+
+/// Renders `$n` / `{ids}` into `style`; returns the SQL and the order in which the
+/// parameters must be passed (indexes into fixed ++ ids).
+pub(crate) fn render(template: &str, style: Style, fixed: usize, ids: usize) -> (String, Vec<usize>) {
+    let list: Vec<String> = (fixed + 1..=fixed + ids).map(|n| format!("${n}")).collect();
+    let expanded = template.replace("{ids}", &list.join(", "));
+    let mut out = String::with_capacity(expanded.len());
+    let mut order = Vec::new();
+    let mut chars = expanded.char_indices().peekable();
+    while let Some((_, c)) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(|(_, d)| d.is_ascii_digit()) {
+            let mut n = 0usize;
+            while let Some((_, d)) = chars.peek().copied().filter(|(_, d)| d.is_ascii_digit()) {
+                n = n * 10 + d.to_digit(10).unwrap_or(0) as usize;
+                chars.next();
+            }
+            order.push(n - 1);
+            match style {
+                Style::Dollar => out.push_str(&format!("${n}")),
+                Style::Question => out.push('?'),
+                Style::QuestionNumbered => out.push_str(&format!("?{n}")),
+                Style::Colon => out.push_str(&format!(":{n}")),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    if style != Style::Question {
+        order = (0..fixed + ids).collect();
+    }
+    (out, order)
+}
+
+/// Adds `by` to every `$n` placeholder of `template`.
+fn shift(template: &str, by: usize) -> String {
+    let mut out = String::with_capacity(template.len() + 8);
+    let mut chars = template.chars().peekable();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c == '$' && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
+            let mut n = 0usize;
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n * 10 + d as usize;
+                chars.next();
+            }
+            out.push_str(&(n + by).to_string());
+        }
+    }
+    out
+}
+
+/// Every statement of one dialect, with the table names filled in.
+pub(crate) struct Dialect {
+    pub style: Style,
+    /// Opens a transaction ("BEGIN", "START TRANSACTION", "BEGIN IMMEDIATE"; "" when
+    /// the driver is always in one).
+    pub begin: &'static str,
+    /// The schema file (with `{prefix}`).
+    pub schema: &'static str,
+    /// Serializes concurrent migrations (PostgreSQL's advisory lock), run in the
+    /// migration's transaction.
+    pub migrate_lock: Option<&'static str>,
+    /// DDL errors meaning "already exists", for dialects without IF NOT EXISTS.
+    pub exists_errors: &'static [&'static str],
+    /// Largest `{ids}` list per statement.
+    pub max_ids: usize,
+    /// One-statement claim with RETURNING ($1 type, $2 limit, $3 token, $4 lease ms);
+    /// without it: `claim_select` then `claim_update` in a transaction.
+    pub claim_returning: Option<String>,
+    /// $1 type, $2 limit -> id, type, key, headers, payload, attempts
+    pub claim_select: String,
+    /// $1 token, $2 lease ms, {ids}
+    pub claim_update: String,
+    /// $1 token, {ids}
+    pub finish_sent: String,
+    /// $1 status, $2 delay ms, $3 error, $4 id, $5 token
+    pub finish_failed: String,
+    /// $1 limit (and $2 TTL in ms for the cleanups) -> id, for each maintenance selection
+    pub select_expired: String,
+    pub select_processed: String,
+    pub select_failed: String,
+    pub select_retry: String,
+    pub select_resolved: String,
+    pub select_inbox_expired: String,
+    /// {ids}
+    pub recover: String,
+    pub delete_outbox: String,
+    pub delete_dlq: String,
+    pub copy_to_dlq: String,
+    pub copy_to_outbox: String,
+    pub delete_inbox: String,
+    /// $1 name, $2 owner, $3 lease ms (insert if absent, never fails on conflict)
+    pub lock_insert: String,
+    /// $1 owner, $2 lease ms, $3 name -> affected rows 1 when taken
+    pub lock_take: String,
+    /// $1 name, $2 owner
+    pub unlock: String,
+    /// $1 type, $2 status, $3 limit, $4 offset
+    pub dlq_list: String,
+    /// $1 type, $2 status
+    pub dlq_count: String,
+    /// $1 id
+    pub dlq_get: String,
+    /// $1 to, {from} literal list, {ids}
+    pub dlq_set_status: String,
+    /// {from} literal list, {ids}
+    pub dlq_delete_status: String,
+    /// -> type, pending, in process, failed, oldest pending age in seconds
+    pub status: String,
+    /// $1 id -> affected rows 1 when new
+    pub inbox_insert: String,
+    /// `INSERT INTO outbox (id, event_type, event_key, headers, payload) VALUES `
+    pub insert_events: String,
+    /// one row of `insert_events`, with `$1`..`$5`
+    pub insert_event_row: &'static str,
+}
+
+/// A statement rendered for one call.
+pub(crate) fn run_query(conn: &mut dyn Conn, d: &Dialect, template: &str, fixed: &[Val], ids: &[Val]) -> Result<Vec<Row>> {
+    let (sql, params) = prepare(d, template, fixed, ids);
+    conn.query(&sql, &params)
+}
+
+pub(crate) fn run_execute(conn: &mut dyn Conn, d: &Dialect, template: &str, fixed: &[Val], ids: &[Val]) -> Result<u64> {
+    let (sql, params) = prepare(d, template, fixed, ids);
+    conn.execute(&sql, &params)
+}
+
+fn prepare(d: &Dialect, template: &str, fixed: &[Val], ids: &[Val]) -> (String, Vec<Val>) {
+    let (sql, order) = render(template, d.style, fixed.len(), ids.len());
+    let all: Vec<&Val> = fixed.iter().chain(ids).collect();
+    let params = order.iter().filter_map(|i| all.get(*i).map(|v| (*v).clone())).collect();
+    (sql, params)
+}
+
+/// Runs `f` in a transaction: commits on `Ok`, rolls back on `Err`.
+pub(crate) fn transaction<T>(conn: &mut dyn Conn, d: &Dialect, f: impl FnOnce(&mut dyn Conn) -> Result<T>) -> Result<T> {
+    if !d.begin.is_empty() {
+        conn.batch(d.begin)?;
+    }
+    match f(conn) {
+        Ok(v) => {
+            conn.batch("COMMIT")?;
+            Ok(v)
+        }
+        Err(e) => {
+            if let Err(r) = conn.batch("ROLLBACK") {
+                log::debug!("txbox: rollback after an error failed too: {r}");
+            }
+            Err(e)
+        }
+    }
+}
+
+fn ms(d: Duration) -> Val {
+    Val::Float(d.as_secs_f64() * 1000.0)
+}
+
+fn ids_of(ids: &[EventId]) -> Vec<Val> {
+    ids.iter().map(|i| Val::Id(i.as_uuid())).collect()
+}
+
+fn status_list(s: &[DlqStatus]) -> String {
+    // enum names, never user input
+    s.iter().map(|s| format!("'{}'", s.as_str())).collect::<Vec<_>>().join(", ")
+}
+
+pub(crate) fn parse_headers(text: &str) -> BTreeMap<String, String> {
+    match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
+        Ok(map) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+pub(crate) fn headers_json(h: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(h).unwrap_or_else(|_| "{}".into())
+}
+
+fn event_row(r: &Row) -> Result<Event> {
+    Ok(Event {
+        id: r.id(0)?,
+        event_type: r.text(1),
+        destination: String::new(),
+        routing_key: String::new(),
+        key: r.opt_text(2),
+        headers: parse_headers(&r.text(3)),
+        payload: r.text(4),
+        attempts: r.int(5).max(0) as u32,
+    })
+}
+
+fn dead_letter(r: &Row) -> Result<DeadLetter> {
+    Ok(DeadLetter {
+        id: r.id(0)?,
+        event_type: r.text(1),
+        key: r.opt_text(2),
+        headers: parse_headers(&r.text(3)),
+        payload: r.text(4),
+        attempts: r.int(5).max(0) as u32,
+        last_error: r.opt_text(6),
+        status: r.text(7).parse().unwrap_or(DlqStatus::Dead),
+        created_at: r.text(8),
+        moved_at: r.text(9),
+    })
+}
+
+/// Inserts new events: one multi-row `INSERT` (one round trip) per chunk.
+pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Dialect, events: &[NewEvent]) -> Result<()> {
+    for chunk in events.chunks((d.max_ids / 5).max(1)) {
+        let mut template = d.insert_events.clone();
+        let mut params = Vec::with_capacity(chunk.len() * 5);
+        for (i, e) in chunk.iter().enumerate() {
+            if i > 0 {
+                template.push_str(", ");
+            }
+            template.push_str(&shift(d.insert_event_row, i * 5));
+            params.push(Val::Id(e.id.as_uuid()));
+            params.push(Val::Text(e.event_type.clone()));
+            params.push(e.key.as_deref().into());
+            params.push(Val::Text(headers_json(&e.headers)));
+            params.push(Val::Text(e.payload.clone()));
+        }
+        run_execute(conn, d, &template, &params, &[])?;
+    }
+    Ok(())
+}
+
+/// Records ids; returns the new ones. The unique key decides: a conflicting insert
+/// waits for the other transaction and then affects no row (or, on Oracle, fails
+/// with a unique violation).
+pub(crate) fn insert_inbox_ids(conn: &mut dyn Conn, d: &Dialect, ids: &[EventId]) -> Result<Vec<EventId>> {
+    let mut new = Vec::new();
+    for id in ids {
+        if new.contains(id) {
+            continue;
+        }
+        match run_execute(conn, d, &d.inbox_insert, &[Val::Id(id.as_uuid())], &[]) {
+            Ok(1) => new.push(*id),
+            Ok(_) => {}
+            Err(e) if is::<UniqueViolation>(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(new)
+}
+
+/// A [`Store`] on any dialect.
+pub(crate) struct SqlStore<P: Pool> {
+    pub(crate) pool: P,
+    pub(crate) tables: Tables,
+    pub(crate) d: Dialect,
+}
+
+impl<P: Pool> SqlStore<P> {
+    /// Selects ids with `select` ($1 limit, $2 optional TTL in ms) and applies each
+    /// of `apply` ({ids}) to them, in one transaction; returns how many.
+    fn select_apply(&self, select: &str, fixed: &[Val], apply: &[&str]) -> Result<u64> {
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        transaction(&mut *conn, d, |c| {
+            let rows = run_query(c, d, select, fixed, &[])?;
+            let ids: Vec<Val> = rows.iter().map(|r| r.id(0).map(|i| Val::Id(i.as_uuid()))).collect::<Result<_>>()?;
+            for chunk in ids.chunks(d.max_ids) {
+                for stmt in apply {
+                    run_execute(c, d, stmt, &[], chunk)?;
+                }
+            }
+            Ok(ids.len() as u64)
+        })
+    }
+
+    fn with_retry<T>(&self, what: &str, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        let mut attempt = 0;
+        loop {
+            match f() {
+                Err(e) if is::<Retryable>(&e) && attempt < 5 => {
+                    attempt += 1;
+                    log::debug!("txbox: {what}: {e}; retrying ({attempt})");
+                    std::thread::sleep(Duration::from_millis(5 * attempt + fastrand::u64(0..10)));
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl<P: Pool> Store for SqlStore<P> {
+    fn migrate(&self) -> Result<()> {
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        let statements = split_statements(&self.tables.render(d.schema));
+        let apply = |c: &mut dyn Conn| -> Result<()> {
+            if let Some(lock) = d.migrate_lock {
+                c.batch(lock)?;
+            }
+            for stmt in &statements {
+                match c.batch(stmt) {
+                    Ok(()) => {}
+                    Err(e) if d.exists_errors.iter().any(|code| e.to_string().contains(code)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        };
+        if d.migrate_lock.is_some() {
+            transaction(&mut *conn, d, apply)
+        } else {
+            apply(&mut *conn)
+        }
+    }
+
+    fn claim(&self, event_type: &str, limit: usize, lease: Duration, token: Uuid) -> Result<Vec<Event>> {
+        let d = &self.d;
+        let rows = self.with_retry("claim", || {
+            let mut conn = self.pool.get()?;
+            if let Some(one) = &d.claim_returning {
+                let fixed = [event_type.into(), Val::Int(limit as i64), Val::Id(token), ms(lease)];
+                return run_query(&mut *conn, d, one, &fixed, &[]);
+            }
+            transaction(&mut *conn, d, |c| {
+                let rows = run_query(c, d, &d.claim_select, &[event_type.into(), Val::Int(limit as i64)], &[])?;
+                if !rows.is_empty() {
+                    let ids: Vec<Val> = rows.iter().map(|r| r.id(0).map(|i| Val::Id(i.as_uuid()))).collect::<Result<_>>()?;
+                    run_execute(c, d, &d.claim_update, &[Val::Id(token), ms(lease)], &ids)?;
+                }
+                Ok(rows)
+            })
+        })?;
+        let mut events = rows.iter().map(event_row).collect::<Result<Vec<_>>>()?;
+        events.sort_by_key(|e| e.id);
+        Ok(events)
+    }
+
+    fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
+        let d = &self.d;
+        let sent: Vec<Val> = outcomes
+            .iter()
+            .filter(|(_, o)| matches!(o, Outcome::Sent))
+            .map(|(id, _)| Val::Id(id.as_uuid()))
+            .collect();
+        let failed: Vec<&(EventId, Outcome)> = outcomes.iter().filter(|(_, o)| !matches!(o, Outcome::Sent)).collect();
+        self.with_retry("finish", || {
+            let mut conn = self.pool.get()?;
+            let mut changed = 0;
+            for chunk in sent.chunks(d.max_ids) {
+                changed += run_execute(&mut *conn, d, &d.finish_sent, &[Val::Id(token)], chunk)?;
+            }
+            if !failed.is_empty() {
+                changed += transaction(&mut *conn, d, |c| {
+                    let mut n = 0;
+                    for (id, outcome) in &failed {
+                        let (status, delay, error) = match outcome {
+                            Outcome::Retry { delay, error } => ("PENDING", *delay, error),
+                            Outcome::Failed { error } => ("FAILED", Duration::ZERO, error),
+                            Outcome::Sent => continue,
+                        };
+                        let fixed = [status.into(), ms(delay), error.as_str().into(), Val::Id(id.as_uuid()), Val::Id(token)];
+                        n += run_execute(c, d, &d.finish_failed, &fixed, &[])?;
+                    }
+                    Ok(n)
+                })?;
+            }
+            Ok(changed)
+        })
+    }
+
+    fn recover_expired(&self, limit: usize) -> Result<u64> {
+        let fixed = [Val::Int(limit as i64)];
+        self.with_retry("recovery", || self.select_apply(&self.d.select_expired, &fixed, &[&self.d.recover]))
+    }
+
+    fn delete_processed(&self, ttl: Duration, limit: usize) -> Result<u64> {
+        let fixed = [Val::Int(limit as i64), ms(ttl)];
+        self.with_retry("cleanup", || self.select_apply(&self.d.select_processed, &fixed, &[&self.d.delete_outbox]))
+    }
+
+    fn move_failed_to_dlq(&self, limit: usize) -> Result<u64> {
+        let d = &self.d;
+        let fixed = [Val::Int(limit as i64)];
+        self.with_retry("move to DLQ", || {
+            self.select_apply(&d.select_failed, &fixed, &[&d.delete_dlq, &d.copy_to_dlq, &d.delete_outbox])
+        })
+    }
+
+    fn requeue_dlq_retries(&self, limit: usize) -> Result<u64> {
+        let d = &self.d;
+        let fixed = [Val::Int(limit as i64)];
+        self.with_retry("DLQ retry", || {
+            self.select_apply(&d.select_retry, &fixed, &[&d.delete_outbox, &d.copy_to_outbox, &d.delete_dlq])
+        })
+    }
+
+    fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> Result<u64> {
+        let fixed = [Val::Int(limit as i64), ms(ttl)];
+        self.with_retry("DLQ cleanup", || self.select_apply(&self.d.select_resolved, &fixed, &[&self.d.delete_dlq]))
+    }
+
+    fn try_lock(&self, name: &str, owner: Uuid, lease: Duration) -> Result<bool> {
+        let d = &self.d;
+        self.with_retry("lock", || {
+            let mut conn = self.pool.get()?;
+            transaction(&mut *conn, d, |c| {
+                run_execute(c, d, &d.lock_insert, &[name.into(), Val::Id(owner), ms(lease)], &[])?;
+                Ok(run_execute(c, d, &d.lock_take, &[Val::Id(owner), ms(lease), name.into()], &[])? == 1)
+            })
+        })
+    }
+
+    fn unlock(&self, name: &str, owner: Uuid) -> Result<()> {
+        let mut conn = self.pool.get()?;
+        run_execute(&mut *conn, &self.d, &self.d.unlock, &[name.into(), Val::Id(owner)], &[])?;
+        Ok(())
+    }
+
+    fn dlq_list(&self, f: &DlqFilter) -> Result<Vec<DeadLetter>> {
+        let mut conn = self.pool.get()?;
+        let fixed = [
+            f.event_type.as_deref().into(),
+            f.status.map(|s| s.as_str()).into(),
+            Val::Int(f.limit as i64),
+            Val::Int(f.offset as i64),
+        ];
+        run_query(&mut *conn, &self.d, &self.d.dlq_list, &fixed, &[])?.iter().map(dead_letter).collect()
+    }
+
+    fn dlq_count(&self, f: &DlqFilter) -> Result<u64> {
+        let mut conn = self.pool.get()?;
+        let fixed = [f.event_type.as_deref().into(), f.status.map(|s| s.as_str()).into()];
+        let rows = run_query(&mut *conn, &self.d, &self.d.dlq_count, &fixed, &[])?;
+        Ok(rows.first().map(|r| r.int(0)).unwrap_or(0).max(0) as u64)
+    }
+
+    fn dlq_get(&self, id: EventId) -> Result<Option<DeadLetter>> {
+        let mut conn = self.pool.get()?;
+        let rows = run_query(&mut *conn, &self.d, &self.d.dlq_get, &[Val::Id(id.as_uuid())], &[])?;
+        rows.first().map(dead_letter).transpose()
+    }
+
+    fn dlq_set_status(&self, ids: &[EventId], from: &[DlqStatus], to: DlqStatus) -> Result<Vec<EventId>> {
+        let d = &self.d;
+        let update = d.dlq_set_status.replace("{from}", &status_list(from));
+        let mut conn = self.pool.get()?;
+        let mut changed = Vec::new();
+        // one statement per id: the affected count tells which changed, on every dialect
+        transaction(&mut *conn, d, |c| {
+            for id in ids {
+                if run_execute(c, d, &update, &[to.as_str().into()], &ids_of(&[*id]))? == 1 {
+                    changed.push(*id);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(changed)
+    }
+
+    fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> Result<Vec<EventId>> {
+        let d = &self.d;
+        let delete = d.dlq_delete_status.replace("{from}", &status_list(from));
+        let mut conn = self.pool.get()?;
+        let mut gone = Vec::new();
+        transaction(&mut *conn, d, |c| {
+            for id in ids {
+                if run_execute(c, d, &delete, &[], &ids_of(&[*id]))? == 1 {
+                    gone.push(*id);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(gone)
+    }
+
+    fn status(&self) -> Result<Vec<TypeStatus>> {
+        let mut conn = self.pool.get()?;
+        Ok(run_query(&mut *conn, &self.d, &self.d.status, &[], &[])?
+            .iter()
+            .map(|r| TypeStatus {
+                event_type: r.text(0),
+                pending: r.int(1).max(0) as u64,
+                in_process: r.int(2).max(0) as u64,
+                failed: r.int(3).max(0) as u64,
+                oldest_pending_age: r.opt_float(4).map(|s| Duration::from_secs_f64(s.max(0.0))),
+            })
+            .collect())
+    }
+
+    fn inbox_insert(&self, ids: &[EventId]) -> Result<Vec<EventId>> {
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        transaction(&mut *conn, d, |c| insert_inbox_ids(c, d, ids))
+    }
+
+    fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64> {
+        let fixed = [Val::Int(limit as i64), ms(ttl)];
+        self.with_retry("inbox cleanup", || self.select_apply(&self.d.select_inbox_expired, &fixed, &[&self.d.delete_inbox]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shifts_placeholders() {
+        assert_eq!(shift("($1, $2, $3, $4::jsonb, $5)", 100), "($101, $102, $103, $104::jsonb, $105)");
+    }
+
+    #[test]
+    fn renders_placeholders_per_style() {
+        let t = "UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids}) AND c = $1";
+        let (sql, order) = render(t, Style::Question, 2, 2);
+        assert_eq!(sql, "UPDATE t SET a = ? WHERE b = ? AND id IN (?, ?) AND c = ?");
+        assert_eq!(order, vec![1, 0, 2, 3, 0]);
+        let (sql, order) = render(t, Style::Colon, 2, 1);
+        assert_eq!(sql, "UPDATE t SET a = :2 WHERE b = :1 AND id IN (:3) AND c = :1");
+        assert_eq!(order, vec![0, 1, 2]);
+        let (sql, _) = render(t, Style::QuestionNumbered, 2, 1);
+        assert_eq!(sql, "UPDATE t SET a = ?2 WHERE b = ?1 AND id IN (?3) AND c = ?1");
+        let (sql, _) = render("SELECT '$x', $10", Style::Dollar, 10, 0);
+        assert_eq!(sql, "SELECT '$x', $10");
+    }
+}
