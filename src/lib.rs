@@ -85,6 +85,10 @@ pub use event::{Event, EventId, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
 pub use outbox::{Outbox, OutboxTransaction};
 pub use relay::Relay;
 pub use sender::{MemorySender, SendError, Sender, SenderFactory};
+#[cfg(feature = "mysql")]
+pub use store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PgStore;
+#[cfg(feature = "sqlite")]
+pub use store::sqlite::SqliteStore;
 pub use store::{Outcome, Store, Tables, TypeStatus};

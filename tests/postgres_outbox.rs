@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use txbox::{Config, Error, EventOptions, NewEvent, Outbox, PgStore, Store};
+use txbox::{Config, Error, EventOptions, NewEvent, Outbox, PgStore};
 
 fn config(prefix: &str) -> Config {
     Config::builder()
@@ -172,24 +172,6 @@ fn bad_table_prefix_is_refused_everywhere() {
             .expect("refused");
         assert!(matches!(err, Error::InvalidIdentifier { .. }), "{err}");
     }
-}
-
-#[test]
-fn migrate_is_idempotent() {
-    let p = "t_migrate_";
-    let Some((store, mut client)) = fresh(p) else {
-        return;
-    };
-    store.migrate().unwrap();
-    store.migrate().unwrap();
-    let n: i64 = client
-        .query_one(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 't\\_migrate\\_%'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(n, 4);
 }
 
 #[test]

@@ -10,9 +10,13 @@ use crate::dlq::{DeadLetter, DlqFilter, DlqStatus};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId};
 
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub(crate) mod sql;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 /// Implements [`Store`] for a dialect's store type by delegating to its `inner`
 /// [`sql::SqlStore`], where the shared logic lives.

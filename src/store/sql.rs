@@ -181,7 +181,9 @@ pub(crate) fn render(template: &str, style: Style, fixed: usize, ids: usize) -> 
         }
     }
     if style != Style::Question {
-        order = (0..fixed + ids).collect();
+        // numbered styles bind every index up to the highest one used
+        let highest = order.iter().max().map_or(0, |m| m + 1);
+        order = (0..highest).collect();
     }
     (out, order)
 }
@@ -674,6 +676,8 @@ mod tests {
         let (sql, order) = render(t, Style::Colon, 2, 1);
         assert_eq!(sql, "UPDATE t SET a = :2 WHERE b = :1 AND id IN (:3) AND c = :1");
         assert_eq!(order, vec![0, 1, 2]);
+        let (_, order) = render("VALUES ($1, $2)", Style::QuestionNumbered, 3, 0);
+        assert_eq!(order, vec![0, 1], "an unused last parameter is not bound");
         let (sql, _) = render(t, Style::QuestionNumbered, 2, 1);
         assert_eq!(sql, "UPDATE t SET a = ?2 WHERE b = ?1 AND id IN (?3) AND c = ?1");
         let (sql, _) = render("SELECT '$x', $10", Style::Dollar, 10, 0);

@@ -158,3 +158,4 @@ impl Collected {
         self.all().iter().filter_map(|e| e.id).collect()
     }
 }
+pub mod backend;

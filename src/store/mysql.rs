@@ -1,0 +1,266 @@
+//! MySQL / MariaDB: this dialect's statements, its connection adapter, the
+//! [`MySqlStore`], and `publish` / the inbox on `mysql::Transaction`.
+//!
+//! Claims run at READ COMMITTED (set on every pooled connection): under REPEATABLE
+//! READ, gap locks make concurrent pollers deadlock. A deadlock or lock-wait timeout
+//! is retried, not reported as a failed batch.
+
+use mysql::prelude::Queryable;
+use mysql::{Params, Value};
+
+use super::sql::{self, Conn, Dialect, Retryable, Row, SqlStore, Style, Val};
+use super::{delegate_store, Tables};
+use crate::error::{Error, Result};
+use crate::event::{EventId, NewEvent};
+
+/// The schema, embedded: the same file a DBA reads in `sql/mysql/`.
+pub const SCHEMA: &str = include_str!("../../sql/mysql/001_schema.sql");
+
+const NOW: &str = "UTC_TIMESTAMP(6)";
+const TS: &str = "'%Y-%m-%dT%H:%i:%s.%fZ'";
+
+fn plus(ms_param: &str) -> String {
+    format!("{NOW} + INTERVAL ROUND({ms_param} * 1000) MICROSECOND")
+}
+
+fn minus(ms_param: &str) -> String {
+    format!("{NOW} - INTERVAL ROUND({ms_param} * 1000) MICROSECOND")
+}
+
+fn dialect(t: &Tables) -> Dialect {
+    let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
+    let dlq_columns = format!(
+        "id, event_type, event_key, headers, payload, attempts, last_error, status, \
+         DATE_FORMAT(created_at, {TS}), DATE_FORMAT(moved_at, {TS})"
+    );
+    let filter = "($1 IS NULL OR event_type = $1) AND ($2 IS NULL OR status = $2)";
+    Dialect {
+        style: Style::Question,
+        begin: "START TRANSACTION",
+        schema: SCHEMA,
+        migrate_lock: None,
+        exists_errors: &["1061", "Duplicate key name"],
+        max_ids: 1000,
+        claim_returning: None,
+        claim_select: format!(
+            "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
+             WHERE event_type = $1 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
+             ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
+        ),
+        claim_update: format!(
+            "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
+            plus("$2")
+        ),
+        finish_sent: format!(
+            "UPDATE {o} SET status = 'PROCESSED', processed_at = {NOW}, claim_token = NULL, lease_until = NULL \
+             WHERE claim_token = $1 AND status = 'IN_PROCESS' AND id IN ({{ids}})"
+        ),
+        finish_failed: format!(
+            "UPDATE {o} SET attempts = attempts + 1, \
+               next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
+               last_error = $3, claim_token = NULL, lease_until = NULL, status = $1 \
+             WHERE id = $4 AND claim_token = $5 AND status = 'IN_PROCESS'",
+            plus("$2")
+        ),
+        select_expired: format!(
+            "SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} LIMIT $1 FOR UPDATE SKIP LOCKED"
+        ),
+        select_processed: format!(
+            "SELECT id FROM {o} WHERE status = 'PROCESSED' AND processed_at < {} LIMIT $1 FOR UPDATE SKIP LOCKED",
+            minus("$2")
+        ),
+        select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"),
+        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"),
+        select_resolved: format!(
+            "SELECT id FROM {d} WHERE status = 'RESOLVED' AND updated_at < {} LIMIT $1 FOR UPDATE SKIP LOCKED",
+            minus("$2")
+        ),
+        select_inbox_expired: format!(
+            "SELECT event_id FROM {i} WHERE consumed_at < {} LIMIT $1 FOR UPDATE SKIP LOCKED",
+            minus("$2")
+        ),
+        recover: format!(
+            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
+             WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
+        ),
+        delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
+        delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
+        copy_to_dlq: format!(
+            "INSERT INTO {d} (id, event_type, event_key, headers, payload, attempts, last_error, status, \
+               created_at, moved_at, updated_at) \
+             SELECT id, event_type, event_key, headers, payload, attempts, last_error, 'DEAD', created_at, \
+               {NOW}, {NOW} FROM {o} WHERE id IN ({{ids}})"
+        ),
+        copy_to_outbox: format!(
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, next_attempt_at, \
+               last_error, created_at) \
+             SELECT id, event_type, event_key, headers, payload, 'PENDING', 0, {NOW}, last_error, created_at \
+             FROM {d} WHERE id IN ({{ids}})"
+        ),
+        delete_inbox: format!("DELETE FROM {i} WHERE event_id IN ({{ids}})"),
+        lock_insert: format!(
+            "INSERT IGNORE INTO {l} (name, owner, locked_at, locked_until) \
+             VALUES ($1, $2, {NOW}, {NOW} - INTERVAL 1 SECOND)"
+        ),
+        lock_take: format!(
+            "UPDATE {l} SET owner = $1, locked_at = {NOW}, locked_until = {} \
+             WHERE name = $3 AND (locked_until < {NOW} OR owner = $1)",
+            plus("$2")
+        ),
+        unlock: format!("DELETE FROM {l} WHERE name = $1 AND owner = $2"),
+        dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4"),
+        dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}"),
+        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
+        dlq_set_status: format!(
+            "UPDATE {d} SET status = $1, updated_at = {NOW} WHERE status IN ({{from}}) AND id IN ({{ids}})"
+        ),
+        dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})"),
+        status: format!(
+            "SELECT event_type, SUM(status = 'PENDING'), SUM(status = 'IN_PROCESS'), SUM(status = 'FAILED'), \
+               TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status = 'PENDING' THEN created_at END), {NOW}) / 1e6 \
+             FROM {o} WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') GROUP BY event_type ORDER BY event_type"
+        ),
+        inbox_insert: format!("INSERT IGNORE INTO {i} (event_id, consumed_at) VALUES ($1, {NOW})"),
+        insert_events: format!(
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) VALUES "
+        ),
+        insert_event_row: "($1, $2, $3, $4, $5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+    }
+}
+
+fn err(e: mysql::Error) -> Error {
+    match &e {
+        // deadlock, lock wait timeout
+        mysql::Error::MySqlError(m) if m.code == 1213 || m.code == 1205 => {
+            Error::Database(Box::new(Retryable(m.to_string())))
+        }
+        _ => Error::Database(Box::new(e)),
+    }
+}
+
+fn params(vals: &[Val]) -> Params {
+    if vals.is_empty() {
+        return Params::Empty;
+    }
+    Params::Positional(
+        vals.iter()
+            .map(|v| match v {
+                Val::Null => Value::NULL,
+                Val::Int(n) => Value::Int(*n),
+                Val::Float(f) => Value::Double(*f),
+                Val::Text(s) => Value::Bytes(s.clone().into_bytes()),
+                Val::Id(u) => Value::Bytes(u.as_bytes().to_vec()),
+                Val::Bytes(b) => Value::Bytes(b.clone()),
+            })
+            .collect(),
+    )
+}
+
+fn row(r: mysql::Row) -> Row {
+    Row(r
+        .unwrap()
+        .into_iter()
+        .map(|v| match v {
+            Value::NULL => Val::Null,
+            Value::Bytes(b) => Val::Bytes(b),
+            Value::Int(n) => Val::Int(n),
+            Value::UInt(n) => Val::Int(n as i64),
+            Value::Float(f) => Val::Float(f.into()),
+            Value::Double(f) => Val::Float(f),
+            other => Val::Text(other.as_sql(true)),
+        })
+        .collect())
+}
+
+fn my_query(c: &mut impl Queryable, sql: &str, vals: &[Val]) -> Result<Vec<Row>> {
+    let rows: Vec<mysql::Row> = c.exec(sql, params(vals)).map_err(err)?;
+    Ok(rows.into_iter().map(row).collect())
+}
+
+fn my_execute(c: &mut impl Queryable, sql: &str, vals: &[Val]) -> Result<u64> {
+    let result = c.exec_iter(sql, params(vals)).map_err(err)?;
+    Ok(result.affected_rows())
+}
+
+impl Conn for mysql::PooledConn {
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
+        my_query(self, sql, params)
+    }
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
+        my_execute(self, sql, params)
+    }
+    fn batch(&mut self, sql: &str) -> Result<()> {
+        self.query_drop(sql).map_err(err)
+    }
+}
+
+impl Conn for mysql::Transaction<'_> {
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
+        my_query(self, sql, params)
+    }
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
+        my_execute(self, sql, params)
+    }
+    fn batch(&mut self, sql: &str) -> Result<()> {
+        self.query_drop(sql).map_err(err)
+    }
+}
+
+pub(crate) struct Pool(mysql::Pool);
+
+impl sql::Pool for Pool {
+    fn get(&self) -> Result<Box<dyn Conn + '_>> {
+        Ok(Box::new(self.0.get_conn().map_err(err)?))
+    }
+}
+
+/// The MySQL / MariaDB [`Store`](crate::Store) on its own `mysql::Pool`.
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// let store = txbox::MySqlStore::connect("mysql://root@127.0.0.1:3306/test", "")?;
+/// txbox::Store::migrate(&store)?;
+/// # Ok(()) }
+/// ```
+pub struct MySqlStore {
+    inner: SqlStore<Pool>,
+}
+
+delegate_store!(MySqlStore);
+
+impl MySqlStore {
+    /// Connects a pool (up to 16 connections) to `url` (`mysql://user:pass@host:port/db`).
+    pub fn connect(url: &str, table_prefix: &str) -> Result<Self> {
+        let tables = Tables::new(table_prefix)?;
+        let opts = mysql::Opts::from_url(url).map_err(|e| Error::InvalidInput(format!("database url: {e}")))?;
+        let opts = mysql::OptsBuilder::from_opts(opts)
+            .init(vec!["SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"])
+            .pool_opts(mysql::PoolOpts::default().with_constraints(
+                mysql::PoolConstraints::new(1, 16).ok_or_else(|| Error::InvalidInput("pool size".into()))?,
+            ));
+        let pool = mysql::Pool::new(opts).map_err(err)?;
+        let d = dialect(&tables);
+        Ok(MySqlStore { inner: SqlStore { pool: Pool(pool), tables, d } })
+    }
+
+    /// The pool, e.g. for business transactions and the inbox.
+    pub fn pool(&self) -> &mysql::Pool {
+        &self.inner.pool.0
+    }
+}
+
+impl crate::outbox::sealed::Sealed for mysql::Transaction<'_> {}
+
+impl crate::outbox::OutboxTransaction for mysql::Transaction<'_> {
+    fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
+        sql::insert_events(self, &dialect(tables), events)
+    }
+}
+
+impl crate::inbox::sealed::Sealed for mysql::Transaction<'_> {}
+
+impl crate::inbox::InboxTransaction for mysql::Transaction<'_> {
+    fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
+        sql::insert_inbox_ids(self, &dialect(tables), ids)
+    }
+}

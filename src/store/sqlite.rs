@@ -1,0 +1,266 @@
+//! SQLite, the embedded default for one-host batch jobs: this dialect's statements,
+//! its connection adapter, the [`SqliteStore`], and `publish` / the inbox on
+//! `rusqlite::Transaction`.
+//!
+//! SQLite has one writer at a time: every transaction here is `BEGIN IMMEDIATE`, so a
+//! claim holds the write lock from its select to its update, and several relay
+//! threads in one process never claim the same event. No SKIP LOCKED is needed. The
+//! store keeps one connection (WAL mode, 5 s busy timeout); your own connection
+//! publishes beside it.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use rusqlite::types::{Value, ValueRef};
+
+use super::sql::{self, Conn, Dialect, Row, SqlStore, Style, Val};
+use super::{delegate_store, Tables};
+use crate::error::{Error, Result};
+use crate::event::{EventId, NewEvent};
+
+/// The schema, embedded: the same file a DBA reads in `sql/sqlite/`.
+pub const SCHEMA: &str = include_str!("../../sql/sqlite/001_schema.sql");
+
+const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+fn plus(ms_param: &str) -> String {
+    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || ({ms_param} / 1000.0) || ' seconds')")
+}
+
+fn minus(ms_param: &str) -> String {
+    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || ({ms_param} / 1000.0) || ' seconds')")
+}
+
+fn dialect(t: &Tables) -> Dialect {
+    let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
+    let dlq_columns = "id, event_type, event_key, headers, payload, attempts, last_error, status, created_at, moved_at";
+    let filter = "($1 IS NULL OR event_type = $1) AND ($2 IS NULL OR status = $2)";
+    Dialect {
+        style: Style::QuestionNumbered,
+        begin: "BEGIN IMMEDIATE",
+        schema: SCHEMA,
+        migrate_lock: None,
+        exists_errors: &[],
+        max_ids: 500,
+        claim_returning: None,
+        claim_select: format!(
+            "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
+             WHERE event_type = $1 AND status = 'PENDING' AND next_attempt_at <= {NOW} ORDER BY id LIMIT $2"
+        ),
+        claim_update: format!(
+            "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
+            plus("$2")
+        ),
+        finish_sent: format!(
+            "UPDATE {o} SET status = 'PROCESSED', processed_at = {NOW}, claim_token = NULL, lease_until = NULL \
+             WHERE claim_token = $1 AND status = 'IN_PROCESS' AND id IN ({{ids}})"
+        ),
+        finish_failed: format!(
+            "UPDATE {o} SET status = $1, attempts = attempts + 1, \
+               next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
+               last_error = $3, claim_token = NULL, lease_until = NULL \
+             WHERE id = $4 AND claim_token = $5 AND status = 'IN_PROCESS'",
+            plus("$2")
+        ),
+        select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} LIMIT $1"),
+        select_processed: format!(
+            "SELECT id FROM {o} WHERE status = 'PROCESSED' AND processed_at < {} LIMIT $1",
+            minus("$2")
+        ),
+        select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id LIMIT $1"),
+        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id LIMIT $1"),
+        select_resolved: format!(
+            "SELECT id FROM {d} WHERE status = 'RESOLVED' AND updated_at < {} LIMIT $1",
+            minus("$2")
+        ),
+        select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} LIMIT $1", minus("$2")),
+        recover: format!(
+            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
+             WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
+        ),
+        delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
+        delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
+        copy_to_dlq: format!(
+            "INSERT INTO {d} (id, event_type, event_key, headers, payload, attempts, last_error, status, \
+               created_at, moved_at, updated_at) \
+             SELECT id, event_type, event_key, headers, payload, attempts, last_error, 'DEAD', created_at, \
+               {NOW}, {NOW} FROM {o} WHERE id IN ({{ids}})"
+        ),
+        copy_to_outbox: format!(
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, next_attempt_at, \
+               last_error, created_at) \
+             SELECT id, event_type, event_key, headers, payload, 'PENDING', 0, {NOW}, last_error, created_at \
+             FROM {d} WHERE id IN ({{ids}})"
+        ),
+        delete_inbox: format!("DELETE FROM {i} WHERE event_id IN ({{ids}})"),
+        lock_insert: format!(
+            "INSERT OR IGNORE INTO {l} (name, owner, locked_at, locked_until) \
+             VALUES ($1, $2, {NOW}, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 seconds'))"
+        ),
+        lock_take: format!(
+            "UPDATE {l} SET owner = $1, locked_at = {NOW}, locked_until = {} \
+             WHERE name = $3 AND (locked_until < {NOW} OR owner = $1)",
+            plus("$2")
+        ),
+        unlock: format!("DELETE FROM {l} WHERE name = $1 AND owner = $2"),
+        dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4"),
+        dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}"),
+        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
+        dlq_set_status: format!(
+            "UPDATE {d} SET status = $1, updated_at = {NOW} WHERE status IN ({{from}}) AND id IN ({{ids}})"
+        ),
+        dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})"),
+        status: format!(
+            "SELECT event_type, SUM(status = 'PENDING'), SUM(status = 'IN_PROCESS'), SUM(status = 'FAILED'), \
+               (julianday('now') - julianday(MIN(CASE WHEN status = 'PENDING' THEN created_at END))) * 86400.0 \
+             FROM {o} WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') GROUP BY event_type ORDER BY event_type"
+        ),
+        inbox_insert: format!("INSERT OR IGNORE INTO {i} (event_id, consumed_at) VALUES ($1, {NOW})"),
+        insert_events: format!(
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) VALUES "
+        ),
+        insert_event_row: "($1, $2, $3, $4, $5, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+    }
+}
+
+fn err(e: rusqlite::Error) -> Error {
+    Error::Database(Box::new(e))
+}
+
+fn value(v: &Val) -> Value {
+    match v {
+        Val::Null => Value::Null,
+        Val::Int(n) => Value::Integer(*n),
+        Val::Float(f) => Value::Real(*f),
+        Val::Text(s) => Value::Text(s.clone()),
+        Val::Id(u) => Value::Text(u.hyphenated().to_string()),
+        Val::Bytes(b) => Value::Blob(b.clone()),
+    }
+}
+
+impl Conn for rusqlite::Connection {
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
+        query_shared(self, sql, params)
+    }
+
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
+        let mut stmt = self.prepare_cached(sql).map_err(err)?;
+        Ok(stmt.execute(rusqlite::params_from_iter(params.iter().map(value))).map_err(err)? as u64)
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<()> {
+        self.execute_batch(sql).map_err(err)
+    }
+}
+
+impl Conn for rusqlite::Transaction<'_> {
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
+        // a Transaction derefs to its Connection
+        let conn: &rusqlite::Connection = self;
+        query_shared(conn, sql, params)
+    }
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
+        let conn: &rusqlite::Connection = self;
+        let mut stmt = conn.prepare_cached(sql).map_err(err)?;
+        Ok(stmt.execute(rusqlite::params_from_iter(params.iter().map(value))).map_err(err)? as u64)
+    }
+    fn batch(&mut self, sql: &str) -> Result<()> {
+        self.execute_batch(sql).map_err(err)
+    }
+}
+
+fn query_shared(conn: &rusqlite::Connection, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
+    let mut stmt = conn.prepare_cached(sql).map_err(err)?;
+    let n = stmt.column_count();
+    let rows = stmt
+        .query_map(rusqlite::params_from_iter(params.iter().map(value)), |r| {
+            (0..n)
+                .map(|i| {
+                    Ok(match r.get_ref(i)? {
+                        ValueRef::Null => Val::Null,
+                        ValueRef::Integer(n) => Val::Int(n),
+                        ValueRef::Real(f) => Val::Float(f),
+                        ValueRef::Text(t) => Val::Text(String::from_utf8_lossy(t).into_owned()),
+                        ValueRef::Blob(b) => Val::Bytes(b.to_vec()),
+                    })
+                })
+                .collect::<rusqlite::Result<Vec<_>>>()
+                .map(Row)
+        })
+        .map_err(err)?;
+    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(err)
+}
+
+/// One connection behind a mutex: SQLite has one writer at a time anyway.
+pub(crate) struct Pool(Mutex<rusqlite::Connection>);
+
+struct Guard<'a>(MutexGuard<'a, rusqlite::Connection>);
+
+impl Conn for Guard<'_> {
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
+        query_shared(&self.0, sql, params)
+    }
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
+        Conn::execute(&mut *self.0, sql, params)
+    }
+    fn batch(&mut self, sql: &str) -> Result<()> {
+        Conn::batch(&mut *self.0, sql)
+    }
+}
+
+impl sql::Pool for Pool {
+    fn get(&self) -> Result<Box<dyn Conn + '_>> {
+        Ok(Box::new(Guard(self.0.lock().unwrap_or_else(|p| p.into_inner()))))
+    }
+}
+
+/// The SQLite [`Store`](crate::Store) on a database file.
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// let store = txbox::SqliteStore::open("outbox.db", "")?;
+/// txbox::Store::migrate(&store)?;
+/// let mut conn = txbox::SqliteStore::connection("outbox.db")?; // for your transactions
+/// # Ok(()) }
+/// ```
+pub struct SqliteStore {
+    inner: SqlStore<Pool>,
+}
+
+delegate_store!(SqliteStore);
+
+impl SqliteStore {
+    /// Opens (or creates) the database file at `path`.
+    pub fn open(path: impl AsRef<Path>, table_prefix: &str) -> Result<Self> {
+        let tables = Tables::new(table_prefix)?;
+        let conn = Self::connection(path)?;
+        let d = dialect(&tables);
+        Ok(SqliteStore { inner: SqlStore { pool: Pool(Mutex::new(conn)), tables, d } })
+    }
+
+    /// A connection set up as txbox expects (WAL, 5 s busy timeout), for your own
+    /// transactions: begin them with `transaction_with_behavior(Immediate)`.
+    pub fn connection(path: impl AsRef<Path>) -> Result<rusqlite::Connection> {
+        let conn = rusqlite::Connection::open(path).map_err(err)?;
+        conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
+        Ok(conn)
+    }
+}
+
+impl crate::outbox::sealed::Sealed for rusqlite::Transaction<'_> {}
+
+impl crate::outbox::OutboxTransaction for rusqlite::Transaction<'_> {
+    fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
+        sql::insert_events(self, &dialect(tables), events)
+    }
+}
+
+impl crate::inbox::sealed::Sealed for rusqlite::Transaction<'_> {}
+
+impl crate::inbox::InboxTransaction for rusqlite::Transaction<'_> {
+    fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
+        sql::insert_inbox_ids(self, &dialect(tables), ids)
+    }
+}

@@ -1,0 +1,169 @@
+//! One fixture over every SQL dialect, so the conformance suite runs unchanged on each.
+
+use std::sync::Arc;
+
+use txbox::{Config, EventId, Outbox, Store};
+
+/// The dialects the suite runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    #[cfg(feature = "mysql")]
+    MySql,
+    #[cfg(feature = "sqlite")]
+    Sqlite,
+}
+
+pub fn mysql_url() -> String {
+    std::env::var("TXBOX_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// A fresh set of tables on one backend, and a way to write to it as an application would.
+pub struct Fixture {
+    pub backend: Backend,
+    pub prefix: String,
+    pub store: Arc<dyn Store>,
+    sqlite_path: std::path::PathBuf,
+}
+
+impl Fixture {
+    /// Drops and migrates the tables of `prefix`; `None` (printed) when the database
+    /// is not reachable outside CI.
+    pub fn new(backend: Backend, prefix: &str) -> Option<Fixture> {
+        let tables = ["outbox_events", "outbox_dead_letters", "inbox_consumed", "job_locks"];
+        let sqlite_path = std::env::temp_dir().join(format!("txbox-test-{prefix}.db"));
+        let store: Arc<dyn Store> = match backend {
+            Backend::Postgres => {
+                let mut c = super::client()?;
+                for t in tables {
+                    c.batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}")).unwrap();
+                }
+                Arc::new(txbox::PgStore::connect(&super::pg_url(), prefix).unwrap())
+            }
+            #[cfg(feature = "mysql")]
+            Backend::MySql => {
+                use mysql::prelude::Queryable;
+                if !super::service_up("MariaDB", "127.0.0.1:3306") {
+                    return None;
+                }
+                let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
+                let mut c = pool.get_conn().unwrap();
+                for t in tables {
+                    c.query_drop(format!("DROP TABLE IF EXISTS {prefix}{t}")).unwrap();
+                }
+                Arc::new(txbox::MySqlStore::connect(&mysql_url(), prefix).unwrap())
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", sqlite_path.display()));
+                }
+                Arc::new(txbox::SqliteStore::open(&sqlite_path, prefix).unwrap())
+            }
+        };
+        store.migrate().unwrap();
+        Some(Fixture { backend, prefix: prefix.to_string(), store, sqlite_path })
+    }
+
+    /// Another store instance on the same tables (another relay process would have one).
+    pub fn another_store(&self) -> Arc<dyn Store> {
+        match self.backend {
+            Backend::Postgres => Arc::new(txbox::PgStore::connect(&super::pg_url(), &self.prefix).unwrap()),
+            #[cfg(feature = "mysql")]
+            Backend::MySql => Arc::new(txbox::MySqlStore::connect(&mysql_url(), &self.prefix).unwrap()),
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => Arc::new(txbox::SqliteStore::open(&self.sqlite_path, &self.prefix).unwrap()),
+        }
+    }
+
+    /// Publishes `n` events (payloads 0..n) of `event_type` in one business
+    /// transaction, committed or rolled back.
+    pub fn publish(&self, config: &Config, event_type: &str, n: usize, commit: bool) -> Vec<EventId> {
+        let outbox = Outbox::new(config).unwrap();
+        match self.backend {
+            Backend::Postgres => {
+                let mut c = super::client().unwrap();
+                let mut tx = c.transaction().unwrap();
+                let ids = outbox.publish_batch(&mut tx, event_type, 0..n).unwrap();
+                if commit { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                ids
+            }
+            #[cfg(feature = "mysql")]
+            Backend::MySql => {
+                let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
+                let mut c = pool.get_conn().unwrap();
+                let mut tx = c.start_transaction(mysql::TxOpts::default()).unwrap();
+                let ids = outbox.publish_batch(&mut tx, event_type, 0..n).unwrap();
+                if commit { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                ids
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => {
+                let mut c = txbox::SqliteStore::connection(&self.sqlite_path).unwrap();
+                let mut tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).unwrap();
+                let ids = outbox.publish_batch(&mut tx, event_type, 0..n).unwrap();
+                if commit { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                ids
+            }
+        }
+    }
+
+    /// Runs `f` with the inbox on a business transaction of this backend, and commits
+    /// when it returns `Ok`.
+    pub fn inbox_tx<T>(
+        &self,
+        inbox: &txbox::inbox::Inbox,
+        id: EventId,
+        ok: bool,
+    ) -> txbox::Result<txbox::inbox::Handled<T>>
+    where
+        T: Default,
+    {
+        match self.backend {
+            Backend::Postgres => {
+                let mut c = super::client().unwrap();
+                let mut tx = c.transaction().unwrap();
+                let r = inbox.handle_in(&mut tx, id, handler(ok));
+                if r.is_ok() { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                r
+            }
+            #[cfg(feature = "mysql")]
+            Backend::MySql => {
+                let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
+                let mut c = pool.get_conn().unwrap();
+                let mut tx = c.start_transaction(mysql::TxOpts::default()).unwrap();
+                let r = inbox.handle_in(&mut tx, id, handler(ok));
+                if r.is_ok() { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                r
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => {
+                let mut c = txbox::SqliteStore::connection(&self.sqlite_path).unwrap();
+                let mut tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).unwrap();
+                let r = inbox.handle_in(&mut tx, id, handler(ok));
+                if r.is_ok() { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                r
+            }
+        }
+    }
+
+    /// Outbox rows per status, through the store's own status query.
+    pub fn counts(&self, event_type: &str) -> txbox::TypeStatus {
+        self.store
+            .status()
+            .unwrap()
+            .into_iter()
+            .find(|s| s.event_type == event_type)
+            .unwrap_or_default()
+    }
+}
+
+fn handler<Tx: ?Sized, T: Default>(ok: bool) -> impl FnOnce(&mut Tx) -> txbox::Result<T> {
+    move |_| {
+        if ok {
+            Ok(T::default())
+        } else {
+            Err(txbox::Error::InvalidInput("handler failed".into()))
+        }
+    }
+}
