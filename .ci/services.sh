@@ -84,16 +84,41 @@ ensure_redis() {
     wait_for Redis 30 sh -c 'redis-cli -h 127.0.0.1 -p 6379 ping | grep -q PONG'
 }
 
+mariadb_up() { mysql -h 127.0.0.1 -P 3306 -u root -e 'SELECT 1' test >/dev/null 2>&1; }
+
+ensure_mariadb() {
+    if mariadb_up; then
+        log "MariaDB is up"
+        return
+    fi
+    if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+        log "installing MariaDB"
+        apt_install mariadb-server mariadb-client
+    fi
+    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql >/dev/null 2>&1 || true
+    wait_for "MariaDB socket" 60 mysqladmin ping
+    # root over TCP with no password, and the test database (a fresh install only
+    # lets root in through the socket)
+    mysql -u root -e "CREATE DATABASE IF NOT EXISTS test;
+        CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
+        GRANT ALL ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;
+        ALTER USER 'root'@'localhost' IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket;
+        FLUSH PRIVILEGES;" 2>/dev/null || true
+    wait_for "MariaDB on 127.0.0.1:3306" 30 mariadb_up
+}
+
 ensure_kafka() {
     bash "$(dirname "$0")/kafka.sh" start
 }
 
-for s in ${@:-postgres rabbitmq kafka redis}; do
+for s in ${@:-postgres mariadb rabbitmq kafka redis}; do
     case "$s" in
         postgres) ensure_postgres ;;
         rabbitmq) ensure_rabbitmq ;;
         kafka) ensure_kafka ;;
         redis) ensure_redis ;;
+        mariadb) ensure_mariadb ;;
         *) log "unknown service $s"; exit 2 ;;
     esac
 done

@@ -3,9 +3,10 @@
 //! was lost, none duplicated, and no rolled-back event escaped.
 //!
 //! ```text
-//! cargo run --example quickstart [-- --database-url postgres://user@host/db]
+//! cargo run --example quickstart                                    # SQLite in a temp file
+//! cargo run --example quickstart -- --database-url postgres://postgres@127.0.0.1/test
+//! cargo run --features mysql --example quickstart -- --database-url mysql://root@127.0.0.1/test
 //! ```
-//! The URL defaults to `TXBOX_DATABASE_URL`, then to the local test database.
 //! The last line is `quickstart: published=N delivered=N rolled_back=M lost=0 duplicates=0`;
 //! the exit code is non-zero if anything was lost or duplicated.
 
@@ -15,21 +16,116 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use txbox::{Config, EventOptions, MemorySender, Outbox, PgStore, Relay, Store};
+use txbox::{Config, EventId, EventOptions, MemorySender, Outbox, OutboxTransaction, Relay, Store};
 
 #[derive(Serialize)]
 struct OrderCreated {
-    order_id: i64,
+    order: i64,
     customer: String,
     total_cents: i64,
 }
 
-fn database_url() -> Result<String, String> {
+const ORDERS: i64 = 50;
+
+fn order(i: i64) -> OrderCreated {
+    OrderCreated {
+        order: i,
+        customer: format!("customer-{}", i % 7),
+        total_cents: 1000 + i * 37,
+    }
+}
+
+/// Every fifth order is declined: its transaction rolls back, order row and event alike.
+fn declined(i: i64) -> bool {
+    i % 5 == 4
+}
+
+/// Publishes the order's event in the caller's open transaction.
+fn publish<T: OutboxTransaction>(outbox: &Outbox, tx: &mut T, i: i64) -> txbox::Result<EventId> {
+    outbox.publish(tx, "order-created", &order(i))
+}
+
+type Ids = (HashSet<EventId>, HashSet<EventId>);
+
+fn sqlite(path: &std::path::Path, outbox: &Outbox) -> Result<Ids, Box<dyn std::error::Error>> {
+    let mut conn = txbox::SqliteStore::connection(path)?;
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS quickstart_orders (id INTEGER PRIMARY KEY, total_cents INTEGER)")?;
+    let mut ids: Ids = Default::default();
+    for i in 0..ORDERS {
+        let mut tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        tx.execute(
+            "INSERT INTO quickstart_orders (total_cents) VALUES (?1)",
+            [order(i).total_cents],
+        )?;
+        let id = publish(outbox, &mut tx, i)?;
+        if declined(i) {
+            tx.rollback()?;
+            ids.1.insert(id)
+        } else {
+            tx.commit()?;
+            ids.0.insert(id)
+        };
+    }
+    Ok(ids)
+}
+
+fn postgres(url: &str, outbox: &Outbox) -> Result<Ids, Box<dyn std::error::Error>> {
+    let mut client = postgres::Client::connect(url, postgres::NoTls)?;
+    client.batch_execute("DROP TABLE IF EXISTS quickstart_orders; CREATE TABLE quickstart_orders (id bigserial PRIMARY KEY, total_cents bigint)")?;
+    let mut ids: Ids = Default::default();
+    for i in 0..ORDERS {
+        let mut tx = client.transaction()?;
+        tx.execute(
+            "INSERT INTO quickstart_orders (total_cents) VALUES ($1)",
+            &[&order(i).total_cents],
+        )?;
+        let id = publish(outbox, &mut tx, i)?;
+        if declined(i) {
+            tx.rollback()?;
+            ids.1.insert(id)
+        } else {
+            tx.commit()?;
+            ids.0.insert(id)
+        };
+    }
+    Ok(ids)
+}
+
+#[cfg(feature = "mysql")]
+fn mysql(url: &str, outbox: &Outbox) -> Result<Ids, Box<dyn std::error::Error>> {
+    use mysql::prelude::Queryable;
+    let pool = mysql::Pool::new(url)?;
+    let mut conn = pool.get_conn()?;
+    conn.query_drop("DROP TABLE IF EXISTS quickstart_orders")?;
+    conn.query_drop(
+        "CREATE TABLE quickstart_orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, total_cents BIGINT)",
+    )?;
+    let mut ids: Ids = Default::default();
+    for i in 0..ORDERS {
+        let mut tx = conn.start_transaction(mysql::TxOpts::default())?;
+        tx.exec_drop(
+            "INSERT INTO quickstart_orders (total_cents) VALUES (?)",
+            (order(i).total_cents,),
+        )?;
+        let id = publish(outbox, &mut tx, i)?;
+        if declined(i) {
+            tx.rollback()?;
+            ids.1.insert(id)
+        } else {
+            tx.commit()?;
+            ids.0.insert(id)
+        };
+    }
+    Ok(ids)
+}
+
+fn database_url() -> Result<Option<String>, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.as_slice() {
         [] => Ok(std::env::var("TXBOX_DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())),
-        [flag, url] if flag == "--database-url" => Ok(url.clone()),
+            .ok()
+            .filter(|u| !u.is_empty())),
+        [flag, url] if flag == "--database-url" => Ok(Some(url.clone())),
         _ => Err(format!(
             "unexpected arguments {args:?} (usage: quickstart [--database-url URL])"
         )),
@@ -37,7 +133,10 @@ fn database_url() -> Result<String, String> {
 }
 
 fn main() -> ExitCode {
-    env_logger_init();
+    let _ = env_logger::builder()
+        .filter_level(log::LevelFilter::Warn)
+        .parse_default_env()
+        .try_init();
     match run() {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -48,14 +147,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn env_logger_init() {
-    let _ = env_logger::builder()
-        .filter_level(log::LevelFilter::Warn)
-        .try_init();
-}
-
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
-    let url = database_url()?;
     let config = Config::builder()
         .table_prefix("quickstart_")
         .defaults(EventOptions::new().adaptive_polling(
@@ -66,49 +158,29 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         .event("order-created", EventOptions::new().destination("orders"))
         .dlq(true)
         .build()?;
-
-    // The schema: idempotent, so every run can call it.
-    let store = Arc::new(PgStore::connect(&url, &config.table_prefix)?);
-    store.migrate()?;
     let outbox = Outbox::new(&config)?;
+    let url = database_url()?;
+    let tmp = std::env::temp_dir().join(format!("txbox-quickstart-{}.db", std::process::id()));
 
-    let mut client = postgres::Client::connect(&url, postgres::NoTls)?;
-    client.batch_execute(
-        "CREATE TABLE IF NOT EXISTS quickstart_orders (
-             id bigserial PRIMARY KEY, customer text NOT NULL, total_cents bigint NOT NULL)",
-    )?;
-
-    // The relay runs beside the business code.
+    // The store (schema is idempotent, so every run migrates) and the relay beside
+    // the business code.
+    let store: Arc<dyn Store> = match url.as_deref() {
+        None => Arc::new(txbox::SqliteStore::open(&tmp, &config.table_prefix)?),
+        Some(u) if u.starts_with("postgres") => Arc::new(txbox::PgStore::connect(u, &config.table_prefix)?),
+        #[cfg(feature = "mysql")]
+        Some(u) if u.starts_with("mysql") => Arc::new(txbox::MySqlStore::connect(u, &config.table_prefix)?),
+        Some(u) => return Err(format!("unsupported database url {u:?} (sqlite is the default; postgres://, or mysql:// with --features mysql)").into()),
+    };
+    store.migrate()?;
     let sender = MemorySender::new();
     let relay = Relay::start(store, &config, sender.clone())?;
 
-    // Business transactions: the order row and its event commit (or roll back) together.
-    let mut published = HashSet::new();
-    let mut rolled_back = HashSet::new();
-    for i in 0..50i64 {
-        let mut tx = client.transaction()?;
-        let customer = format!("customer-{}", i % 7);
-        let total_cents = 1000 + i * 37;
-        let order_id: i64 = tx
-            .query_one(
-                "INSERT INTO quickstart_orders (customer, total_cents) VALUES ($1, $2) RETURNING id",
-                &[&customer, &total_cents],
-            )?
-            .get(0);
-        let event = OrderCreated {
-            order_id,
-            customer,
-            total_cents,
-        };
-        let id = outbox.publish(&mut tx, "order-created", &event)?;
-        if i % 5 == 4 {
-            tx.rollback()?; // e.g. payment declined: neither the order nor the event exist
-            rolled_back.insert(id);
-        } else {
-            tx.commit()?;
-            published.insert(id);
-        }
-    }
+    let (published, rolled_back) = match url.as_deref() {
+        None => sqlite(&tmp, &outbox)?,
+        #[cfg(feature = "mysql")]
+        Some(u) if u.starts_with("mysql") => mysql(u, &outbox)?,
+        Some(u) => postgres(u, &outbox)?,
+    };
     relay.wake("order-created");
 
     // Wait until every committed event was delivered (or give up after 30 s).
@@ -121,8 +193,13 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         sender.wait_for(sender.len() + 1, Duration::from_millis(200));
     }
     relay.shutdown(Duration::from_secs(10))?;
+    if url.is_none() {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", tmp.display()));
+        }
+    }
 
-    let mut times: HashMap<txbox::EventId, usize> = HashMap::new();
+    let mut times: HashMap<EventId, usize> = HashMap::new();
     for e in sender.sent() {
         *times.entry(e.id).or_default() += 1;
     }

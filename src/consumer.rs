@@ -76,8 +76,10 @@ pub struct ReceivedEvent {
 }
 
 impl ReceivedEvent {
-    /// Builds one from raw headers: picks out txbox's headers, keeps the rest.
-    pub(crate) fn from_parts(
+    /// Builds one from a message's raw headers: picks out txbox's headers
+    /// (`txbox-event-id`, `txbox-event-type`, `txbox-event-key`) and keeps the rest.
+    /// For consumer loops of your own.
+    pub fn from_parts(
         raw_headers: impl IntoIterator<Item = (String, String)>,
         key: Option<String>,
         payload: Vec<u8>,

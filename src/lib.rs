@@ -87,6 +87,8 @@ pub use relay::Relay;
 pub use sender::{MemorySender, SendError, Sender, SenderFactory};
 #[cfg(feature = "mysql")]
 pub use store::mysql::MySqlStore;
+#[cfg(feature = "oracle")]
+pub use store::oracle::OracleStore;
 #[cfg(feature = "postgres")]
 pub use store::postgres::PgStore;
 #[cfg(feature = "sqlite")]

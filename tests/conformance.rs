@@ -1,5 +1,6 @@
 //! One suite, every SQL dialect: each test below runs unchanged against PostgreSQL,
-//! MariaDB/MySQL (feature `mysql`) and SQLite (feature `sqlite`), through the
+//! MariaDB/MySQL (feature `mysql`), SQLite (feature `sqlite`) and Oracle (feature
+//! `oracle`, only when `TXBOX_ORACLE_URL` is set: it cannot run here), through the
 //! `Store` trait and each dialect's own business transactions. A dialect that passes
 //! it is done. SQLite has one writer per database: its "several instances" tests are
 //! several stores (connections) in one process, which is what SQLite can offer.
@@ -13,7 +14,9 @@ use std::time::Duration;
 use common::backend::{Backend, Fixture};
 use common::wait_until;
 use txbox::inbox::Inbox;
-use txbox::{Config, Dlq, DlqFilter, DlqStatus, Error, EventOptions, MemorySender, Outcome, Relay, Store};
+use txbox::{
+    Config, Dlq, DlqFilter, DlqStatus, Error, EventOptions, MemorySender, Outcome, Relay, Store,
+};
 use uuid::Uuid;
 
 fn ms(n: u64) -> Duration {
@@ -35,9 +38,20 @@ fn publish_commits_and_rollback_leaves_nothing(b: Backend, p: &str) {
     let c = config(p);
     fx.publish(&c, "e", 3, false);
     let ids = fx.publish(&c, "e", 250, true);
-    assert_eq!(fx.counts("e").pending, 250, "the rolled-back batch left nothing");
-    let claimed = fx.store.claim("e", 1000, Duration::from_secs(60), Uuid::now_v7()).unwrap();
-    assert_eq!(claimed.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "all of them, oldest first");
+    assert_eq!(
+        fx.counts("e").pending,
+        250,
+        "the rolled-back batch left nothing"
+    );
+    let claimed = fx
+        .store
+        .claim("e", 1000, Duration::from_secs(60), Uuid::now_v7())
+        .unwrap();
+    assert_eq!(
+        claimed.iter().map(|e| e.id).collect::<Vec<_>>(),
+        ids,
+        "all of them, oldest first"
+    );
     assert_eq!(claimed[7].payload, "7");
     assert_eq!(claimed[0].attempts, 0);
 }
@@ -48,14 +62,33 @@ fn claims_are_disjoint_and_bounded(b: Backend, p: &str) {
     let ids = fx.publish(&c, "e", 10, true);
     fx.publish(&c, "f", 2, true);
     let other = fx.another_store();
-    let a = fx.store.claim("e", 4, Duration::from_secs(60), Uuid::now_v7()).unwrap();
-    let b2 = other.claim("e", 4, Duration::from_secs(60), Uuid::now_v7()).unwrap();
-    let c2 = fx.store.claim("e", 4, Duration::from_secs(60), Uuid::now_v7()).unwrap();
+    let a = fx
+        .store
+        .claim("e", 4, Duration::from_secs(60), Uuid::now_v7())
+        .unwrap();
+    let b2 = other
+        .claim("e", 4, Duration::from_secs(60), Uuid::now_v7())
+        .unwrap();
+    let c2 = fx
+        .store
+        .claim("e", 4, Duration::from_secs(60), Uuid::now_v7())
+        .unwrap();
     assert_eq!((a.len(), b2.len(), c2.len()), (4, 4, 2));
     let all: Vec<_> = a.iter().chain(&b2).chain(&c2).map(|e| e.id).collect();
     assert_eq!(all, ids, "disjoint batches, in id order");
-    assert!(fx.store.claim("e", 4, Duration::from_secs(60), Uuid::now_v7()).unwrap().is_empty());
-    assert_eq!(fx.store.claim("f", 10, Duration::from_secs(60), Uuid::now_v7()).unwrap().len(), 2, "per type");
+    assert!(fx
+        .store
+        .claim("e", 4, Duration::from_secs(60), Uuid::now_v7())
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        fx.store
+            .claim("f", 10, Duration::from_secs(60), Uuid::now_v7())
+            .unwrap()
+            .len(),
+        2,
+        "per type"
+    );
     let s = fx.counts("e");
     assert_eq!((s.pending, s.in_process), (0, 10));
 }
@@ -66,22 +99,54 @@ fn finish_checks_the_token_and_recovery_counts_no_attempt(b: Backend, p: &str) {
     let ids = fx.publish(&c, "e", 2, true);
     let old = Uuid::now_v7();
     assert_eq!(fx.store.claim("e", 10, ms(300), old).unwrap().len(), 2);
-    assert_eq!(fx.store.recover_expired(100).unwrap(), 0, "lease not expired yet");
+    assert_eq!(
+        fx.store.recover_expired(100).unwrap(),
+        0,
+        "lease not expired yet"
+    );
     let mut recovered = 0;
     wait_until("the lease to expire", Duration::from_secs(10), || {
         recovered += fx.store.recover_expired(100).unwrap();
         recovered == 2
     });
     let new = Uuid::now_v7();
-    let again = fx.store.claim("e", 10, Duration::from_secs(60), new).unwrap();
+    let again = fx
+        .store
+        .claim("e", 10, Duration::from_secs(60), new)
+        .unwrap();
     assert_eq!(again.len(), 2);
-    assert!(again.iter().all(|e| e.attempts == 0), "recovery counts no attempt");
+    assert!(
+        again.iter().all(|e| e.attempts == 0),
+        "recovery counts no attempt"
+    );
     // the first relay comes back late: nothing it says changes a row
     assert_eq!(fx.store.finish(old, &[(ids[0], Outcome::Sent)]).unwrap(), 0);
-    assert_eq!(fx.store.finish(old, &[(ids[1], Outcome::Failed { error: "late".into() })]).unwrap(), 0);
+    assert_eq!(
+        fx.store
+            .finish(
+                old,
+                &[(
+                    ids[1],
+                    Outcome::Failed {
+                        error: "late".into()
+                    }
+                )]
+            )
+            .unwrap(),
+        0
+    );
     assert_eq!(fx.counts("e").in_process, 2);
-    assert_eq!(fx.store.finish(new, &[(ids[0], Outcome::Sent), (ids[1], Outcome::Sent)]).unwrap(), 2);
-    assert_eq!(fx.counts("e"), txbox::TypeStatus::default(), "all processed");
+    assert_eq!(
+        fx.store
+            .finish(new, &[(ids[0], Outcome::Sent), (ids[1], Outcome::Sent)])
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        fx.counts("e"),
+        txbox::TypeStatus::default(),
+        "all processed"
+    );
 }
 
 fn retries_wait_for_their_backoff_then_fail(b: Backend, p: &str) {
@@ -91,17 +156,43 @@ fn retries_wait_for_their_backoff_then_fail(b: Backend, p: &str) {
     let t = Uuid::now_v7();
     fx.store.claim("e", 10, Duration::from_secs(60), t).unwrap();
     let outcomes = [
-        (ids[0], Outcome::Retry { delay: ms(400), error: "broker down".into() }),
-        (ids[1], Outcome::Retry { delay: Duration::from_secs(3600), error: "later".into() }),
-        (ids[2], Outcome::Failed { error: "too large".into() }),
+        (
+            ids[0],
+            Outcome::Retry {
+                delay: ms(400),
+                error: "broker down".into(),
+            },
+        ),
+        (
+            ids[1],
+            Outcome::Retry {
+                delay: Duration::from_secs(3600),
+                error: "later".into(),
+            },
+        ),
+        (
+            ids[2],
+            Outcome::Failed {
+                error: "too large".into(),
+            },
+        ),
     ];
     assert_eq!(fx.store.finish(t, &outcomes).unwrap(), 3);
     let s = fx.counts("e");
     assert_eq!((s.pending, s.failed), (2, 1));
-    assert!(fx.store.claim("e", 10, Duration::from_secs(60), Uuid::now_v7()).unwrap().is_empty(), "not yet due");
+    assert!(
+        fx.store
+            .claim("e", 10, Duration::from_secs(60), Uuid::now_v7())
+            .unwrap()
+            .is_empty(),
+        "not yet due"
+    );
     let mut due = Vec::new();
     wait_until("the first retry to be due", Duration::from_secs(10), || {
-        due = fx.store.claim("e", 10, Duration::from_secs(60), Uuid::now_v7()).unwrap();
+        due = fx
+            .store
+            .claim("e", 10, Duration::from_secs(60), Uuid::now_v7())
+            .unwrap();
         !due.is_empty()
     });
     assert_eq!(due.len(), 1);
@@ -114,7 +205,17 @@ fn dead_letters_move_list_retry_resolve_and_clean(b: Backend, p: &str) {
     let ids = fx.publish(&c, "e", 3, true);
     let t = Uuid::now_v7();
     fx.store.claim("e", 10, Duration::from_secs(60), t).unwrap();
-    let failed: Vec<_> = ids.iter().map(|id| (*id, Outcome::Failed { error: "gone".into() })).collect();
+    let failed: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            (
+                *id,
+                Outcome::Failed {
+                    error: "gone".into(),
+                },
+            )
+        })
+        .collect();
     fx.store.finish(t, &failed).unwrap();
     assert_eq!(fx.store.move_failed_to_dlq(2).unwrap(), 2, "bounded");
     assert_eq!(fx.store.move_failed_to_dlq(10).unwrap(), 1);
@@ -122,28 +223,72 @@ fn dead_letters_move_list_retry_resolve_and_clean(b: Backend, p: &str) {
 
     let dlq = Dlq::new(fx.store.clone());
     let all = dlq.list(&DlqFilter::default()).unwrap();
-    assert_eq!(all.iter().map(|d| d.id).collect::<Vec<_>>(), ids, "moved-at, then id");
+    assert_eq!(
+        all.iter().map(|d| d.id).collect::<Vec<_>>(),
+        ids,
+        "moved-at, then id"
+    );
     let d0 = &all[0];
-    assert_eq!((d0.attempts, d0.last_error.as_deref(), d0.payload.as_str()), (1, Some("gone"), "0"));
+    assert_eq!(
+        (d0.attempts, d0.last_error.as_deref(), d0.payload.as_str()),
+        (1, Some("gone"), "0")
+    );
     assert_eq!(d0.status, DlqStatus::Dead);
-    assert!(d0.moved_at.ends_with('Z') && d0.created_at.len() >= 20, "{} / {}", d0.created_at, d0.moved_at);
-    let page = dlq.list(&DlqFilter { offset: 1, limit: 1, ..Default::default() }).unwrap();
+    assert!(
+        d0.moved_at.ends_with('Z') && d0.created_at.len() >= 20,
+        "{} / {}",
+        d0.created_at,
+        d0.moved_at
+    );
+    let page = dlq
+        .list(&DlqFilter {
+            offset: 1,
+            limit: 1,
+            ..Default::default()
+        })
+        .unwrap();
     assert_eq!(page.iter().map(|d| d.id).collect::<Vec<_>>(), vec![ids[1]]);
-    let other_type = DlqFilter { event_type: Some("f".into()), ..Default::default() };
+    let other_type = DlqFilter {
+        event_type: Some("f".into()),
+        ..Default::default()
+    };
     assert_eq!(dlq.count(&other_type).unwrap(), 0);
 
     dlq.resolve(ids[0]).unwrap();
-    assert!(matches!(dlq.resolve(ids[0]).unwrap_err(), Error::InvalidTransition { .. }));
+    assert!(matches!(
+        dlq.resolve(ids[0]).unwrap_err(),
+        Error::InvalidTransition { .. }
+    ));
     dlq.delete(ids[1]).unwrap();
     assert!(matches!(dlq.get(ids[1]).unwrap_err(), Error::NotFound(_)));
-    assert_eq!(dlq.retry_many(&[ids[2], ids[1]]).unwrap(), vec![ids[2]], "absent ids are skipped");
+    assert_eq!(
+        dlq.retry_many(&[ids[2], ids[1]]).unwrap(),
+        vec![ids[2]],
+        "absent ids are skipped"
+    );
     assert_eq!(fx.store.requeue_dlq_retries(10).unwrap(), 1);
-    let back = fx.store.claim("e", 10, Duration::from_secs(60), Uuid::now_v7()).unwrap();
-    assert_eq!((back.len(), back[0].id, back[0].attempts), (1, ids[2], 0), "fresh retry budget");
+    let back = fx
+        .store
+        .claim("e", 10, Duration::from_secs(60), Uuid::now_v7())
+        .unwrap();
+    assert_eq!(
+        (back.len(), back[0].id, back[0].attempts),
+        (1, ids[2], 0),
+        "fresh retry budget"
+    );
 
-    let resolved = DlqFilter { status: Some(DlqStatus::Resolved), ..Default::default() };
+    let resolved = DlqFilter {
+        status: Some(DlqStatus::Resolved),
+        ..Default::default()
+    };
     assert_eq!(dlq.count(&resolved).unwrap(), 1);
-    assert_eq!(fx.store.delete_resolved_dlq(Duration::from_secs(3600), 10).unwrap(), 0, "younger than the TTL");
+    assert_eq!(
+        fx.store
+            .delete_resolved_dlq(Duration::from_secs(3600), 10)
+            .unwrap(),
+        0,
+        "younger than the TTL"
+    );
     std::thread::sleep(ms(30));
     assert_eq!(fx.store.delete_resolved_dlq(ms(10), 10).unwrap(), 1);
     assert_eq!(dlq.count(&DlqFilter::default()).unwrap(), 0);
@@ -154,10 +299,18 @@ fn cleanup_deletes_old_processed_rows_in_bounded_batches(b: Backend, p: &str) {
     let c = config(p);
     let ids = fx.publish(&c, "e", 12, true);
     let t = Uuid::now_v7();
-    fx.store.claim("e", 100, Duration::from_secs(60), t).unwrap();
+    fx.store
+        .claim("e", 100, Duration::from_secs(60), t)
+        .unwrap();
     let sent: Vec<_> = ids.iter().map(|id| (*id, Outcome::Sent)).collect();
     assert_eq!(fx.store.finish(t, &sent).unwrap(), 12);
-    assert_eq!(fx.store.delete_processed(Duration::from_secs(3600), 5).unwrap(), 0, "younger than the TTL");
+    assert_eq!(
+        fx.store
+            .delete_processed(Duration::from_secs(3600), 5)
+            .unwrap(),
+        0,
+        "younger than the TTL"
+    );
     std::thread::sleep(ms(30));
     assert_eq!(fx.store.delete_processed(ms(10), 5).unwrap(), 5);
     assert_eq!(fx.store.delete_processed(ms(10), 5).unwrap(), 5);
@@ -169,13 +322,34 @@ fn lease_locks_have_one_holder(b: Backend, p: &str) {
     let other = fx.another_store();
     let (a, b2) = (Uuid::now_v7(), Uuid::now_v7());
     assert!(fx.store.try_lock("job", a, ms(400)).unwrap());
-    assert!(!other.try_lock("job", b2, Duration::from_secs(60)).unwrap(), "held");
-    assert!(fx.store.try_lock("job", a, ms(400)).unwrap(), "the holder renews");
-    assert!(other.try_lock("other-job", b2, Duration::from_secs(60)).unwrap(), "per name");
-    wait_until("the lease to run out", Duration::from_secs(10), || other.try_lock("job", b2, Duration::from_secs(60)).unwrap());
-    assert!(!fx.store.try_lock("job", a, Duration::from_secs(60)).unwrap());
+    assert!(
+        !other.try_lock("job", b2, Duration::from_secs(60)).unwrap(),
+        "held"
+    );
+    assert!(
+        fx.store.try_lock("job", a, ms(400)).unwrap(),
+        "the holder renews"
+    );
+    assert!(
+        other
+            .try_lock("other-job", b2, Duration::from_secs(60))
+            .unwrap(),
+        "per name"
+    );
+    wait_until("the lease to run out", Duration::from_secs(10), || {
+        other.try_lock("job", b2, Duration::from_secs(60)).unwrap()
+    });
+    assert!(!fx
+        .store
+        .try_lock("job", a, Duration::from_secs(60))
+        .unwrap());
     other.unlock("job", b2).unwrap();
-    assert!(fx.store.try_lock("job", a, Duration::from_secs(60)).unwrap(), "released");
+    assert!(
+        fx.store
+            .try_lock("job", a, Duration::from_secs(60))
+            .unwrap(),
+        "released"
+    );
 }
 
 fn inbox_inserts_if_absent(b: Backend, p: &str) {
@@ -187,12 +361,24 @@ fn inbox_inserts_if_absent(b: Backend, p: &str) {
     let inbox = Inbox::new(&c, "svc").unwrap();
     let z = txbox::EventId::new();
     assert!(fx.inbox_tx::<()>(&inbox, z, false).is_err());
-    assert!(!fx.inbox_tx::<()>(&inbox, z, true).unwrap().is_duplicate(), "a rolled-back id was not recorded");
+    assert!(
+        !fx.inbox_tx::<()>(&inbox, z, true).unwrap().is_duplicate(),
+        "a rolled-back id was not recorded"
+    );
     assert!(fx.inbox_tx::<()>(&inbox, z, true).unwrap().is_duplicate());
     assert!(fx.inbox_tx::<()>(&inbox, x, true).unwrap().is_duplicate());
-    assert_eq!(fx.store.delete_expired_inbox(Duration::from_secs(3600), 10).unwrap(), 0);
+    assert_eq!(
+        fx.store
+            .delete_expired_inbox(Duration::from_secs(3600), 10)
+            .unwrap(),
+        0
+    );
     std::thread::sleep(ms(30));
-    assert_eq!(fx.store.delete_expired_inbox(ms(10), 2).unwrap(), 2, "bounded");
+    assert_eq!(
+        fx.store.delete_expired_inbox(ms(10), 2).unwrap(),
+        2,
+        "bounded"
+    );
     assert_eq!(fx.store.delete_expired_inbox(ms(10), 10).unwrap(), 1);
 }
 
@@ -208,13 +394,21 @@ fn four_relays_deliver_every_event_exactly_once(b: Backend, p: &str) {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let store = if i == 0 { fx.store.clone() } else { fx.another_store() };
+            let store = if i == 0 {
+                fx.store.clone()
+            } else {
+                fx.another_store()
+            };
             Relay::start(store, &c, s.clone()).unwrap()
         })
         .collect();
     let total = || senders.iter().map(MemorySender::len).sum::<usize>();
-    wait_until("10,000 deliveries", Duration::from_secs(180), || total() >= 10_000);
-    wait_until("nothing left in process", Duration::from_secs(30), || fx.counts("e") == txbox::TypeStatus::default());
+    wait_until("10,000 deliveries", Duration::from_secs(180), || {
+        total() >= 10_000
+    });
+    wait_until("nothing left in process", Duration::from_secs(30), || {
+        fx.counts("e") == txbox::TypeStatus::default()
+    });
     for r in relays {
         r.shutdown(Duration::from_secs(10)).unwrap();
     }
@@ -229,7 +423,14 @@ fn failing_sender_ends_in_the_dlq_and_a_retry_delivers(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = Config::builder()
         .table_prefix(p)
-        .event("e", EventOptions::new().fixed_polling(ms(20)).max_retries(1).backoff_delay(ms(50)).backoff_jitter(0.0))
+        .event(
+            "e",
+            EventOptions::new()
+                .fixed_polling(ms(20))
+                .max_retries(1)
+                .backoff_delay(ms(50))
+                .backoff_jitter(0.0),
+        )
         .dlq(true)
         .dlq_move_interval(ms(50))
         .dlq_retry_interval(ms(50))
@@ -241,12 +442,22 @@ fn failing_sender_ends_in_the_dlq_and_a_retry_delivers(b: Backend, p: &str) {
     sender.fail_when(move |e| (e.id == bad).then(|| "rejected".to_string()));
     let relay = Relay::start(fx.store.clone(), &c, sender.clone()).unwrap();
     let dlq = Dlq::new(fx.store.clone());
-    wait_until("the bad event in the DLQ", Duration::from_secs(20), || dlq.get(bad).is_ok());
+    wait_until("the bad event in the DLQ", Duration::from_secs(20), || {
+        dlq.get(bad).is_ok()
+    });
     assert_eq!(dlq.get(bad).unwrap().attempts, 2);
-    assert_eq!(sender.sent().iter().map(|e| e.id).collect::<Vec<_>>(), vec![ids[0]], "the good one went alone");
+    assert_eq!(
+        sender.sent().iter().map(|e| e.id).collect::<Vec<_>>(),
+        vec![ids[0]],
+        "the good one went alone"
+    );
     sender.succeed_all();
     dlq.retry(bad).unwrap();
-    wait_until("the retried event delivered", Duration::from_secs(20), || sender.len() == 2);
+    wait_until(
+        "the retried event delivered",
+        Duration::from_secs(20),
+        || sender.len() == 2,
+    );
     relay.shutdown(Duration::from_secs(10)).unwrap();
     assert_eq!(dlq.count(&DlqFilter::default()).unwrap(), 0);
 }
@@ -265,7 +476,10 @@ macro_rules! suite {
             use super::*;
             #[test]
             fn publish_commits_and_rollback_leaves_nothing() {
-                super::publish_commits_and_rollback_leaves_nothing($backend, concat!("c", $tag, "_pub_"));
+                super::publish_commits_and_rollback_leaves_nothing(
+                    $backend,
+                    concat!("c", $tag, "_pub_"),
+                );
             }
             #[test]
             fn claims_are_disjoint_and_bounded() {
@@ -273,19 +487,31 @@ macro_rules! suite {
             }
             #[test]
             fn finish_checks_the_token_and_recovery_counts_no_attempt() {
-                super::finish_checks_the_token_and_recovery_counts_no_attempt($backend, concat!("c", $tag, "_fence_"));
+                super::finish_checks_the_token_and_recovery_counts_no_attempt(
+                    $backend,
+                    concat!("c", $tag, "_fence_"),
+                );
             }
             #[test]
             fn retries_wait_for_their_backoff_then_fail() {
-                super::retries_wait_for_their_backoff_then_fail($backend, concat!("c", $tag, "_retry_"));
+                super::retries_wait_for_their_backoff_then_fail(
+                    $backend,
+                    concat!("c", $tag, "_retry_"),
+                );
             }
             #[test]
             fn dead_letters_move_list_retry_resolve_and_clean() {
-                super::dead_letters_move_list_retry_resolve_and_clean($backend, concat!("c", $tag, "_dlq_"));
+                super::dead_letters_move_list_retry_resolve_and_clean(
+                    $backend,
+                    concat!("c", $tag, "_dlq_"),
+                );
             }
             #[test]
             fn cleanup_deletes_old_processed_rows_in_bounded_batches() {
-                super::cleanup_deletes_old_processed_rows_in_bounded_batches($backend, concat!("c", $tag, "_clean_"));
+                super::cleanup_deletes_old_processed_rows_in_bounded_batches(
+                    $backend,
+                    concat!("c", $tag, "_clean_"),
+                );
             }
             #[test]
             fn lease_locks_have_one_holder() {
@@ -297,11 +523,17 @@ macro_rules! suite {
             }
             #[test]
             fn four_relays_deliver_every_event_exactly_once() {
-                super::four_relays_deliver_every_event_exactly_once($backend, concat!("c", $tag, "_four_"));
+                super::four_relays_deliver_every_event_exactly_once(
+                    $backend,
+                    concat!("c", $tag, "_four_"),
+                );
             }
             #[test]
             fn failing_sender_ends_in_the_dlq_and_a_retry_delivers() {
-                super::failing_sender_ends_in_the_dlq_and_a_retry_delivers($backend, concat!("c", $tag, "_relay_"));
+                super::failing_sender_ends_in_the_dlq_and_a_retry_delivers(
+                    $backend,
+                    concat!("c", $tag, "_relay_"),
+                );
             }
             #[test]
             fn migrate_twice_is_fine() {
@@ -316,6 +548,8 @@ suite!(postgres, Backend::Postgres, "pg");
 suite!(mysql, Backend::MySql, "my");
 #[cfg(feature = "sqlite")]
 suite!(sqlite, Backend::Sqlite, "lite");
+#[cfg(feature = "oracle")]
+suite!(oracle, Backend::Oracle, "ora");
 
 #[allow(dead_code)]
 fn assert_object_safe(_: Arc<dyn Store>) {}

@@ -346,4 +346,3 @@ fn cleanup_deletes_old_processed_rows_under_the_lock() {
     std::thread::sleep(ms(20));
     assert_eq!(store.delete_processed(ms(10), 5).unwrap(), 5);
 }
-

@@ -12,6 +12,8 @@ use crate::event::{Event, EventId};
 
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "oracle")]
+pub mod oracle;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub(crate) mod sql;
@@ -26,17 +28,30 @@ macro_rules! delegate_store {
             fn migrate(&self) -> $crate::Result<()> {
                 self.inner.migrate()
             }
-            fn claim(&self, event_type: &str, limit: usize, lease: std::time::Duration, token: uuid::Uuid)
-                -> $crate::Result<Vec<$crate::Event>> {
+            fn claim(
+                &self,
+                event_type: &str,
+                limit: usize,
+                lease: std::time::Duration,
+                token: uuid::Uuid,
+            ) -> $crate::Result<Vec<$crate::Event>> {
                 self.inner.claim(event_type, limit, lease, token)
             }
-            fn finish(&self, token: uuid::Uuid, outcomes: &[($crate::EventId, $crate::store::Outcome)]) -> $crate::Result<u64> {
+            fn finish(
+                &self,
+                token: uuid::Uuid,
+                outcomes: &[($crate::EventId, $crate::store::Outcome)],
+            ) -> $crate::Result<u64> {
                 self.inner.finish(token, outcomes)
             }
             fn recover_expired(&self, limit: usize) -> $crate::Result<u64> {
                 self.inner.recover_expired(limit)
             }
-            fn delete_processed(&self, ttl: std::time::Duration, limit: usize) -> $crate::Result<u64> {
+            fn delete_processed(
+                &self,
+                ttl: std::time::Duration,
+                limit: usize,
+            ) -> $crate::Result<u64> {
                 self.inner.delete_processed(ttl, limit)
             }
             fn move_failed_to_dlq(&self, limit: usize) -> $crate::Result<u64> {
@@ -45,16 +60,28 @@ macro_rules! delegate_store {
             fn requeue_dlq_retries(&self, limit: usize) -> $crate::Result<u64> {
                 self.inner.requeue_dlq_retries(limit)
             }
-            fn delete_resolved_dlq(&self, ttl: std::time::Duration, limit: usize) -> $crate::Result<u64> {
+            fn delete_resolved_dlq(
+                &self,
+                ttl: std::time::Duration,
+                limit: usize,
+            ) -> $crate::Result<u64> {
                 self.inner.delete_resolved_dlq(ttl, limit)
             }
-            fn try_lock(&self, name: &str, owner: uuid::Uuid, lease: std::time::Duration) -> $crate::Result<bool> {
+            fn try_lock(
+                &self,
+                name: &str,
+                owner: uuid::Uuid,
+                lease: std::time::Duration,
+            ) -> $crate::Result<bool> {
                 self.inner.try_lock(name, owner, lease)
             }
             fn unlock(&self, name: &str, owner: uuid::Uuid) -> $crate::Result<()> {
                 self.inner.unlock(name, owner)
             }
-            fn dlq_list(&self, filter: &$crate::DlqFilter) -> $crate::Result<Vec<$crate::DeadLetter>> {
+            fn dlq_list(
+                &self,
+                filter: &$crate::DlqFilter,
+            ) -> $crate::Result<Vec<$crate::DeadLetter>> {
                 self.inner.dlq_list(filter)
             }
             fn dlq_count(&self, filter: &$crate::DlqFilter) -> $crate::Result<u64> {
@@ -63,20 +90,35 @@ macro_rules! delegate_store {
             fn dlq_get(&self, id: $crate::EventId) -> $crate::Result<Option<$crate::DeadLetter>> {
                 self.inner.dlq_get(id)
             }
-            fn dlq_set_status(&self, ids: &[$crate::EventId], from: &[$crate::DlqStatus], to: $crate::DlqStatus)
-                -> $crate::Result<Vec<$crate::EventId>> {
+            fn dlq_set_status(
+                &self,
+                ids: &[$crate::EventId],
+                from: &[$crate::DlqStatus],
+                to: $crate::DlqStatus,
+            ) -> $crate::Result<Vec<$crate::EventId>> {
                 self.inner.dlq_set_status(ids, from, to)
             }
-            fn dlq_delete(&self, ids: &[$crate::EventId], from: &[$crate::DlqStatus]) -> $crate::Result<Vec<$crate::EventId>> {
+            fn dlq_delete(
+                &self,
+                ids: &[$crate::EventId],
+                from: &[$crate::DlqStatus],
+            ) -> $crate::Result<Vec<$crate::EventId>> {
                 self.inner.dlq_delete(ids, from)
             }
             fn status(&self) -> $crate::Result<Vec<$crate::store::TypeStatus>> {
                 self.inner.status()
             }
-            fn inbox_insert(&self, ids: &[$crate::EventId]) -> $crate::Result<Vec<$crate::EventId>> {
+            fn inbox_insert(
+                &self,
+                ids: &[$crate::EventId],
+            ) -> $crate::Result<Vec<$crate::EventId>> {
                 self.inner.inbox_insert(ids)
             }
-            fn delete_expired_inbox(&self, ttl: std::time::Duration, limit: usize) -> $crate::Result<u64> {
+            fn delete_expired_inbox(
+                &self,
+                ttl: std::time::Duration,
+                limit: usize,
+            ) -> $crate::Result<u64> {
                 self.inner.delete_expired_inbox(ttl, limit)
             }
         }

@@ -124,7 +124,9 @@ fn dialect(t: &Tables) -> Dialect {
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) VALUES "
         ),
-        insert_event_row: "($1, $2, $3, $4, $5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+        insert_event_row: "($1, $2, $3, $4, $5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))".into(),
+        insert_events_sep: ", ",
+        insert_events_suffix: "",
     }
 }
 
@@ -232,15 +234,27 @@ impl MySqlStore {
     /// Connects a pool (up to 16 connections) to `url` (`mysql://user:pass@host:port/db`).
     pub fn connect(url: &str, table_prefix: &str) -> Result<Self> {
         let tables = Tables::new(table_prefix)?;
-        let opts = mysql::Opts::from_url(url).map_err(|e| Error::InvalidInput(format!("database url: {e}")))?;
+        let opts = mysql::Opts::from_url(url)
+            .map_err(|e| Error::InvalidInput(format!("database url: {e}")))?;
         let opts = mysql::OptsBuilder::from_opts(opts)
-            .init(vec!["SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"])
-            .pool_opts(mysql::PoolOpts::default().with_constraints(
-                mysql::PoolConstraints::new(1, 16).ok_or_else(|| Error::InvalidInput("pool size".into()))?,
-            ));
+            .init(vec![
+                "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+            ])
+            .pool_opts(
+                mysql::PoolOpts::default().with_constraints(
+                    mysql::PoolConstraints::new(1, 16)
+                        .ok_or_else(|| Error::InvalidInput("pool size".into()))?,
+                ),
+            );
         let pool = mysql::Pool::new(opts).map_err(err)?;
         let d = dialect(&tables);
-        Ok(MySqlStore { inner: SqlStore { pool: Pool(pool), tables, d } })
+        Ok(MySqlStore {
+            inner: SqlStore {
+                pool: Pool(pool),
+                tables,
+                d,
+            },
+        })
     }
 
     /// The pool, e.g. for business transactions and the inbox.

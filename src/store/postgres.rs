@@ -127,7 +127,9 @@ fn dialect(t: &Tables) -> Dialect {
         ),
         inbox_insert: format!("INSERT INTO {i} (event_id) VALUES ($1) ON CONFLICT (event_id) DO NOTHING"),
         insert_events: format!("INSERT INTO {o} (id, event_type, event_key, headers, payload) VALUES "),
-        insert_event_row: "($1, $2, $3, $4::jsonb, $5)",
+        insert_event_row: "($1, $2, $3, $4::jsonb, $5)".into(),
+        insert_events_sep: ", ",
+        insert_events_suffix: "",
     }
 }
 
@@ -150,7 +152,8 @@ fn typed<T>(
             }
         })
         .collect();
-    let refs: Vec<(&(dyn ToSql + Sync), Type)> = owned.iter().map(|(b, t)| (&**b as _, t.clone())).collect();
+    let refs: Vec<(&(dyn ToSql + Sync), Type)> =
+        owned.iter().map(|(b, t)| (&**b as _, t.clone())).collect();
     Ok(f(&refs)?)
 }
 
@@ -174,7 +177,10 @@ fn row(r: &postgres::Row) -> Row {
             } else if *t == Type::BYTEA {
                 r.get::<_, Option<Vec<u8>>>(i).map(Val::Bytes)
             } else {
-                r.try_get::<_, Option<String>>(i).ok().flatten().map(Val::Text)
+                r.try_get::<_, Option<String>>(i)
+                    .ok()
+                    .flatten()
+                    .map(Val::Text)
             };
             v.unwrap_or(Val::Null)
         })
@@ -257,7 +263,10 @@ struct LogErrors;
 
 impl r2d2::HandleError<postgres::Error> for LogErrors {
     fn handle_error(&self, error: postgres::Error) {
-        log::warn!("txbox: database connection failed: {}", crate::error::PgError(error));
+        log::warn!(
+            "txbox: database connection failed: {}",
+            crate::error::PgError(error)
+        );
     }
 }
 
@@ -272,8 +281,9 @@ impl PgStore {
     /// per thread at most.
     pub fn connect_with(url: &str, table_prefix: &str, max_connections: u32) -> Result<Self> {
         let tables = Tables::new(table_prefix)?;
-        let config: postgres::Config =
-            url.parse().map_err(|e| Error::InvalidInput(format!("database url: {e}")))?;
+        let config: postgres::Config = url
+            .parse()
+            .map_err(|e| Error::InvalidInput(format!("database url: {e}")))?;
         let manager = PostgresConnectionManager::new(config, NoTls);
         let pool = r2d2::Pool::builder()
             .max_size(max_connections.max(1))
@@ -291,7 +301,13 @@ impl PgStore {
 
     fn with_tables(pool: PgPool, tables: Tables) -> Result<Self> {
         let d = dialect(&tables);
-        Ok(PgStore { inner: SqlStore { pool: Pool(pool), tables, d } })
+        Ok(PgStore {
+            inner: SqlStore {
+                pool: Pool(pool),
+                tables,
+                d,
+            },
+        })
     }
 
     /// The table names.
@@ -326,7 +342,12 @@ impl crate::inbox::Inbox {
     /// runs `handler` in the same transaction and commits both, or rolls both back
     /// when the handler fails (its error passes through unchanged). Caches the id
     /// after the commit.
-    pub fn handle_pg<T, E, F>(&self, pool: &PgPool, id: EventId, handler: F) -> Result<crate::inbox::Handled<T>, E>
+    pub fn handle_pg<T, E, F>(
+        &self,
+        pool: &PgPool,
+        id: EventId,
+        handler: F,
+    ) -> Result<crate::inbox::Handled<T>, E>
     where
         E: From<Error>,
         F: FnOnce(&mut postgres::Transaction<'_>) -> Result<T, E>,

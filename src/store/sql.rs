@@ -57,7 +57,9 @@ impl Row {
             }
             Val::Text(s) => s.parse(),
             Val::Bytes(b) => String::from_utf8_lossy(b).parse(),
-            other => Err(Error::Database(format!("expected an id in column {i}, got {other:?}").into())),
+            other => Err(Error::Database(
+                format!("expected an id in column {i}, got {other:?}").into(),
+            )),
         }
     }
 
@@ -81,7 +83,11 @@ impl Row {
             Val::Int(n) => *n,
             Val::Float(f) => *f as i64,
             Val::Text(s) => s.trim().parse::<f64>().map(|f| f as i64).unwrap_or(0),
-            Val::Bytes(b) => String::from_utf8_lossy(b).trim().parse::<f64>().map(|f| f as i64).unwrap_or(0),
+            Val::Bytes(b) => String::from_utf8_lossy(b)
+                .trim()
+                .parse::<f64>()
+                .map(|f| f as i64)
+                .unwrap_or(0),
             _ => 0,
         }
     }
@@ -106,6 +112,13 @@ pub(crate) trait Conn {
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64>;
     /// Runs statements without parameters (transaction control, DDL).
     fn batch(&mut self, sql: &str) -> Result<()>;
+    /// Like `query`, fetching at most `max` rows: Oracle limits a `FOR UPDATE SKIP
+    /// LOCKED` select by what it fetches (its rows are locked as they are fetched).
+    fn query_max(&mut self, sql: &str, params: &[Val], max: usize) -> Result<Vec<Row>> {
+        let mut rows = self.query(sql, params)?;
+        rows.truncate(max);
+        Ok(rows)
+    }
 }
 
 /// Hands out connections.
@@ -123,6 +136,7 @@ pub(crate) enum Style {
     /// `?1` (SQLite)
     QuestionNumbered,
     /// `:1` (Oracle)
+    #[cfg_attr(not(feature = "oracle"), allow(dead_code))]
     Colon,
 }
 
@@ -156,7 +170,12 @@ fn is<T: std::error::Error + 'static>(e: &Error) -> bool {
 
 /// Renders `$n` / `{ids}` into `style`; returns the SQL and the order in which the
 /// parameters must be passed (indexes into fixed ++ ids).
-pub(crate) fn render(template: &str, style: Style, fixed: usize, ids: usize) -> (String, Vec<usize>) {
+pub(crate) fn render(
+    template: &str,
+    style: Style,
+    fixed: usize,
+    ids: usize,
+) -> (String, Vec<usize>) {
     let list: Vec<String> = (fixed + 1..=fixed + ids).map(|n| format!("${n}")).collect();
     let expanded = template.replace("{ids}", &list.join(", "));
     let mut out = String::with_capacity(expanded.len());
@@ -269,16 +288,43 @@ pub(crate) struct Dialect {
     /// `INSERT INTO outbox (id, event_type, event_key, headers, payload) VALUES `
     pub insert_events: String,
     /// one row of `insert_events`, with `$1`..`$5`
-    pub insert_event_row: &'static str,
+    pub insert_event_row: String,
+    /// between rows (", "; Oracle's INSERT ALL: " ")
+    pub insert_events_sep: &'static str,
+    /// after the last row ("" ; Oracle: " SELECT 1 FROM dual")
+    pub insert_events_suffix: &'static str,
 }
 
 /// A statement rendered for one call.
-pub(crate) fn run_query(conn: &mut dyn Conn, d: &Dialect, template: &str, fixed: &[Val], ids: &[Val]) -> Result<Vec<Row>> {
+pub(crate) fn run_query(
+    conn: &mut dyn Conn,
+    d: &Dialect,
+    template: &str,
+    fixed: &[Val],
+    ids: &[Val],
+) -> Result<Vec<Row>> {
     let (sql, params) = prepare(d, template, fixed, ids);
     conn.query(&sql, &params)
 }
 
-pub(crate) fn run_execute(conn: &mut dyn Conn, d: &Dialect, template: &str, fixed: &[Val], ids: &[Val]) -> Result<u64> {
+fn run_query_max(
+    conn: &mut dyn Conn,
+    d: &Dialect,
+    template: &str,
+    fixed: &[Val],
+    max: usize,
+) -> Result<Vec<Row>> {
+    let (sql, params) = prepare(d, template, fixed, &[]);
+    conn.query_max(&sql, &params, max)
+}
+
+pub(crate) fn run_execute(
+    conn: &mut dyn Conn,
+    d: &Dialect,
+    template: &str,
+    fixed: &[Val],
+    ids: &[Val],
+) -> Result<u64> {
     let (sql, params) = prepare(d, template, fixed, ids);
     conn.execute(&sql, &params)
 }
@@ -286,12 +332,19 @@ pub(crate) fn run_execute(conn: &mut dyn Conn, d: &Dialect, template: &str, fixe
 fn prepare(d: &Dialect, template: &str, fixed: &[Val], ids: &[Val]) -> (String, Vec<Val>) {
     let (sql, order) = render(template, d.style, fixed.len(), ids.len());
     let all: Vec<&Val> = fixed.iter().chain(ids).collect();
-    let params = order.iter().filter_map(|i| all.get(*i).map(|v| (*v).clone())).collect();
+    let params = order
+        .iter()
+        .filter_map(|i| all.get(*i).map(|v| (*v).clone()))
+        .collect();
     (sql, params)
 }
 
 /// Runs `f` in a transaction: commits on `Ok`, rolls back on `Err`.
-pub(crate) fn transaction<T>(conn: &mut dyn Conn, d: &Dialect, f: impl FnOnce(&mut dyn Conn) -> Result<T>) -> Result<T> {
+pub(crate) fn transaction<T>(
+    conn: &mut dyn Conn,
+    d: &Dialect,
+    f: impl FnOnce(&mut dyn Conn) -> Result<T>,
+) -> Result<T> {
     if !d.begin.is_empty() {
         conn.batch(d.begin)?;
     }
@@ -319,7 +372,10 @@ fn ids_of(ids: &[EventId]) -> Vec<Val> {
 
 fn status_list(s: &[DlqStatus]) -> String {
     // enum names, never user input
-    s.iter().map(|s| format!("'{}'", s.as_str())).collect::<Vec<_>>().join(", ")
+    s.iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub(crate) fn parse_headers(text: &str) -> BTreeMap<String, String> {
@@ -374,15 +430,16 @@ pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Dialect, events: &[NewEvent
         let mut params = Vec::with_capacity(chunk.len() * 5);
         for (i, e) in chunk.iter().enumerate() {
             if i > 0 {
-                template.push_str(", ");
+                template.push_str(d.insert_events_sep);
             }
-            template.push_str(&shift(d.insert_event_row, i * 5));
+            template.push_str(&shift(&d.insert_event_row, i * 5));
             params.push(Val::Id(e.id.as_uuid()));
             params.push(Val::Text(e.event_type.clone()));
             params.push(e.key.as_deref().into());
             params.push(Val::Text(headers_json(&e.headers)));
             params.push(Val::Text(e.payload.clone()));
         }
+        template.push_str(d.insert_events_suffix);
         run_execute(conn, d, &template, &params, &[])?;
     }
     Ok(())
@@ -391,7 +448,11 @@ pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Dialect, events: &[NewEvent
 /// Records ids; returns the new ones. The unique key decides: a conflicting insert
 /// waits for the other transaction and then affects no row (or, on Oracle, fails
 /// with a unique violation).
-pub(crate) fn insert_inbox_ids(conn: &mut dyn Conn, d: &Dialect, ids: &[EventId]) -> Result<Vec<EventId>> {
+pub(crate) fn insert_inbox_ids(
+    conn: &mut dyn Conn,
+    d: &Dialect,
+    ids: &[EventId],
+) -> Result<Vec<EventId>> {
     let mut new = Vec::new();
     for id in ids {
         if new.contains(id) {
@@ -421,8 +482,15 @@ impl<P: Pool> SqlStore<P> {
         let d = &self.d;
         let mut conn = self.pool.get()?;
         transaction(&mut *conn, d, |c| {
-            let rows = run_query(c, d, select, fixed, &[])?;
-            let ids: Vec<Val> = rows.iter().map(|r| r.id(0).map(|i| Val::Id(i.as_uuid()))).collect::<Result<_>>()?;
+            let max = match fixed.first() {
+                Some(Val::Int(n)) => *n as usize,
+                _ => usize::MAX,
+            };
+            let rows = run_query_max(c, d, select, fixed, max)?;
+            let ids: Vec<Val> = rows
+                .iter()
+                .map(|r| r.id(0).map(|i| Val::Id(i.as_uuid())))
+                .collect::<Result<_>>()?;
             for chunk in ids.chunks(d.max_ids) {
                 for stmt in apply {
                     run_execute(c, d, stmt, &[], chunk)?;
@@ -459,7 +527,10 @@ impl<P: Pool> Store for SqlStore<P> {
             for stmt in &statements {
                 match c.batch(stmt) {
                     Ok(()) => {}
-                    Err(e) if d.exists_errors.iter().any(|code| e.to_string().contains(code)) => {}
+                    Err(e)
+                        if d.exists_errors
+                            .iter()
+                            .any(|code| e.to_string().contains(code)) => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -472,18 +543,38 @@ impl<P: Pool> Store for SqlStore<P> {
         }
     }
 
-    fn claim(&self, event_type: &str, limit: usize, lease: Duration, token: Uuid) -> Result<Vec<Event>> {
+    fn claim(
+        &self,
+        event_type: &str,
+        limit: usize,
+        lease: Duration,
+        token: Uuid,
+    ) -> Result<Vec<Event>> {
         let d = &self.d;
         let rows = self.with_retry("claim", || {
             let mut conn = self.pool.get()?;
             if let Some(one) = &d.claim_returning {
-                let fixed = [event_type.into(), Val::Int(limit as i64), Val::Id(token), ms(lease)];
+                let fixed = [
+                    event_type.into(),
+                    Val::Int(limit as i64),
+                    Val::Id(token),
+                    ms(lease),
+                ];
                 return run_query(&mut *conn, d, one, &fixed, &[]);
             }
             transaction(&mut *conn, d, |c| {
-                let rows = run_query(c, d, &d.claim_select, &[event_type.into(), Val::Int(limit as i64)], &[])?;
+                let rows = run_query_max(
+                    c,
+                    d,
+                    &d.claim_select,
+                    &[event_type.into(), Val::Int(limit as i64)],
+                    limit,
+                )?;
                 if !rows.is_empty() {
-                    let ids: Vec<Val> = rows.iter().map(|r| r.id(0).map(|i| Val::Id(i.as_uuid()))).collect::<Result<_>>()?;
+                    let ids: Vec<Val> = rows
+                        .iter()
+                        .map(|r| r.id(0).map(|i| Val::Id(i.as_uuid())))
+                        .collect::<Result<_>>()?;
                     run_execute(c, d, &d.claim_update, &[Val::Id(token), ms(lease)], &ids)?;
                 }
                 Ok(rows)
@@ -501,7 +592,10 @@ impl<P: Pool> Store for SqlStore<P> {
             .filter(|(_, o)| matches!(o, Outcome::Sent))
             .map(|(id, _)| Val::Id(id.as_uuid()))
             .collect();
-        let failed: Vec<&(EventId, Outcome)> = outcomes.iter().filter(|(_, o)| !matches!(o, Outcome::Sent)).collect();
+        let failed: Vec<&(EventId, Outcome)> = outcomes
+            .iter()
+            .filter(|(_, o)| !matches!(o, Outcome::Sent))
+            .collect();
         self.with_retry("finish", || {
             let mut conn = self.pool.get()?;
             let mut changed = 0;
@@ -517,7 +611,13 @@ impl<P: Pool> Store for SqlStore<P> {
                             Outcome::Failed { error } => ("FAILED", Duration::ZERO, error),
                             Outcome::Sent => continue,
                         };
-                        let fixed = [status.into(), ms(delay), error.as_str().into(), Val::Id(id.as_uuid()), Val::Id(token)];
+                        let fixed = [
+                            status.into(),
+                            ms(delay),
+                            error.as_str().into(),
+                            Val::Id(id.as_uuid()),
+                            Val::Id(token),
+                        ];
                         n += run_execute(c, d, &d.finish_failed, &fixed, &[])?;
                     }
                     Ok(n)
@@ -529,19 +629,27 @@ impl<P: Pool> Store for SqlStore<P> {
 
     fn recover_expired(&self, limit: usize) -> Result<u64> {
         let fixed = [Val::Int(limit as i64)];
-        self.with_retry("recovery", || self.select_apply(&self.d.select_expired, &fixed, &[&self.d.recover]))
+        self.with_retry("recovery", || {
+            self.select_apply(&self.d.select_expired, &fixed, &[&self.d.recover])
+        })
     }
 
     fn delete_processed(&self, ttl: Duration, limit: usize) -> Result<u64> {
         let fixed = [Val::Int(limit as i64), ms(ttl)];
-        self.with_retry("cleanup", || self.select_apply(&self.d.select_processed, &fixed, &[&self.d.delete_outbox]))
+        self.with_retry("cleanup", || {
+            self.select_apply(&self.d.select_processed, &fixed, &[&self.d.delete_outbox])
+        })
     }
 
     fn move_failed_to_dlq(&self, limit: usize) -> Result<u64> {
         let d = &self.d;
         let fixed = [Val::Int(limit as i64)];
         self.with_retry("move to DLQ", || {
-            self.select_apply(&d.select_failed, &fixed, &[&d.delete_dlq, &d.copy_to_dlq, &d.delete_outbox])
+            self.select_apply(
+                &d.select_failed,
+                &fixed,
+                &[&d.delete_dlq, &d.copy_to_dlq, &d.delete_outbox],
+            )
         })
     }
 
@@ -549,13 +657,19 @@ impl<P: Pool> Store for SqlStore<P> {
         let d = &self.d;
         let fixed = [Val::Int(limit as i64)];
         self.with_retry("DLQ retry", || {
-            self.select_apply(&d.select_retry, &fixed, &[&d.delete_outbox, &d.copy_to_outbox, &d.delete_dlq])
+            self.select_apply(
+                &d.select_retry,
+                &fixed,
+                &[&d.delete_outbox, &d.copy_to_outbox, &d.delete_dlq],
+            )
         })
     }
 
     fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> Result<u64> {
         let fixed = [Val::Int(limit as i64), ms(ttl)];
-        self.with_retry("DLQ cleanup", || self.select_apply(&self.d.select_resolved, &fixed, &[&self.d.delete_dlq]))
+        self.with_retry("DLQ cleanup", || {
+            self.select_apply(&self.d.select_resolved, &fixed, &[&self.d.delete_dlq])
+        })
     }
 
     fn try_lock(&self, name: &str, owner: Uuid, lease: Duration) -> Result<bool> {
@@ -563,15 +677,37 @@ impl<P: Pool> Store for SqlStore<P> {
         self.with_retry("lock", || {
             let mut conn = self.pool.get()?;
             transaction(&mut *conn, d, |c| {
-                run_execute(c, d, &d.lock_insert, &[name.into(), Val::Id(owner), ms(lease)], &[])?;
-                Ok(run_execute(c, d, &d.lock_take, &[Val::Id(owner), ms(lease), name.into()], &[])? == 1)
+                match run_execute(
+                    c,
+                    d,
+                    &d.lock_insert,
+                    &[name.into(), Val::Id(owner), ms(lease)],
+                    &[],
+                ) {
+                    Ok(_) => {}
+                    Err(e) if is::<UniqueViolation>(&e) => {} // inserted concurrently: fine
+                    Err(e) => return Err(e),
+                }
+                Ok(run_execute(
+                    c,
+                    d,
+                    &d.lock_take,
+                    &[Val::Id(owner), ms(lease), name.into()],
+                    &[],
+                )? == 1)
             })
         })
     }
 
     fn unlock(&self, name: &str, owner: Uuid) -> Result<()> {
         let mut conn = self.pool.get()?;
-        run_execute(&mut *conn, &self.d, &self.d.unlock, &[name.into(), Val::Id(owner)], &[])?;
+        run_execute(
+            &mut *conn,
+            &self.d,
+            &self.d.unlock,
+            &[name.into(), Val::Id(owner)],
+            &[],
+        )?;
         Ok(())
     }
 
@@ -583,23 +719,40 @@ impl<P: Pool> Store for SqlStore<P> {
             Val::Int(f.limit as i64),
             Val::Int(f.offset as i64),
         ];
-        run_query(&mut *conn, &self.d, &self.d.dlq_list, &fixed, &[])?.iter().map(dead_letter).collect()
+        run_query(&mut *conn, &self.d, &self.d.dlq_list, &fixed, &[])?
+            .iter()
+            .map(dead_letter)
+            .collect()
     }
 
     fn dlq_count(&self, f: &DlqFilter) -> Result<u64> {
         let mut conn = self.pool.get()?;
-        let fixed = [f.event_type.as_deref().into(), f.status.map(|s| s.as_str()).into()];
+        let fixed = [
+            f.event_type.as_deref().into(),
+            f.status.map(|s| s.as_str()).into(),
+        ];
         let rows = run_query(&mut *conn, &self.d, &self.d.dlq_count, &fixed, &[])?;
         Ok(rows.first().map(|r| r.int(0)).unwrap_or(0).max(0) as u64)
     }
 
     fn dlq_get(&self, id: EventId) -> Result<Option<DeadLetter>> {
         let mut conn = self.pool.get()?;
-        let rows = run_query(&mut *conn, &self.d, &self.d.dlq_get, &[Val::Id(id.as_uuid())], &[])?;
+        let rows = run_query(
+            &mut *conn,
+            &self.d,
+            &self.d.dlq_get,
+            &[Val::Id(id.as_uuid())],
+            &[],
+        )?;
         rows.first().map(dead_letter).transpose()
     }
 
-    fn dlq_set_status(&self, ids: &[EventId], from: &[DlqStatus], to: DlqStatus) -> Result<Vec<EventId>> {
+    fn dlq_set_status(
+        &self,
+        ids: &[EventId],
+        from: &[DlqStatus],
+        to: DlqStatus,
+    ) -> Result<Vec<EventId>> {
         let d = &self.d;
         let update = d.dlq_set_status.replace("{from}", &status_list(from));
         let mut conn = self.pool.get()?;
@@ -654,7 +807,13 @@ impl<P: Pool> Store for SqlStore<P> {
 
     fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64> {
         let fixed = [Val::Int(limit as i64), ms(ttl)];
-        self.with_retry("inbox cleanup", || self.select_apply(&self.d.select_inbox_expired, &fixed, &[&self.d.delete_inbox]))
+        self.with_retry("inbox cleanup", || {
+            self.select_apply(
+                &self.d.select_inbox_expired,
+                &fixed,
+                &[&self.d.delete_inbox],
+            )
+        })
     }
 }
 
@@ -664,22 +823,34 @@ mod tests {
 
     #[test]
     fn shifts_placeholders() {
-        assert_eq!(shift("($1, $2, $3, $4::jsonb, $5)", 100), "($101, $102, $103, $104::jsonb, $105)");
+        assert_eq!(
+            shift("($1, $2, $3, $4::jsonb, $5)", 100),
+            "($101, $102, $103, $104::jsonb, $105)"
+        );
     }
 
     #[test]
     fn renders_placeholders_per_style() {
         let t = "UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids}) AND c = $1";
         let (sql, order) = render(t, Style::Question, 2, 2);
-        assert_eq!(sql, "UPDATE t SET a = ? WHERE b = ? AND id IN (?, ?) AND c = ?");
+        assert_eq!(
+            sql,
+            "UPDATE t SET a = ? WHERE b = ? AND id IN (?, ?) AND c = ?"
+        );
         assert_eq!(order, vec![1, 0, 2, 3, 0]);
         let (sql, order) = render(t, Style::Colon, 2, 1);
-        assert_eq!(sql, "UPDATE t SET a = :2 WHERE b = :1 AND id IN (:3) AND c = :1");
+        assert_eq!(
+            sql,
+            "UPDATE t SET a = :2 WHERE b = :1 AND id IN (:3) AND c = :1"
+        );
         assert_eq!(order, vec![0, 1, 2]);
         let (_, order) = render("VALUES ($1, $2)", Style::QuestionNumbered, 3, 0);
         assert_eq!(order, vec![0, 1], "an unused last parameter is not bound");
         let (sql, _) = render(t, Style::QuestionNumbered, 2, 1);
-        assert_eq!(sql, "UPDATE t SET a = ?2 WHERE b = ?1 AND id IN (?3) AND c = ?1");
+        assert_eq!(
+            sql,
+            "UPDATE t SET a = ?2 WHERE b = ?1 AND id IN (?3) AND c = ?1"
+        );
         let (sql, _) = render("SELECT '$x', $10", Style::Dollar, 10, 0);
         assert_eq!(sql, "SELECT '$x', $10");
     }

@@ -120,7 +120,9 @@ fn dialect(t: &Tables) -> Dialect {
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) VALUES "
         ),
-        insert_event_row: "($1, $2, $3, $4, $5, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+        insert_event_row: "($1, $2, $3, $4, $5, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))".into(),
+        insert_events_sep: ", ",
+        insert_events_suffix: "",
     }
 }
 
@@ -146,7 +148,9 @@ impl Conn for rusqlite::Connection {
 
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
         let mut stmt = self.prepare_cached(sql).map_err(err)?;
-        Ok(stmt.execute(rusqlite::params_from_iter(params.iter().map(value))).map_err(err)? as u64)
+        Ok(stmt
+            .execute(rusqlite::params_from_iter(params.iter().map(value)))
+            .map_err(err)? as u64)
     }
 
     fn batch(&mut self, sql: &str) -> Result<()> {
@@ -163,7 +167,9 @@ impl Conn for rusqlite::Transaction<'_> {
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
         let conn: &rusqlite::Connection = self;
         let mut stmt = conn.prepare_cached(sql).map_err(err)?;
-        Ok(stmt.execute(rusqlite::params_from_iter(params.iter().map(value))).map_err(err)? as u64)
+        Ok(stmt
+            .execute(rusqlite::params_from_iter(params.iter().map(value)))
+            .map_err(err)? as u64)
     }
     fn batch(&mut self, sql: &str) -> Result<()> {
         self.execute_batch(sql).map_err(err)
@@ -211,7 +217,9 @@ impl Conn for Guard<'_> {
 
 impl sql::Pool for Pool {
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
-        Ok(Box::new(Guard(self.0.lock().unwrap_or_else(|p| p.into_inner()))))
+        Ok(Box::new(Guard(
+            self.0.lock().unwrap_or_else(|p| p.into_inner()),
+        )))
     }
 }
 
@@ -236,7 +244,13 @@ impl SqliteStore {
         let tables = Tables::new(table_prefix)?;
         let conn = Self::connection(path)?;
         let d = dialect(&tables);
-        Ok(SqliteStore { inner: SqlStore { pool: Pool(Mutex::new(conn)), tables, d } })
+        Ok(SqliteStore {
+            inner: SqlStore {
+                pool: Pool(Mutex::new(conn)),
+                tables,
+                d,
+            },
+        })
     }
 
     /// A connection set up as txbox expects (WAL, 5 s busy timeout), for your own
@@ -244,7 +258,8 @@ impl SqliteStore {
     pub fn connection(path: impl AsRef<Path>) -> Result<rusqlite::Connection> {
         let conn = rusqlite::Connection::open(path).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
         Ok(conn)
     }
 }

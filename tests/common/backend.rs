@@ -12,6 +12,26 @@ pub enum Backend {
     MySql,
     #[cfg(feature = "sqlite")]
     Sqlite,
+    #[cfg(feature = "oracle")]
+    Oracle,
+}
+
+/// `oracle://user:password@host:port/service`, only when set.
+#[cfg(feature = "oracle")]
+pub fn oracle_url() -> Option<String> {
+    std::env::var("TXBOX_ORACLE_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+}
+
+/// A plain Oracle connection (autocommit off) from `TXBOX_ORACLE_URL`.
+#[cfg(feature = "oracle")]
+pub fn oracle_connection() -> oracle::Connection {
+    let url = oracle_url().expect("TXBOX_ORACLE_URL");
+    let rest = url.trim_start_matches("oracle://");
+    let (cred, target) = rest.split_once('@').expect("user:password@target");
+    let (user, password) = cred.split_once(':').expect("user:password");
+    oracle::Connection::connect(user, password, format!("//{target}")).expect("oracle connect")
 }
 
 pub fn mysql_url() -> String {
@@ -30,13 +50,19 @@ impl Fixture {
     /// Drops and migrates the tables of `prefix`; `None` (printed) when the database
     /// is not reachable outside CI.
     pub fn new(backend: Backend, prefix: &str) -> Option<Fixture> {
-        let tables = ["outbox_events", "outbox_dead_letters", "inbox_consumed", "job_locks"];
+        let tables = [
+            "outbox_events",
+            "outbox_dead_letters",
+            "inbox_consumed",
+            "job_locks",
+        ];
         let sqlite_path = std::env::temp_dir().join(format!("txbox-test-{prefix}.db"));
         let store: Arc<dyn Store> = match backend {
             Backend::Postgres => {
                 let mut c = super::client()?;
                 for t in tables {
-                    c.batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}")).unwrap();
+                    c.batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))
+                        .unwrap();
                 }
                 Arc::new(txbox::PgStore::connect(&super::pg_url(), prefix).unwrap())
             }
@@ -49,7 +75,8 @@ impl Fixture {
                 let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
                 let mut c = pool.get_conn().unwrap();
                 for t in tables {
-                    c.query_drop(format!("DROP TABLE IF EXISTS {prefix}{t}")).unwrap();
+                    c.query_drop(format!("DROP TABLE IF EXISTS {prefix}{t}"))
+                        .unwrap();
                 }
                 Arc::new(txbox::MySqlStore::connect(&mysql_url(), prefix).unwrap())
             }
@@ -60,32 +87,75 @@ impl Fixture {
                 }
                 Arc::new(txbox::SqliteStore::open(&sqlite_path, prefix).unwrap())
             }
+            #[cfg(feature = "oracle")]
+            Backend::Oracle => {
+                let Some(url) = oracle_url() else {
+                    // Oracle cannot run on the project's machines: skipped even in CI
+                    eprintln!("SKIPPED: Oracle: TXBOX_ORACLE_URL is not set");
+                    return None;
+                };
+                let c = oracle_connection();
+                for t in tables {
+                    c.execute(
+                        &format!("BEGIN EXECUTE IMMEDIATE 'DROP TABLE {prefix}{t}'; EXCEPTION WHEN OTHERS THEN NULL; END;"),
+                        &[],
+                    )
+                    .unwrap();
+                }
+                Arc::new(txbox::OracleStore::connect_url(&url, prefix).unwrap())
+            }
         };
         store.migrate().unwrap();
-        Some(Fixture { backend, prefix: prefix.to_string(), store, sqlite_path })
+        Some(Fixture {
+            backend,
+            prefix: prefix.to_string(),
+            store,
+            sqlite_path,
+        })
     }
 
     /// Another store instance on the same tables (another relay process would have one).
     pub fn another_store(&self) -> Arc<dyn Store> {
         match self.backend {
-            Backend::Postgres => Arc::new(txbox::PgStore::connect(&super::pg_url(), &self.prefix).unwrap()),
+            Backend::Postgres => {
+                Arc::new(txbox::PgStore::connect(&super::pg_url(), &self.prefix).unwrap())
+            }
             #[cfg(feature = "mysql")]
-            Backend::MySql => Arc::new(txbox::MySqlStore::connect(&mysql_url(), &self.prefix).unwrap()),
+            Backend::MySql => {
+                Arc::new(txbox::MySqlStore::connect(&mysql_url(), &self.prefix).unwrap())
+            }
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite => Arc::new(txbox::SqliteStore::open(&self.sqlite_path, &self.prefix).unwrap()),
+            Backend::Sqlite => {
+                Arc::new(txbox::SqliteStore::open(&self.sqlite_path, &self.prefix).unwrap())
+            }
+            #[cfg(feature = "oracle")]
+            Backend::Oracle => Arc::new(
+                txbox::OracleStore::connect_url(&oracle_url().unwrap_or_default(), &self.prefix)
+                    .unwrap(),
+            ),
         }
     }
 
     /// Publishes `n` events (payloads 0..n) of `event_type` in one business
     /// transaction, committed or rolled back.
-    pub fn publish(&self, config: &Config, event_type: &str, n: usize, commit: bool) -> Vec<EventId> {
+    pub fn publish(
+        &self,
+        config: &Config,
+        event_type: &str,
+        n: usize,
+        commit: bool,
+    ) -> Vec<EventId> {
         let outbox = Outbox::new(config).unwrap();
         match self.backend {
             Backend::Postgres => {
                 let mut c = super::client().unwrap();
                 let mut tx = c.transaction().unwrap();
                 let ids = outbox.publish_batch(&mut tx, event_type, 0..n).unwrap();
-                if commit { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                if commit {
+                    tx.commit().unwrap()
+                } else {
+                    tx.rollback().unwrap()
+                }
                 ids
             }
             #[cfg(feature = "mysql")]
@@ -94,15 +164,36 @@ impl Fixture {
                 let mut c = pool.get_conn().unwrap();
                 let mut tx = c.start_transaction(mysql::TxOpts::default()).unwrap();
                 let ids = outbox.publish_batch(&mut tx, event_type, 0..n).unwrap();
-                if commit { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                if commit {
+                    tx.commit().unwrap()
+                } else {
+                    tx.rollback().unwrap()
+                }
                 ids
             }
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
                 let mut c = txbox::SqliteStore::connection(&self.sqlite_path).unwrap();
-                let mut tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).unwrap();
+                let mut tx = c
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .unwrap();
                 let ids = outbox.publish_batch(&mut tx, event_type, 0..n).unwrap();
-                if commit { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                if commit {
+                    tx.commit().unwrap()
+                } else {
+                    tx.rollback().unwrap()
+                }
+                ids
+            }
+            #[cfg(feature = "oracle")]
+            Backend::Oracle => {
+                let mut c = oracle_connection();
+                let ids = outbox.publish_batch(&mut c, event_type, 0..n).unwrap();
+                if commit {
+                    c.commit().unwrap()
+                } else {
+                    c.rollback().unwrap()
+                }
                 ids
             }
         }
@@ -124,7 +215,11 @@ impl Fixture {
                 let mut c = super::client().unwrap();
                 let mut tx = c.transaction().unwrap();
                 let r = inbox.handle_in(&mut tx, id, handler(ok));
-                if r.is_ok() { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                if r.is_ok() {
+                    tx.commit().unwrap()
+                } else {
+                    tx.rollback().unwrap()
+                }
                 r
             }
             #[cfg(feature = "mysql")]
@@ -133,15 +228,36 @@ impl Fixture {
                 let mut c = pool.get_conn().unwrap();
                 let mut tx = c.start_transaction(mysql::TxOpts::default()).unwrap();
                 let r = inbox.handle_in(&mut tx, id, handler(ok));
-                if r.is_ok() { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                if r.is_ok() {
+                    tx.commit().unwrap()
+                } else {
+                    tx.rollback().unwrap()
+                }
                 r
             }
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
                 let mut c = txbox::SqliteStore::connection(&self.sqlite_path).unwrap();
-                let mut tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).unwrap();
+                let mut tx = c
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .unwrap();
                 let r = inbox.handle_in(&mut tx, id, handler(ok));
-                if r.is_ok() { tx.commit().unwrap() } else { tx.rollback().unwrap() }
+                if r.is_ok() {
+                    tx.commit().unwrap()
+                } else {
+                    tx.rollback().unwrap()
+                }
+                r
+            }
+            #[cfg(feature = "oracle")]
+            Backend::Oracle => {
+                let mut c = oracle_connection();
+                let r = inbox.handle_in(&mut c, id, handler(ok));
+                if r.is_ok() {
+                    c.commit().unwrap()
+                } else {
+                    c.rollback().unwrap()
+                }
                 r
             }
         }

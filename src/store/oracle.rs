@@ -1,0 +1,337 @@
+//! Oracle: this dialect's statements, its connection adapter, the [`OracleStore`],
+//! and `publish` / the inbox on an `oracle::Connection` inside a transaction.
+//!
+//! - Claims use `FOR UPDATE SKIP LOCKED` limited by what they fetch (fetch array
+//!   size = batch size), not `FETCH FIRST`, which makes concurrent pollers come back
+//!   empty.
+//! - `{ids}` lists are chunked at 1000 (Oracle's IN-list limit).
+//! - The inbox insert treats a unique-key violation (ORA-00001) as a duplicate.
+//! - The store's pooled connections run in autocommit except inside txbox's own
+//!   transactions; your connection must not (publish checks it).
+//!
+//! No Oracle server or client can run on this project's CI machines: the feature is
+//! built and linted there, and the conformance suite runs against Oracle when
+//! `TXBOX_ORACLE_URL` is set.
+
+use oracle::sql_type::{OracleType, ToSql};
+
+use super::sql::{self, Conn, Dialect, Retryable, Row, SqlStore, Style, UniqueViolation, Val};
+use super::{delegate_store, Tables};
+use crate::error::{Error, Result};
+use crate::event::{EventId, NewEvent};
+
+/// The schema, embedded: the same file a DBA reads in `sql/oracle/`.
+pub const SCHEMA: &str = include_str!("../../sql/oracle/001_schema.sql");
+
+const NOW: &str = "SYSTIMESTAMP";
+const TS: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS.FF6\"Z\"'";
+
+fn plus(ms_param: &str) -> String {
+    format!("SYSTIMESTAMP + NUMTODSINTERVAL({ms_param} / 1000, 'SECOND')")
+}
+
+fn minus(ms_param: &str) -> String {
+    format!("SYSTIMESTAMP - NUMTODSINTERVAL({ms_param} / 1000, 'SECOND')")
+}
+
+fn dialect(t: &Tables) -> Dialect {
+    let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
+    let dlq_columns = format!(
+        "id, event_type, event_key, headers, payload, attempts, last_error, status, \
+         TO_CHAR(SYS_EXTRACT_UTC(created_at), {TS}), TO_CHAR(SYS_EXTRACT_UTC(moved_at), {TS})"
+    );
+    let filter = "($1 IS NULL OR event_type = $1) AND ($2 IS NULL OR status = $2)";
+    let count = |s: &str| format!("SUM(CASE WHEN status = '{s}' THEN 1 ELSE 0 END)");
+    Dialect {
+        style: Style::Colon,
+        begin: "BEGIN",
+        schema: SCHEMA,
+        migrate_lock: None,
+        exists_errors: &["ORA-00955", "ORA-01408"],
+        max_ids: 1000,
+        claim_returning: None,
+        // no row limit in SQL: the fetch size limits it ($2 is not bound)
+        claim_select: format!(
+            "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
+             WHERE event_type = $1 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
+             ORDER BY id FOR UPDATE SKIP LOCKED"
+        ),
+        claim_update: format!(
+            "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
+            plus("$2")
+        ),
+        finish_sent: format!(
+            "UPDATE {o} SET status = 'PROCESSED', processed_at = {NOW}, claim_token = NULL, lease_until = NULL \
+             WHERE claim_token = $1 AND status = 'IN_PROCESS' AND id IN ({{ids}})"
+        ),
+        finish_failed: format!(
+            "UPDATE {o} SET status = $1, attempts = attempts + 1, \
+               next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
+               last_error = SUBSTR($3, 1, 4000), claim_token = NULL, lease_until = NULL \
+             WHERE id = $4 AND claim_token = $5 AND status = 'IN_PROCESS'",
+            plus("$2")
+        ),
+        select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} FOR UPDATE SKIP LOCKED"),
+        select_processed: format!(
+            "SELECT id FROM {o} WHERE status = 'PROCESSED' AND processed_at < {} FOR UPDATE SKIP LOCKED",
+            minus("$2")
+        ),
+        select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id FOR UPDATE SKIP LOCKED"),
+        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id FOR UPDATE SKIP LOCKED"),
+        select_resolved: format!(
+            "SELECT id FROM {d} WHERE status = 'RESOLVED' AND updated_at < {} FOR UPDATE SKIP LOCKED",
+            minus("$2")
+        ),
+        select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} FOR UPDATE SKIP LOCKED", minus("$2")),
+        recover: format!(
+            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
+             WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
+        ),
+        delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
+        delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
+        copy_to_dlq: format!(
+            "INSERT INTO {d} (id, event_type, event_key, headers, payload, attempts, last_error, status, \
+               created_at, moved_at, updated_at) \
+             SELECT id, event_type, event_key, headers, payload, attempts, last_error, 'DEAD', created_at, \
+               {NOW}, {NOW} FROM {o} WHERE id IN ({{ids}})"
+        ),
+        copy_to_outbox: format!(
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, next_attempt_at, \
+               last_error, created_at) \
+             SELECT id, event_type, event_key, headers, payload, 'PENDING', 0, {NOW}, last_error, created_at \
+             FROM {d} WHERE id IN ({{ids}})"
+        ),
+        delete_inbox: format!("DELETE FROM {i} WHERE event_id IN ({{ids}})"),
+        lock_insert: format!(
+            "MERGE INTO {l} t USING (SELECT $1 AS name FROM dual) s ON (t.name = s.name) \
+             WHEN NOT MATCHED THEN INSERT (name, owner, locked_at, locked_until) \
+             VALUES ($1, $2, {NOW}, {NOW} - INTERVAL '1' SECOND)"
+        ),
+        lock_take: format!(
+            "UPDATE {l} SET owner = $1, locked_at = {NOW}, locked_until = {} \
+             WHERE name = $3 AND (locked_until < {NOW} OR owner = $1)",
+            plus("$2")
+        ),
+        unlock: format!("DELETE FROM {l} WHERE name = $1 AND owner = $2"),
+        dlq_list: format!(
+            "SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id \
+             OFFSET $4 ROWS FETCH NEXT $3 ROWS ONLY"
+        ),
+        dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}"),
+        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
+        dlq_set_status: format!(
+            "UPDATE {d} SET status = $1, updated_at = {NOW} WHERE status IN ({{from}}) AND id IN ({{ids}})"
+        ),
+        dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})"),
+        status: format!(
+            "SELECT event_type, {}, {}, {}, \
+               (CAST(SYS_EXTRACT_UTC({NOW}) AS DATE) \
+                 - CAST(SYS_EXTRACT_UTC(MIN(CASE WHEN status = 'PENDING' THEN created_at END)) AS DATE)) * 86400 \
+             FROM {o} WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') GROUP BY event_type ORDER BY event_type",
+            count("PENDING"),
+            count("IN_PROCESS"),
+            count("FAILED")
+        ),
+        inbox_insert: format!("INSERT INTO {i} (event_id, consumed_at) VALUES ($1, {NOW})"),
+        insert_events: "INSERT ALL ".into(),
+        insert_event_row: format!(
+            "INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) \
+             VALUES ($1, $2, $3, $4, $5, {NOW}, {NOW})"
+        ),
+        insert_events_sep: " ",
+        insert_events_suffix: " SELECT 1 FROM dual",
+    }
+}
+
+fn err(e: oracle::Error) -> Error {
+    match e.db_error().map(|d| d.code()) {
+        Some(1) => Error::Database(Box::new(UniqueViolation(e.to_string()))),
+        Some(60) => Error::Database(Box::new(Retryable(e.to_string()))),
+        _ => Error::Database(Box::new(e)),
+    }
+}
+
+fn bind(vals: &[Val]) -> Vec<Box<dyn ToSql>> {
+    vals.iter()
+        .map(|v| -> Box<dyn ToSql> {
+            match v {
+                Val::Null => Box::new(Option::<String>::None),
+                Val::Int(n) => Box::new(*n),
+                Val::Float(f) => Box::new(*f),
+                Val::Text(s) => Box::new(s.clone()),
+                Val::Id(u) => Box::new(u.as_bytes().to_vec()),
+                Val::Bytes(b) => Box::new(b.clone()),
+            }
+        })
+        .collect()
+}
+
+fn row(r: &oracle::Row) -> Result<Row> {
+    r.sql_values()
+        .iter()
+        .map(|v| {
+            if v.is_null().map_err(err)? {
+                return Ok(Val::Null);
+            }
+            Ok(match v.oracle_type().map_err(err)? {
+                OracleType::Raw(_) => Val::Bytes(v.get::<Vec<u8>>().map_err(err)?),
+                // numbers and text alike: Row reads numbers from their text
+                _ => Val::Text(v.get::<String>().map_err(err)?),
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Row)
+}
+
+fn fetch(conn: &oracle::Connection, sql: &str, params: &[Val], max: usize) -> Result<Vec<Row>> {
+    let size = max.clamp(1, 10_000) as u32;
+    let mut stmt = conn
+        .statement(sql)
+        .fetch_array_size(size)
+        .prefetch_rows(size)
+        .build()
+        .map_err(err)?;
+    let owned = bind(params);
+    let refs: Vec<&dyn ToSql> = owned.iter().map(|b| b.as_ref()).collect();
+    let rows = stmt.query(&refs).map_err(err)?;
+    let mut out = Vec::new();
+    for r in rows {
+        if out.len() >= max {
+            break; // stop fetching: SKIP LOCKED locks only fetched rows
+        }
+        out.push(row(&r.map_err(err)?)?);
+    }
+    Ok(out)
+}
+
+impl Conn for oracle::Connection {
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
+        fetch(self, sql, params, usize::MAX)
+    }
+
+    fn query_max(&mut self, sql: &str, params: &[Val], max: usize) -> Result<Vec<Row>> {
+        fetch(self, sql, params, max)
+    }
+
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
+        let owned = bind(params);
+        let refs: Vec<&dyn ToSql> = owned.iter().map(|b| b.as_ref()).collect();
+        let stmt = oracle::Connection::execute(self, sql, &refs).map_err(err)?;
+        stmt.row_count().map_err(err)
+    }
+
+    /// Transaction control maps to the driver: BEGIN turns autocommit off until
+    /// COMMIT or ROLLBACK.
+    fn batch(&mut self, sql: &str) -> Result<()> {
+        match sql {
+            "" => Ok(()),
+            "BEGIN" => {
+                self.set_autocommit(false);
+                Ok(())
+            }
+            "COMMIT" => {
+                let r = self.commit().map_err(err);
+                self.set_autocommit(true);
+                r
+            }
+            "ROLLBACK" => {
+                let r = self.rollback().map_err(err);
+                self.set_autocommit(true);
+                r
+            }
+            other => oracle::Connection::execute(self, other, &[])
+                .map(|_| ())
+                .map_err(err),
+        }
+    }
+}
+
+pub(crate) struct Pool(oracle::pool::Pool);
+
+impl sql::Pool for Pool {
+    fn get(&self) -> Result<Box<dyn Conn + '_>> {
+        let mut conn = self.0.get().map_err(err)?;
+        conn.set_autocommit(true);
+        Ok(Box::new(conn))
+    }
+}
+
+/// The Oracle [`Store`](crate::Store) on a session pool of the `oracle` crate
+/// (Oracle's client library `libclntsh` is loaded at run time).
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// let store = txbox::OracleStore::connect("scott", "tiger", "//db-host:1521/FREEPDB1", "")?;
+/// txbox::Store::migrate(&store)?;
+/// # Ok(()) }
+/// ```
+pub struct OracleStore {
+    inner: SqlStore<Pool>,
+}
+
+delegate_store!(OracleStore);
+
+impl OracleStore {
+    /// A pool of up to 16 sessions.
+    pub fn connect(
+        user: &str,
+        password: &str,
+        connect_string: &str,
+        table_prefix: &str,
+    ) -> Result<Self> {
+        let tables = Tables::new(table_prefix)?;
+        let pool = oracle::pool::PoolBuilder::new(user, password, connect_string)
+            .max_connections(16)
+            .build()
+            .map_err(err)?;
+        let d = dialect(&tables);
+        Ok(OracleStore {
+            inner: SqlStore {
+                pool: Pool(pool),
+                tables,
+                d,
+            },
+        })
+    }
+
+    /// Parses `oracle://user:password@connect-string` (as `TXBOX_ORACLE_URL` holds it).
+    pub fn connect_url(url: &str, table_prefix: &str) -> Result<Self> {
+        let bad = || {
+            Error::InvalidInput(
+                "oracle url: expected oracle://user:password@host:port/service".into(),
+            )
+        };
+        let rest = url.strip_prefix("oracle://").ok_or_else(bad)?;
+        let (cred, target) = rest.split_once('@').ok_or_else(bad)?;
+        let (user, password) = cred.split_once(':').ok_or_else(bad)?;
+        Self::connect(user, password, &format!("//{target}"), table_prefix)
+    }
+}
+
+fn in_transaction(conn: &oracle::Connection) -> Result<()> {
+    if conn.autocommit() {
+        return Err(Error::InvalidInput(
+            "the oracle connection has autocommit on: publish needs a transaction (autocommit off)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+impl crate::outbox::sealed::Sealed for oracle::Connection {}
+
+impl crate::outbox::OutboxTransaction for oracle::Connection {
+    fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
+        in_transaction(self)?;
+        sql::insert_events(self, &dialect(tables), events)
+    }
+}
+
+impl crate::inbox::sealed::Sealed for oracle::Connection {}
+
+impl crate::inbox::InboxTransaction for oracle::Connection {
+    fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
+        in_transaction(self)?;
+        sql::insert_inbox_ids(self, &dialect(tables), ids)
+    }
+}
