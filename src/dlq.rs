@@ -165,15 +165,71 @@ impl Dlq {
         self.one(id, &[DlqStatus::Dead], DlqStatus::Resolved)
     }
 
-    /// Deletes a dead letter for good.
+    /// Deletes a dead letter for good (not one marked for retry: it may be on its way
+    /// back to the outbox).
     pub fn delete(&self, id: EventId) -> Result<()> {
-        let done = self
-            .store
-            .dlq_delete(&[id], &[DlqStatus::Dead, DlqStatus::Resolved])?;
-        if done.is_empty() {
-            return Err(self.refusal(id, "delete")?);
+        const FROM: &[DlqStatus] = &[DlqStatus::Dead, DlqStatus::Resolved];
+        if self.store.dlq_delete(&[id], FROM)?.is_empty() {
+            return Err(self.refusal(id, "delete", FROM)?);
         }
         Ok(())
+    }
+
+    /// Deletes many; returns the ids deleted.
+    pub fn delete_many(&self, ids: &[EventId]) -> Result<Vec<EventId>> {
+        check_batch(ids)?;
+        self.store
+            .dlq_delete(ids, &[DlqStatus::Dead, DlqStatus::Resolved])
+    }
+
+    /// Marks every dead letter of `event_type` (DEAD or RESOLVED) for retry; returns how many.
+    pub fn retry_type(&self, event_type: &str) -> Result<u64> {
+        self.by_type(event_type, &[DlqStatus::Dead, DlqStatus::Resolved], |ids| {
+            self.retry_many(ids)
+        })
+    }
+
+    /// Resolves every DEAD dead letter of `event_type`; returns how many.
+    pub fn resolve_type(&self, event_type: &str) -> Result<u64> {
+        self.by_type(event_type, &[DlqStatus::Dead], |ids| self.resolve_many(ids))
+    }
+
+    /// Deletes every DEAD or RESOLVED dead letter of `event_type`; returns how many.
+    pub fn delete_type(&self, event_type: &str) -> Result<u64> {
+        self.by_type(event_type, &[DlqStatus::Dead, DlqStatus::Resolved], |ids| {
+            self.delete_many(ids)
+        })
+    }
+
+    /// Applies `f` to the ids of `event_type` in `statuses`, a page at a time.
+    fn by_type(
+        &self,
+        event_type: &str,
+        statuses: &[DlqStatus],
+        f: impl Fn(&[EventId]) -> Result<Vec<EventId>>,
+    ) -> Result<u64> {
+        let mut total = 0;
+        for status in statuses {
+            let filter = DlqFilter {
+                event_type: Some(event_type.to_string()),
+                status: Some(*status),
+                offset: 0,
+                limit: MAX_BATCH_IDS as u64,
+            };
+            loop {
+                let ids: Vec<EventId> =
+                    self.store.dlq_list(&filter)?.iter().map(|d| d.id).collect();
+                if ids.is_empty() {
+                    break;
+                }
+                let done = f(&ids)?;
+                total += done.len() as u64;
+                if done.is_empty() {
+                    break; // the rest is held by another instance
+                }
+            }
+        }
+        Ok(total)
     }
 
     /// Marks many for retry; returns the ids changed (others were absent or refused).
@@ -195,14 +251,22 @@ impl Dlq {
 
     fn one(&self, id: EventId, from: &[DlqStatus], to: DlqStatus) -> Result<()> {
         if self.store.dlq_set_status(&[id], from, to)?.is_empty() {
-            return Err(self.refusal(id, &format!("mark {to}"))?);
+            return Err(self.refusal(id, &format!("mark {to}"), from)?);
         }
         Ok(())
     }
 
-    fn refusal(&self, id: EventId, action: &str) -> Result<Error> {
+    /// Why a change did not happen: absent, held by another instance, or a status
+    /// that does not allow it.
+    fn refusal(&self, id: EventId, action: &str, from: &[DlqStatus]) -> Result<Error> {
         Ok(match self.store.dlq_get(id)? {
             None => Error::NotFound(id),
+            Some(d) if from.contains(&d.status) => Error::InvalidTransition {
+                id,
+                message: format!(
+                    "cannot {action}: another instance holds this dead letter right now; try again"
+                ),
+            },
             Some(d) => Error::InvalidTransition {
                 id,
                 message: format!("cannot {action} a dead letter in status {}", d.status),

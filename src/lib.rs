@@ -62,6 +62,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "admin-http")]
+pub mod admin;
 pub mod config;
 pub mod consumer;
 pub mod dlq;
@@ -70,6 +72,7 @@ pub mod event;
 pub mod inbox;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod metrics;
 mod outbox;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
@@ -83,7 +86,7 @@ pub use dlq::{DeadLetter, Dlq, DlqFilter, DlqStatus};
 pub use error::{Error, Result};
 pub use event::{Event, EventId, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
 pub use outbox::{Outbox, OutboxTransaction};
-pub use relay::Relay;
+pub use relay::{Relay, RelayProbe};
 pub use sender::{MemorySender, SendError, Sender, SenderFactory};
 #[cfg(feature = "mysql")]
 pub use store::mysql::MySqlStore;

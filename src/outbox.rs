@@ -124,6 +124,7 @@ impl Outbox {
             self.check(e)?;
         }
         tx.insert_events(&self.inner.tables, &events)?;
+        crate::metrics::add(crate::metrics::Counter::Published, events.len() as u64);
         Ok(events.iter().map(|e| e.id).collect())
     }
 

@@ -201,7 +201,24 @@ impl Inbox {
     }
 
     fn count(&self, f: impl Fn(&Counters) -> &AtomicU64, n: u64) {
-        f(&self.inner.counters).fetch_add(n, Ordering::Relaxed);
+        let c = &self.inner.counters;
+        let counter = f(c);
+        counter.fetch_add(n, Ordering::Relaxed);
+        use crate::metrics::{add, Counter};
+        let global = if std::ptr::eq(counter, &c.consumed) {
+            Some(Counter::InboxConsumed)
+        } else if std::ptr::eq(counter, &c.duplicates) {
+            Some(Counter::InboxDuplicates)
+        } else if std::ptr::eq(counter, &c.cache_hits) {
+            Some(Counter::CacheHits)
+        } else if std::ptr::eq(counter, &c.cache_misses) {
+            Some(Counter::CacheMisses)
+        } else {
+            None
+        };
+        if let Some(g) = global {
+            add(g, n);
+        }
     }
 
     /// True if the cache knows `id` as consumed (a cache error counts as a miss).

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -23,6 +24,7 @@ use uuid::Uuid;
 use crate::config::{Config, EventSettings};
 use crate::error::{Error, Result};
 use crate::event::Event;
+use crate::metrics::{self, Counter};
 use crate::sender::{SendError, Sender, SenderFactory};
 use crate::store::{Outcome, Store};
 
@@ -54,6 +56,7 @@ pub struct Relay {
     done: Receiver<usize>,
     workers: Vec<(String, JoinHandle<()>)>,
     wakers: BTreeMap<String, crossbeam_channel::Sender<()>>,
+    alive: Arc<Vec<AtomicBool>>,
 }
 
 /// What every thread shares.
@@ -89,12 +92,44 @@ impl Ctx {
     }
 }
 
-/// Sends the thread's index on drop, so `shutdown` learns of its end even after a panic.
-struct DoneGuard(crossbeam_channel::Sender<usize>, usize);
+/// Sends the thread's index on drop, so `shutdown` learns of its end even after a
+/// panic, and clears its alive flag for [`RelayProbe`].
+struct DoneGuard(
+    crossbeam_channel::Sender<usize>,
+    usize,
+    Arc<Vec<AtomicBool>>,
+);
 
 impl Drop for DoneGuard {
     fn drop(&mut self) {
+        if let Some(a) = self.2.get(self.1) {
+            a.store(false, Ordering::Relaxed);
+        }
         let _ = self.0.send(self.1);
+    }
+}
+
+/// A cloneable view of a relay's threads, for health checks.
+#[derive(Clone)]
+pub struct RelayProbe {
+    alive: Arc<Vec<AtomicBool>>,
+}
+
+impl RelayProbe {
+    /// `(threads running, threads started)`.
+    pub fn threads(&self) -> (usize, usize) {
+        let running = self
+            .alive
+            .iter()
+            .filter(|a| a.load(Ordering::Relaxed))
+            .count();
+        (running, self.alive.len())
+    }
+
+    /// True while every thread runs.
+    pub fn healthy(&self) -> bool {
+        let (running, all) = self.threads();
+        running == all && all > 0
     }
 }
 
@@ -114,14 +149,16 @@ impl Relay {
             stop: stop_rx,
             instance: Uuid::now_v7(),
         };
+        let threads = config.events.len() + if config.dlq.enabled { 5 } else { 2 };
         let mut relay = Relay {
             stop: Some(stop_tx),
             done: done_rx,
             workers: Vec::new(),
             wakers: BTreeMap::new(),
+            alive: Arc::new((0..threads).map(|_| AtomicBool::new(true)).collect()),
         };
         let spawn = |relay: &mut Relay, name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
-            let guard = DoneGuard(done_tx.clone(), relay.workers.len());
+            let guard = DoneGuard(done_tx.clone(), relay.workers.len(), relay.alive.clone());
             let handle = std::thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || {
@@ -167,9 +204,21 @@ impl Relay {
             &mut relay,
             "txbox-recovery".into(),
             Box::new(move || {
-                periodic(&c, "stuck recovery", m.recovery_interval, None, |s| {
-                    s.recover_expired(b)
-                })
+                periodic(
+                    &c,
+                    "stuck recovery",
+                    m.recovery_interval,
+                    None,
+                    Some(Counter::Recovered),
+                    |s| {
+                        let n = s.recover_expired(b)?;
+                        // the outbox gauges ride along, once per recovery interval
+                        if let Err(e) = metrics::refresh(s) {
+                            log::debug!("txbox: refreshing outbox gauges: {e}");
+                        }
+                        Ok(n)
+                    },
+                )
             }),
         )?;
         let c = ctx.clone();
@@ -182,6 +231,7 @@ impl Relay {
                     "processed cleanup",
                     m.cleanup_interval,
                     Some("txbox-cleanup-processed"),
+                    Some(Counter::Cleaned),
                     |s| s.delete_processed(m.processed_ttl, b),
                 )
             }),
@@ -193,9 +243,14 @@ impl Relay {
                 &mut relay,
                 "txbox-dlq-move".into(),
                 Box::new(move || {
-                    periodic(&c, "move to DLQ", d.move_interval, None, |s| {
-                        s.move_failed_to_dlq(b)
-                    })
+                    periodic(
+                        &c,
+                        "move to DLQ",
+                        d.move_interval,
+                        None,
+                        Some(Counter::MovedToDlq),
+                        |s| s.move_failed_to_dlq(b),
+                    )
                 }),
             )?;
             let c = ctx.clone();
@@ -203,7 +258,7 @@ impl Relay {
                 &mut relay,
                 "txbox-dlq-retry".into(),
                 Box::new(move || {
-                    periodic(&c, "DLQ retry", d.retry_interval, None, |s| {
+                    periodic(&c, "DLQ retry", d.retry_interval, None, None, |s| {
                         s.requeue_dlq_retries(b)
                     })
                 }),
@@ -218,6 +273,7 @@ impl Relay {
                         "DLQ cleanup",
                         d.cleanup_interval,
                         Some("txbox-cleanup-dlq"),
+                        Some(Counter::Cleaned),
                         |s| s.delete_resolved_dlq(d.resolved_ttl, b),
                     )
                 }),
@@ -240,7 +296,8 @@ impl Relay {
             instance: Uuid::now_v7(),
         };
         let s = s.clone();
-        let guard = DoneGuard(done_tx, 0);
+        let alive = Arc::new(vec![AtomicBool::new(true)]);
+        let guard = DoneGuard(done_tx, 0, alive.clone());
         let handle = std::thread::Builder::new()
             .name("txbox-inbox-cleanup".into())
             .spawn(move || {
@@ -250,6 +307,7 @@ impl Relay {
                     "inbox cleanup",
                     s.cleanup_interval,
                     Some("txbox-cleanup-inbox"),
+                    Some(Counter::Cleaned),
                     |st| st.delete_expired_inbox(s.ttl, s.batch_size),
                 )
             })
@@ -262,7 +320,15 @@ impl Relay {
             done: done_rx,
             workers: vec![("txbox-inbox-cleanup".into(), handle)],
             wakers: BTreeMap::new(),
+            alive,
         })
+    }
+
+    /// A cloneable view of the threads, for a health endpoint.
+    pub fn probe(&self) -> RelayProbe {
+        RelayProbe {
+            alive: self.alive.clone(),
+        }
     }
 
     /// Threads still running.
@@ -336,6 +402,7 @@ fn periodic(
     what: &str,
     interval: Duration,
     lock: Option<&str>,
+    counter: Option<Counter>,
     mut job: impl FnMut(&dyn Store) -> Result<u64>,
 ) {
     loop {
@@ -367,7 +434,12 @@ fn periodic(
         }));
         match run {
             Ok(Ok(0)) => {}
-            Ok(Ok(n)) => log::info!("txbox: {what}: {n} rows"),
+            Ok(Ok(n)) => {
+                if let Some(c) = counter {
+                    metrics::add(c, n);
+                }
+                log::info!("txbox: {what}: {n} rows");
+            }
             Ok(Err(e)) => log::warn!("txbox: {what} failed, will try again in {interval:?}: {e}"),
             Err(_) => log::error!("txbox: {what} panicked, will try again in {interval:?}"),
         }
@@ -399,7 +471,7 @@ impl Poller {
             } else if let Wake::Stop = self.ctx.sleep(delay, Some(&wake)) {
                 return;
             }
-            delay = match catch_unwind(AssertUnwindSafe(|| self.poll_once())) {
+            let next = match catch_unwind(AssertUnwindSafe(|| self.poll_once())) {
                 Ok(Ok(claimed)) => state.after_batch(claimed, self.settings.batch_size),
                 Ok(Err(e)) => {
                     let d = state.after_error();
@@ -416,6 +488,8 @@ impl Poller {
                     d
                 }
             };
+            metrics::polling_delay(&self.event_type, next);
+            delay = next;
         }
     }
 
@@ -438,11 +512,23 @@ impl Poller {
             e.destination.clone_from(&self.destination);
             e.routing_key.clone_from(&self.routing_key);
         }
+        let started = Instant::now();
         let results = match self.sender.as_mut() {
             Some(sender) => sender.send(&events),
             None => Vec::new(),
         };
+        metrics::send_latency(started.elapsed());
         let outcomes = outcomes(&events, results, s);
+        for (id, o) in &outcomes {
+            match o {
+                Outcome::Sent => {
+                    metrics::add(Counter::Sent, 1);
+                    metrics::acked(*id);
+                }
+                Outcome::Retry { .. } => metrics::add(Counter::Retried, 1),
+                Outcome::Failed { .. } => metrics::add(Counter::Failed, 1),
+            }
+        }
         self.finish(token, &outcomes, claimed_at + s.lease);
         Ok(events.len())
     }

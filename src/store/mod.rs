@@ -236,6 +236,76 @@ pub trait Store: Send + Sync + 'static {
     fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64>;
 }
 
+/// Opens the store a URL names: `postgres://...` (feature `postgres`), `mysql://...`
+/// (feature `mysql`), `sqlite://path` or `sqlite:path` (feature `sqlite`),
+/// `oracle://user:password@host:port/service` (feature `oracle`).
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// let store = txbox::store::connect("sqlite:jobs.db", "")?;
+/// store.migrate()?;
+/// # Ok(()) }
+/// ```
+#[allow(clippy::needless_return)] // each arm returns from a feature-gated block
+pub fn connect(url: &str, table_prefix: &str) -> Result<std::sync::Arc<dyn Store>> {
+    let scheme = url.split(':').next().unwrap_or_default();
+    #[allow(unused_variables)]
+    let missing = |feature: &str| {
+        Error::InvalidInput(format!(
+            "database url {scheme}:...: txbox was built without the feature `{feature}`"
+        ))
+    };
+    match scheme {
+        "postgres" | "postgresql" => {
+            #[cfg(feature = "postgres")]
+            return Ok(std::sync::Arc::new(postgres::PgStore::connect(
+                url,
+                table_prefix,
+            )?));
+            #[cfg(not(feature = "postgres"))]
+            return Err(missing("postgres"));
+        }
+        "mysql" | "mariadb" => {
+            #[cfg(feature = "mysql")]
+            return Ok(std::sync::Arc::new(mysql::MySqlStore::connect(
+                &url.replacen("mariadb:", "mysql:", 1),
+                table_prefix,
+            )?));
+            #[cfg(not(feature = "mysql"))]
+            return Err(missing("mysql"));
+        }
+        "sqlite" => {
+            #[cfg(feature = "sqlite")]
+            {
+                let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
+                if path.is_empty() {
+                    return Err(Error::InvalidInput(
+                        "database url sqlite: needs a file path".into(),
+                    ));
+                }
+                return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(
+                    path,
+                    table_prefix,
+                )?));
+            }
+            #[cfg(not(feature = "sqlite"))]
+            return Err(missing("sqlite"));
+        }
+        "oracle" => {
+            #[cfg(feature = "oracle")]
+            return Ok(std::sync::Arc::new(oracle::OracleStore::connect_url(
+                url,
+                table_prefix,
+            )?));
+            #[cfg(not(feature = "oracle"))]
+            return Err(missing("oracle"));
+        }
+        _ => Err(Error::InvalidInput(format!(
+            "database url {url:?}: expected postgres://, mysql://, sqlite:PATH or oracle://"
+        ))),
+    }
+}
+
 /// The table names, from a validated prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tables {

@@ -111,6 +111,7 @@ fn dialect(t: &Tables) -> Dialect {
         dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4"),
         dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}"),
         dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
+        dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED"),
         dlq_set_status: format!(
             "UPDATE {d} SET status = $1, updated_at = {NOW} WHERE status IN ({{from}}) AND id IN ({{ids}})"
         ),

@@ -119,6 +119,7 @@ fn dialect(t: &Tables) -> Dialect {
         ),
         dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}"),
         dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
+        dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED"),
         dlq_set_status: format!(
             "UPDATE {d} SET status = $1, updated_at = {NOW} WHERE status IN ({{from}}) AND id IN ({{ids}})"
         ),

@@ -277,6 +277,8 @@ pub(crate) struct Dialect {
     pub dlq_count: String,
     /// $1 id
     pub dlq_get: String,
+    /// $1 id -> a row when this transaction could lock it (skips a locked row)
+    pub dlq_lock: String,
     /// $1 to, {from} literal list, {ids}
     pub dlq_set_status: String,
     /// {from} literal list, {ids}
@@ -760,6 +762,10 @@ impl<P: Pool> Store for SqlStore<P> {
         // one statement per id: the affected count tells which changed, on every dialect
         transaction(&mut *conn, d, |c| {
             for id in ids {
+                // a row another instance holds is skipped, not waited for
+                if run_query(c, d, &d.dlq_lock, &ids_of(&[*id]), &[])?.is_empty() {
+                    continue;
+                }
                 if run_execute(c, d, &update, &[to.as_str().into()], &ids_of(&[*id]))? == 1 {
                     changed.push(*id);
                 }
@@ -776,6 +782,9 @@ impl<P: Pool> Store for SqlStore<P> {
         let mut gone = Vec::new();
         transaction(&mut *conn, d, |c| {
             for id in ids {
+                if run_query(c, d, &d.dlq_lock, &ids_of(&[*id]), &[])?.is_empty() {
+                    continue;
+                }
                 if run_execute(c, d, &delete, &[], &ids_of(&[*id]))? == 1 {
                     gone.push(*id);
                 }

@@ -1,0 +1,434 @@
+//! The operations surface against a real PostgreSQL: the DLQ admin API under
+//! contention, the `txbox` CLI run as a process, the HTTP admin endpoint driven by a
+//! real HTTP client, and the metrics.
+#![cfg(all(feature = "cli", feature = "admin-http"))]
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::backend::{Backend, Fixture};
+use common::wait_until;
+use txbox::admin::{AdminOptions, AdminServer};
+use txbox::{Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, Outcome, Relay, Store};
+use uuid::Uuid;
+
+fn config(prefix: &str) -> Config {
+    Config::builder()
+        .table_prefix(prefix)
+        .defaults(EventOptions::new().adaptive_polling(
+            Duration::from_millis(10),
+            Duration::from_millis(100),
+            1.5,
+        ))
+        .event("order-created", EventOptions::new())
+        .event("order-paid", EventOptions::new())
+        .build()
+        .unwrap()
+}
+
+/// `n` dead letters of `event_type`, with their ids.
+fn dead_letters(fx: &Fixture, c: &Config, event_type: &str, n: usize) -> Vec<EventId> {
+    let ids = fx.publish(c, event_type, n, true);
+    let t = Uuid::now_v7();
+    fx.store
+        .claim(event_type, n, Duration::from_secs(60), t)
+        .unwrap();
+    let failed: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            (
+                *id,
+                Outcome::Failed {
+                    error: format!("broker said no to {id}"),
+                },
+            )
+        })
+        .collect();
+    fx.store.finish(t, &failed).unwrap();
+    assert_eq!(fx.store.move_failed_to_dlq(1000).unwrap(), n as u64);
+    ids
+}
+
+fn cli(prefix: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_txbox"))
+        .args([
+            "--database-url",
+            &common::pg_url(),
+            "--table-prefix",
+            prefix,
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_dead_letter_another_instance_holds_is_refused_with_a_clear_error() {
+    let p = "t_ops_held_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let c = config(p);
+    let ids = dead_letters(&fx, &c, "order-created", 1);
+    let mut other = common::client().unwrap();
+    let mut tx = other.transaction().unwrap();
+    tx.execute(
+        &format!("SELECT 1 FROM {p}outbox_dead_letters WHERE id = $1 FOR UPDATE"),
+        &[&ids[0].as_uuid()],
+    )
+    .unwrap();
+    let dlq = Dlq::new(fx.store.clone());
+    let err = dlq.resolve(ids[0]).unwrap_err();
+    assert!(
+        matches!(err, txbox::Error::InvalidTransition { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("another instance holds"), "{err}");
+    tx.rollback().unwrap();
+    dlq.resolve(ids[0]).unwrap();
+    assert_eq!(dlq.get(ids[0]).unwrap().status, DlqStatus::Resolved);
+    // batch forms by type
+    dead_letters(&fx, &c, "order-paid", 3);
+    assert_eq!(dlq.retry_type("order-paid").unwrap(), 3);
+    assert_eq!(
+        dlq.delete_type("order-paid").unwrap(),
+        0,
+        "marked for retry: not deletable"
+    );
+    assert_eq!(dlq.delete_type("order-created").unwrap(), 1);
+    let too_many: Vec<EventId> = (0..1001).map(|_| EventId::new()).collect();
+    assert!(dlq
+        .retry_many(&too_many)
+        .unwrap_err()
+        .to_string()
+        .contains("at most 1000"));
+}
+
+#[test]
+fn the_cli_migrates_shows_status_and_operates_the_dlq() {
+    let p = "t_ops_cli_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let c = config(p);
+    let (code, out, _) = cli(p, &["migrate"]);
+    assert_eq!((code, out.trim()), (0, "migrated"));
+    fx.publish(&c, "order-created", 4, true);
+    let ids = dead_letters(&fx, &c, "order-paid", 3);
+
+    let (code, out, _) = cli(p, &["status"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines().next().unwrap().starts_with("EVENT TYPE"),
+        "{out}"
+    );
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("order-created"))
+        .expect(&out);
+    assert_eq!(row.split_whitespace().nth(1), Some("4"), "{row}");
+    let (code, out, _) = cli(p, &["--json", "status"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["event_type"], "order-created");
+    assert_eq!(v[0]["pending"], 4);
+
+    let (code, out, _) = cli(
+        p,
+        &[
+            "--json",
+            "dlq",
+            "list",
+            "--type",
+            "order-paid",
+            "--limit",
+            "2",
+        ],
+    );
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert_eq!(v[0]["id"], ids[0].to_string());
+    let (code, out, _) = cli(p, &["dlq", "list"]);
+    assert_eq!(code, 0);
+    assert_eq!(out.lines().count(), 4, "a header and three rows:\n{out}");
+    assert!(out.contains("broker said no"), "{out}");
+
+    let (code, out, _) = cli(p, &["dlq", "show", &ids[1].to_string()]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains(&format!("id:         {}", ids[1])) && out.contains("payload:    1"),
+        "{out}"
+    );
+    let (code, out, _) = cli(p, &["--json", "dlq", "show", &ids[1].to_string()]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["status"],
+        "DEAD"
+    );
+
+    assert_eq!(cli(p, &["dlq", "retry", &ids[0].to_string()]).0, 0);
+    assert_eq!(cli(p, &["dlq", "resolve", &ids[1].to_string()]).0, 0);
+    assert_eq!(cli(p, &["dlq", "delete", &ids[2].to_string()]).0, 0);
+    let dlq = Dlq::new(fx.store.clone());
+    assert_eq!(dlq.get(ids[0]).unwrap().status, DlqStatus::Retry);
+    assert_eq!(dlq.get(ids[1]).unwrap().status, DlqStatus::Resolved);
+    assert!(dlq.get(ids[2]).is_err());
+
+    // bad input: one line on stderr, never a panic; 2 for usage, 1 for errors
+    for (args, want) in [
+        (vec!["dlq", "show", "not-a-uuid"], 2),
+        (vec!["dlq", "list", "--status", "SLEEPING"], 2),
+        (vec!["dlq", "list", "--limit", "ten"], 2),
+        (vec!["frobnicate"], 2),
+        (vec!["dlq", "retry"], 2),
+        (vec!["dlq", "show", &EventId::new().to_string()], 1),
+        (vec!["dlq", "resolve", &ids[1].to_string()], 1),
+    ] {
+        let (code, _, err) = cli(p, &args);
+        assert_eq!(code, want, "{args:?}: {err}");
+        assert!(
+            err.starts_with("txbox: ") && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_txbox"))
+        .args(["status"])
+        .env_remove("TXBOX_DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "no database given");
+    let out = Command::new(env!("CARGO_BIN_EXE_txbox"))
+        .args([
+            "--database-url",
+            "postgres://nobody@127.0.0.1:1/none",
+            "status",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "unreachable database");
+}
+
+fn http(server: &AdminServer) -> (ureq::Agent, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    (agent, format!("http://{}", server.addr()))
+}
+
+fn body(r: ureq::http::Response<ureq::Body>) -> (u16, String) {
+    let code = r.status().as_u16();
+    (code, r.into_body().read_to_string().unwrap_or_default())
+}
+
+#[test]
+fn the_http_endpoint_serves_health_metrics_and_the_dlq() {
+    let p = "t_ops_http_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let c = config(p);
+    let ids = dead_letters(&fx, &c, "order-paid", 2);
+    let sender = MemorySender::new();
+    let relay = Relay::start(fx.store.clone(), &c, sender.clone()).unwrap();
+    fx.publish(&c, "order-created", 5, true);
+    wait_until("5 sent", Duration::from_secs(10), || sender.len() >= 5);
+    txbox::metrics::refresh(fx.store.as_ref()).unwrap();
+
+    let server = AdminServer::start(
+        fx.store.clone(),
+        AdminOptions::new().token("s3cret").relay(relay.probe()),
+    )
+    .unwrap();
+    assert!(server.addr().ip().is_loopback());
+    let (agent, base) = http(&server);
+    let (code, text) = body(agent.get(format!("{base}/health")).call().unwrap());
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["status"],
+        "ok"
+    );
+
+    let (code, text) = body(agent.get(format!("{base}/metrics")).call().unwrap());
+    assert_eq!(code, 200);
+    let mut samples = 0;
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (name, value) = line.rsplit_once(' ').expect(line);
+        assert!(value.parse::<f64>().is_ok(), "value of {line:?}");
+        let metric = name.split('{').next().unwrap();
+        assert!(
+            metric
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "{line:?}"
+        );
+        assert!(!name.contains('{') || name.ends_with('}'), "{line:?}");
+        samples += 1;
+    }
+    assert!(samples > 20, "{text}");
+    let sent: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("txbox_events_sent_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(sent >= 5.0);
+    assert!(
+        text.contains("txbox_outbox_pending{event_type=") || text.contains("txbox_dlq_size 2"),
+        "{text}"
+    );
+    assert!(text.contains("txbox_send_latency_seconds_bucket{le=\"+Inf\"}"));
+
+    let (code, text) = body(
+        agent
+            .get(format!("{base}/dlq/events?type=order-paid&limit=1"))
+            .call()
+            .unwrap(),
+    );
+    assert_eq!(code, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (v["total"].as_u64(), v["events"].as_array().map(Vec::len)),
+        (Some(2), Some(1))
+    );
+    let (code, text) = body(
+        agent
+            .get(format!("{base}/dlq/events/{}", ids[1]))
+            .call()
+            .unwrap(),
+    );
+    assert_eq!(
+        (
+            code,
+            serde_json::from_str::<serde_json::Value>(&text).unwrap()["attempts"].as_u64()
+        ),
+        (200, Some(1))
+    );
+
+    let url = format!("{base}/dlq/events/{}", ids[0]);
+    let (code, _) = body(agent.patch(&url).send("{\"status\":\"RESOLVED\"}").unwrap());
+    assert_eq!(code, 401, "no token");
+    let (code, _) = body(
+        agent
+            .patch(&url)
+            .header("Authorization", "Bearer wrong")
+            .send("{\"status\":\"RESOLVED\"}")
+            .unwrap(),
+    );
+    assert_eq!(code, 401);
+    let authed = |r: ureq::RequestBuilder<ureq::typestate::WithBody>| {
+        r.header("Authorization", "Bearer s3cret")
+    };
+    let (code, text) = body(
+        authed(agent.patch(&url))
+            .send("{\"status\":\"RESOLVED\"}")
+            .unwrap(),
+    );
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["status"],
+        "RESOLVED"
+    );
+    let (code, text) = body(
+        authed(agent.patch(&url))
+            .send("{\"status\":\"RESOLVED\"}")
+            .unwrap(),
+    );
+    assert_eq!(code, 409, "{text}");
+    for (bad, why) in [
+        ("{status: RETRY", "malformed"),
+        ("{\"status\":\"IN_PROCESS\"}", "internal state"),
+        ("{\"status\":\"DEAD\"}", "not settable"),
+    ] {
+        let (code, text) = body(authed(agent.patch(&url)).send(bad).unwrap());
+        assert_eq!(code, 400, "{why}: {text}");
+        assert!(serde_json::from_str::<serde_json::Value>(&text).unwrap()["error"].is_string());
+    }
+    let (code, _) = body(authed(agent.patch(&url)).send(vec![b' '; 70_000]).unwrap());
+    assert_eq!(code, 413);
+    let (code, _) = body(
+        agent
+            .get(format!("{base}/dlq/events/not-a-uuid"))
+            .call()
+            .unwrap(),
+    );
+    assert_eq!(code, 400);
+    let (code, _) = body(
+        agent
+            .get(format!("{base}/dlq/events/{}", EventId::new()))
+            .call()
+            .unwrap(),
+    );
+    assert_eq!(code, 404);
+    let (code, text) = body(agent.get(format!("{base}/nope")).call().unwrap());
+    assert_eq!(code, 404);
+    assert!(text.contains("error"));
+    let (code, _) = body(
+        agent
+            .get(format!("{base}/dlq/events?limit=ten"))
+            .call()
+            .unwrap(),
+    );
+    assert_eq!(code, 400);
+    let (code, _) = body(
+        agent
+            .delete(format!("{base}/dlq/events/{}", ids[1]))
+            .header("Authorization", "Bearer s3cret")
+            .call()
+            .unwrap(),
+    );
+    assert_eq!(code, 204);
+    assert!(Dlq::new(fx.store.clone()).get(ids[1]).is_err());
+
+    // the relay stopped: health says so
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    let (code, text) = body(agent.get(format!("{base}/health")).call().unwrap());
+    assert_eq!(code, 503, "{text}");
+    server.shutdown();
+
+    // without a token, mutating routes are off
+    let server = AdminServer::start(fx.store.clone(), AdminOptions::new()).unwrap();
+    let (agent, base) = http(&server);
+    let (code, _) = body(
+        agent
+            .delete(format!("{base}/dlq/events/{}", ids[0]))
+            .header("Authorization", "Bearer s3cret")
+            .call()
+            .unwrap(),
+    );
+    assert_eq!(code, 403);
+}
+
+#[test]
+fn the_metrics_snapshot_counts_what_happened() {
+    let p = "t_ops_metrics_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let c = config(p);
+    let before = txbox::metrics::snapshot();
+    let sender = MemorySender::new();
+    let relay = Relay::start(fx.store.clone(), &c, sender.clone()).unwrap();
+    fx.publish(&c, "order-created", 7, true);
+    wait_until("7 sent", Duration::from_secs(10), || sender.len() >= 7);
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    let after = txbox::metrics::snapshot();
+    assert!(after.events_published >= before.events_published + 7);
+    assert!(after.events_sent >= before.events_sent + 7);
+    assert!(after.send_latency.count > before.send_latency.count);
+    assert!(after.commit_to_ack.count >= before.commit_to_ack.count + 7);
+    assert!(after.polling_delay_seconds.contains_key("order-created"));
+    let _: Arc<dyn Store> = fx.store.clone();
+}
