@@ -120,11 +120,15 @@ fn dialect(t: &Tables) -> Dialect {
             "UPDATE {d} SET status = $1, updated_at = now() WHERE status IN ({{from}}) AND id IN ({{ids}})"
         ),
         dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})"),
+        // one grouped scan per partial index; PROCESSED rows are never read
         status: format!(
-            "SELECT event_type, count(*) FILTER (WHERE status = 'PENDING'), \
-               count(*) FILTER (WHERE status = 'IN_PROCESS'), count(*) FILTER (WHERE status = 'FAILED'), \
-               extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'PENDING'))::float8 \
-             FROM {o} WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') GROUP BY event_type ORDER BY event_type"
+            "SELECT event_type, sum(p)::int8, sum(i)::int8, sum(f)::int8, \
+               extract(epoch FROM now() - min(oldest))::float8 FROM ( \
+               SELECT event_type, count(*) AS p, 0 AS i, 0 AS f, min(created_at) AS oldest \
+                 FROM {o} WHERE status = 'PENDING' GROUP BY event_type \
+               UNION ALL SELECT event_type, 0, count(*), 0, NULL FROM {o} WHERE status = 'IN_PROCESS' GROUP BY event_type \
+               UNION ALL SELECT event_type, 0, 0, count(*), NULL FROM {o} WHERE status = 'FAILED' GROUP BY event_type \
+             ) s GROUP BY event_type ORDER BY event_type"
         ),
         inbox_insert: format!("INSERT INTO {i} (event_id) VALUES ($1) ON CONFLICT (event_id) DO NOTHING"),
         insert_events: format!("INSERT INTO {o} (id, event_type, event_key, headers, payload) VALUES "),
