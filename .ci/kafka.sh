@@ -3,6 +3,7 @@
 # prebuilt binary) on 127.0.0.1:9092 with in-memory storage.
 #   kafka.sh start            start it unless it answers; wait until it does
 #   kafka.sh stop             stop it
+#   kafka.sh pause | resume   freeze it (SIGSTOP) and let it go on (SIGCONT)
 #   kafka.sh topic NAME [N]   create a topic with N partitions (default 3); ok if it exists
 set -euo pipefail
 
@@ -59,6 +60,13 @@ case "${1:-start}" in
         done
         pkill -9 -f "tansu broker --listener-url tcp://$ADDR:$PORT" || true
         ;;
+    pause)
+        # the broker stops answering (SIGSTOP) but keeps its memory storage
+        pkill -STOP -f "tansu broker --listener-url tcp://$ADDR:$PORT"
+        ;;
+    resume)
+        pkill -CONT -f "tansu broker --listener-url tcp://$ADDR:$PORT"
+        ;;
     topic)
         name=${2:?topic name}
         parts=${3:-3}
@@ -73,7 +81,7 @@ case "${1:-start}" in
         exit 1
         ;;
     *)
-        echo "usage: kafka.sh start|stop|topic NAME [PARTITIONS]" >&2
+        echo "usage: kafka.sh start|stop|pause|resume|topic NAME [PARTITIONS]" >&2
         exit 2
         ;;
 esac

@@ -114,26 +114,21 @@ impl Fixture {
         })
     }
 
+    /// A fixture on tables that already exist (no drop, no migrate).
+    pub fn new_existing(backend: Backend, prefix: &str) -> Fixture {
+        let sqlite_path = std::env::temp_dir().join(format!("txbox-test-{prefix}.db"));
+        let store = open_store(backend, prefix, &sqlite_path);
+        Fixture {
+            backend,
+            prefix: prefix.to_string(),
+            store,
+            sqlite_path,
+        }
+    }
+
     /// Another store instance on the same tables (another relay process would have one).
     pub fn another_store(&self) -> Arc<dyn Store> {
-        match self.backend {
-            Backend::Postgres => {
-                Arc::new(txbox::PgStore::connect(&super::pg_url(), &self.prefix).unwrap())
-            }
-            #[cfg(feature = "mysql")]
-            Backend::MySql => {
-                Arc::new(txbox::MySqlStore::connect(&mysql_url(), &self.prefix).unwrap())
-            }
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite => {
-                Arc::new(txbox::SqliteStore::open(&self.sqlite_path, &self.prefix).unwrap())
-            }
-            #[cfg(feature = "oracle")]
-            Backend::Oracle => Arc::new(
-                txbox::OracleStore::connect_url(&oracle_url().unwrap_or_default(), &self.prefix)
-                    .unwrap(),
-            ),
-        }
+        open_store(self.backend, &self.prefix, &self.sqlite_path)
     }
 
     /// Publishes `n` events (payloads 0..n) of `event_type` in one business
@@ -281,5 +276,20 @@ fn handler<Tx: ?Sized, T: Default>(ok: bool) -> impl FnOnce(&mut Tx) -> txbox::R
         } else {
             Err(txbox::Error::InvalidInput("handler failed".into()))
         }
+    }
+}
+
+fn open_store(backend: Backend, prefix: &str, sqlite_path: &std::path::Path) -> Arc<dyn Store> {
+    let _ = sqlite_path;
+    match backend {
+        Backend::Postgres => Arc::new(txbox::PgStore::connect(&super::pg_url(), prefix).unwrap()),
+        #[cfg(feature = "mysql")]
+        Backend::MySql => Arc::new(txbox::MySqlStore::connect(&mysql_url(), prefix).unwrap()),
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite => Arc::new(txbox::SqliteStore::open(sqlite_path, prefix).unwrap()),
+        #[cfg(feature = "oracle")]
+        Backend::Oracle => Arc::new(
+            txbox::OracleStore::connect_url(&oracle_url().unwrap_or_default(), prefix).unwrap(),
+        ),
     }
 }

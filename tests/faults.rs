@@ -1,0 +1,275 @@
+//! The fault suite: tries to make txbox lose an event. Each scenario is bounded in
+//! time and prints its counts (published, delivered, duplicates, lost); the numbers
+//! of a run are kept in docs/RELIABILITY.md. The broker outages live in
+//! tests/broker_outage.rs and the killed database connections in
+//! tests/postgres_relay.rs.
+//!
+//! The relay-process scenario runs this test binary again as the relay process
+//! (`relay_worker_process`, active only when TXBOX_FAULT_WORKER is set) and kills it
+//! with SIGKILL, again and again, while a producer keeps publishing. The worker's
+//! sender appends each acked id to a file before it reports the ack: that file is the
+//! consumer.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::backend::{Backend, Fixture};
+use common::wait_until;
+use txbox::{Config, Event, EventId, EventOptions, MemorySender, Relay, SendError, Sender, Store};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn worker_config(prefix: &str) -> Config {
+    Config::builder()
+        .table_prefix(prefix)
+        .defaults(
+            EventOptions::new()
+                .adaptive_polling(ms(10), ms(100), 1.5)
+                .batch_size(50)
+                .lease(ms(1500)),
+        )
+        .event("k", EventOptions::new())
+        .recovery_interval(ms(300))
+        .build()
+        .unwrap()
+}
+
+/// Appends every acked id to a file, then acks.
+struct FileSender(std::fs::File);
+
+impl Sender for FileSender {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        let mut lines = String::new();
+        for e in events {
+            lines.push_str(&format!("{}\n", e.id));
+        }
+        match self.0.write_all(lines.as_bytes()) {
+            Ok(()) => {
+                // the broker's ack takes a while: a kill lands here often
+                std::thread::sleep(Duration::from_millis(30));
+                events.iter().map(|_| Ok(())).collect()
+            }
+            Err(e) => events
+                .iter()
+                .map(|_| Err(SendError::new(e.to_string())))
+                .collect(),
+        }
+    }
+}
+
+/// The relay process of `a_relay_process_killed_again_and_again_loses_nothing`.
+#[test]
+fn relay_worker_process() {
+    let (Ok(prefix), Ok(path)) = (
+        std::env::var("TXBOX_FAULT_WORKER"),
+        std::env::var("TXBOX_FAULT_FILE"),
+    ) else {
+        return; // only as a child process
+    };
+    let store = Arc::new(txbox::PgStore::connect(&common::pg_url(), &prefix).unwrap());
+    let factory = move || -> txbox::Result<Box<dyn Sender>> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| txbox::Error::Sender(e.to_string()))?;
+        Ok(Box::new(FileSender(file)))
+    };
+    let _relay = Relay::start(store, &worker_config(&prefix), factory).unwrap();
+    std::thread::sleep(Duration::from_secs(120)); // until killed
+}
+
+fn spawn_worker(prefix: &str, file: &std::path::Path) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "relay_worker_process",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("TXBOX_FAULT_WORKER", prefix)
+        .env("TXBOX_FAULT_FILE", file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_relay_process_killed_again_and_again_loses_nothing() {
+    let p = "t_fault_kill_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let config = worker_config(p);
+    let file = std::env::temp_dir().join(format!("txbox-fault-{}.ids", std::process::id()));
+    let _ = std::fs::remove_file(&file);
+
+    // a producer keeps publishing while relay processes die
+    let stop = Arc::new(AtomicBool::new(false));
+    let published = Arc::new(Mutex::new(Vec::<EventId>::new()));
+    let producer = {
+        let (stop, published, c) = (stop.clone(), published.clone(), config.clone());
+        std::thread::spawn(move || {
+            let fx = Fixture::new_existing(Backend::Postgres, "t_fault_kill_");
+            while !stop.load(Ordering::Relaxed) {
+                let ids = fx.publish(&c, "k", 25, true);
+                published.lock().unwrap().extend(ids);
+                std::thread::sleep(ms(20));
+            }
+        })
+    };
+    let mut kills = 0;
+    for round in 0..12 {
+        let mut child = spawn_worker(p, &file);
+        std::thread::sleep(ms(400 + fastrand::u64(0..500) + round * 10));
+        child.kill().unwrap(); // SIGKILL: no shutdown, batches cut in the middle
+        child.wait().unwrap();
+        kills += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    producer.join().unwrap();
+
+    // one last relay drains what is left, including the batches the dead ones held
+    let mut last = spawn_worker(p, &file);
+    wait_until("the outbox drained", Duration::from_secs(60), || {
+        let s = fx.counts("k");
+        s.pending == 0 && s.in_process == 0
+    });
+    last.kill().unwrap();
+    last.wait().unwrap();
+
+    let published = published.lock().unwrap().clone();
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    let mut times: HashMap<EventId, usize> = HashMap::new();
+    for line in text.lines() {
+        if let Ok(id) = line.parse::<EventId>() {
+            *times.entry(id).or_default() += 1;
+        }
+    }
+    let lost: Vec<_> = published
+        .iter()
+        .filter(|id| !times.contains_key(id))
+        .collect();
+    let duplicates: usize = published
+        .iter()
+        .map(|id| times.get(id).copied().unwrap_or(0).saturating_sub(1))
+        .sum();
+    eprintln!(
+        "relay SIGKILLed {kills} times: published={} delivered={} duplicates={duplicates} lost={}",
+        published.len(),
+        published.len() - lost.len(),
+        lost.len()
+    );
+    let _ = std::fs::remove_file(&file);
+    assert!(kills >= 10);
+    assert!(
+        published.len() > 1000,
+        "the producer kept publishing: {}",
+        published.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "lost {} events, e.g. {:?}",
+        lost.len(),
+        lost.first()
+    );
+}
+
+/// Hangs past the lease on its first batch, then reports every event failed.
+struct Hanging {
+    first: bool,
+    hang: Duration,
+}
+
+impl Sender for Hanging {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        if std::mem::take(&mut self.first) {
+            std::thread::sleep(self.hang);
+        }
+        events
+            .iter()
+            .map(|_| Err(SendError::new("late failure")))
+            .collect()
+    }
+}
+
+#[test]
+fn a_sender_hanging_past_the_lease_is_fenced_out() {
+    let p = "t_fault_hang_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(
+            EventOptions::new()
+                .adaptive_polling(ms(10), ms(100), 1.5)
+                .lease(Duration::from_secs(1)),
+        )
+        .event("h", EventOptions::new())
+        .recovery_interval(ms(200))
+        .build()
+        .unwrap();
+    let ids: HashSet<EventId> = fx.publish(&config, "h", 10, true).into_iter().collect();
+    let hung = Arc::new(AtomicBool::new(false));
+    let h = hung.clone();
+    let factory = move || -> txbox::Result<Box<dyn Sender>> {
+        h.store(true, Ordering::Relaxed);
+        Ok(Box::new(Hanging {
+            first: true,
+            hang: Duration::from_secs(3),
+        }))
+    };
+    let slow = Relay::start(fx.store.clone(), &config, factory).unwrap();
+    wait_until(
+        "the slow relay to claim the batch",
+        Duration::from_secs(10),
+        || fx.counts("h").in_process == 10,
+    );
+    let started = Instant::now();
+    // another relay (another instance) takes over once the lease ran out
+    let sender = MemorySender::new();
+    let other = Relay::start(fx.another_store(), &config, sender.clone()).unwrap();
+    wait_until(
+        "the other relay delivers the recovered batch",
+        Duration::from_secs(15),
+        || sender.len() >= 10,
+    );
+    let got: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
+    assert_eq!(got, ids);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "recovered while the first sender still hung"
+    );
+    // the first relay now finishes late, claiming failure: fenced out, nothing changes
+    std::thread::sleep(Duration::from_secs(3));
+    slow.shutdown(Duration::from_secs(10)).unwrap();
+    other.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        fx.counts("h"),
+        txbox::TypeStatus::default(),
+        "all processed, no retry scheduled"
+    );
+    let mut c = common::client().unwrap();
+    let attempts: i64 = c
+        .query_one(&format!("SELECT coalesce(sum(attempts), 0) FROM {p}outbox_events WHERE status = 'PROCESSED'"), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 0, "the late failure counted no attempt");
+    assert!(hung.load(Ordering::Relaxed));
+    eprintln!(
+        "hanging sender: published=10 delivered=10 duplicates=0 lost=0 late_finish_changed=0"
+    );
+}
+
+#[allow(dead_code)]
+fn _store_is_object_safe(_: &dyn Store) {}
