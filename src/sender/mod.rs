@@ -59,3 +59,9 @@ where
         self()
     }
 }
+
+impl<S: Sender + ?Sized> Sender for Box<S> {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        (**self).send(events)
+    }
+}

@@ -268,7 +268,7 @@ impl crate::outbox::sealed::Sealed for mysql::Transaction<'_> {}
 
 impl crate::outbox::OutboxTransaction for mysql::Transaction<'_> {
     fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
-        sql::insert_events(self, &dialect(tables), events)
+        sql::insert_events(self, &sql::cached("mysql", tables, dialect), events)
     }
 }
 
@@ -276,6 +276,6 @@ impl crate::inbox::sealed::Sealed for mysql::Transaction<'_> {}
 
 impl crate::inbox::InboxTransaction for mysql::Transaction<'_> {
     fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
-        sql::insert_inbox_ids(self, &dialect(tables), ids)
+        sql::insert_inbox_ids(self, &sql::cached("mysql", tables, dialect), ids)
     }
 }

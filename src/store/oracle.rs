@@ -324,7 +324,7 @@ impl crate::outbox::sealed::Sealed for oracle::Connection {}
 impl crate::outbox::OutboxTransaction for oracle::Connection {
     fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
         in_transaction(self)?;
-        sql::insert_events(self, &dialect(tables), events)
+        sql::insert_events(self, &sql::cached("oracle", tables, dialect), events)
     }
 }
 
@@ -333,6 +333,6 @@ impl crate::inbox::sealed::Sealed for oracle::Connection {}
 impl crate::inbox::InboxTransaction for oracle::Connection {
     fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
         in_transaction(self)?;
-        sql::insert_inbox_ids(self, &dialect(tables), ids)
+        sql::insert_inbox_ids(self, &sql::cached("oracle", tables, dialect), ids)
     }
 }

@@ -330,7 +330,7 @@ impl crate::outbox::sealed::Sealed for postgres::Transaction<'_> {}
 
 impl crate::outbox::OutboxTransaction for postgres::Transaction<'_> {
     fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
-        sql::insert_events(self, &dialect(tables), events)
+        sql::insert_events(self, &sql::cached("postgres", tables, dialect), events)
     }
 }
 
@@ -338,7 +338,7 @@ impl crate::inbox::sealed::Sealed for postgres::Transaction<'_> {}
 
 impl crate::inbox::InboxTransaction for postgres::Transaction<'_> {
     fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
-        sql::insert_inbox_ids(self, &dialect(tables), ids)
+        sql::insert_inbox_ids(self, &sql::cached("postgres", tables, dialect), ids)
     }
 }
 

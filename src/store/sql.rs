@@ -297,6 +297,24 @@ pub(crate) struct Dialect {
     pub insert_events_suffix: &'static str,
 }
 
+/// The statements of `dialect` for `t`, built once per process and table prefix
+/// (publish and the inbox ask for them on every call).
+pub(crate) fn cached(
+    dialect: &'static str,
+    t: &Tables,
+    build: fn(&Tables) -> Dialect,
+) -> std::sync::Arc<Dialect> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, LazyLock, Mutex};
+    type Cache = Mutex<HashMap<(&'static str, String), Arc<Dialect>>>;
+    static CACHE: LazyLock<Cache> = LazyLock::new(Default::default);
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    cache
+        .entry((dialect, t.prefix.clone()))
+        .or_insert_with(|| Arc::new(build(t)))
+        .clone()
+}
+
 /// A statement rendered for one call.
 pub(crate) fn run_query(
     conn: &mut dyn Conn,

@@ -269,7 +269,7 @@ impl crate::outbox::sealed::Sealed for rusqlite::Transaction<'_> {}
 
 impl crate::outbox::OutboxTransaction for rusqlite::Transaction<'_> {
     fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
-        sql::insert_events(self, &dialect(tables), events)
+        sql::insert_events(self, &sql::cached("sqlite", tables, dialect), events)
     }
 }
 
@@ -277,6 +277,6 @@ impl crate::inbox::sealed::Sealed for rusqlite::Transaction<'_> {}
 
 impl crate::inbox::InboxTransaction for rusqlite::Transaction<'_> {
     fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
-        sql::insert_inbox_ids(self, &dialect(tables), ids)
+        sql::insert_inbox_ids(self, &sql::cached("sqlite", tables, dialect), ids)
     }
 }

@@ -1,0 +1,778 @@
+//! The benchmark: what txbox costs a business transaction and how fast and how
+//! safely it drains, each figure beside its baseline in the same run.
+//!
+//! ```text
+//! cargo run --release --all-features --example bench            # quick (< 1 minute)
+//! cargo run --release --all-features --example bench -- --full  # the full sizes
+//! ```
+//! Needs PostgreSQL (`TXBOX_PG_URL`), RabbitMQ and Kafka (as in the tests). Prints one
+//! table; docs/BENCHMARKS.md keeps a run.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use txbox::{
+    Config, Event, EventId, EventOptions, MemorySender, Outbox, PgStore, Relay, SendError, Sender,
+    Store,
+};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn pg_url() -> String {
+    std::env::var("TXBOX_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+struct Size {
+    txs: usize,
+    batches: usize,
+    floor: usize,
+    brokers: usize,
+    idle: Duration,
+    rate_secs: u64,
+    burst: usize,
+    idle_single: Duration,
+    instances: usize,
+}
+
+fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
+    let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
+    for t in [
+        "outbox_events",
+        "outbox_dead_letters",
+        "inbox_consumed",
+        "job_locks",
+    ] {
+        c.batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))?;
+    }
+    let store = Arc::new(PgStore::connect(&pg_url(), prefix)?);
+    store.migrate()?;
+    Ok((store, c))
+}
+
+fn config(prefix: &str, options: EventOptions) -> Config {
+    Config::builder()
+        .table_prefix(prefix)
+        .event("bench", options)
+        .build()
+        .expect("config")
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+struct Row {
+    what: String,
+    txbox: String,
+    baseline: String,
+    ratio: String,
+    target: &'static str,
+}
+
+fn row(
+    what: impl Into<String>,
+    txbox: String,
+    baseline: String,
+    ratio: f64,
+    target: &'static str,
+) -> Row {
+    Row {
+        what: what.into(),
+        txbox,
+        baseline,
+        ratio: format!("{ratio:.2}"),
+        target,
+    }
+}
+
+fn publish_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_pub_";
+    let (_store, mut c) = fresh(p)?;
+    c.batch_execute("DROP TABLE IF EXISTS bench_orders; CREATE TABLE bench_orders (id bigserial PRIMARY KEY, total bigint)")?;
+    let outbox = Outbox::new(&config(p, EventOptions::new()))?;
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for i in 0..s.txs * 2 {
+        let t = Instant::now();
+        let mut tx = c.transaction()?;
+        tx.execute(
+            "INSERT INTO bench_orders (total) VALUES ($1)",
+            &[&(i as i64)],
+        )?;
+        if i % 2 == 0 {
+            outbox.publish(
+                &mut tx,
+                "bench",
+                &serde_json::json!({"order": i, "total": i}),
+            )?;
+        }
+        tx.commit()?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        if i % 2 == 0 {
+            with.push(ms)
+        } else {
+            without.push(ms)
+        }
+    }
+    let (m1, m0) = (pct(&mut with, 0.5), pct(&mut without, 0.5));
+    let (p1, p0) = (pct(&mut with, 0.99), pct(&mut without, 0.99));
+    out.push(row(
+        format!("publish overhead, median ({} tx)", s.txs),
+        format!("{m1:.3} ms"),
+        format!("{m0:.3} ms"),
+        m1 / m0,
+        "<= 1.3",
+    ));
+    out.push(row(
+        "publish overhead, p99",
+        format!("{p1:.3} ms"),
+        format!("{p0:.3} ms"),
+        p1 / p0,
+        "-",
+    ));
+    Ok(())
+}
+
+fn batch_publish(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_batch_";
+    let (_store, mut c) = fresh(p)?;
+    let outbox = Outbox::new(&config(p, EventOptions::new()))?;
+    let payloads: Vec<serde_json::Value> =
+        (0..100).map(|i| serde_json::json!({"order": i})).collect();
+    let (mut ours, mut hand) = (Vec::new(), Vec::new());
+    for _ in 0..s.batches {
+        let t = Instant::now();
+        let mut tx = c.transaction()?;
+        outbox.publish_batch(&mut tx, "bench", &payloads)?;
+        tx.commit()?;
+        ours.push(t.elapsed().as_secs_f64() * 1000.0);
+
+        // the same 100 rows, one hand-written multi-row INSERT
+        let t = Instant::now();
+        let mut tx = c.transaction()?;
+        let mut sql = format!(
+            "INSERT INTO {p}outbox_events (id, event_type, event_key, headers, payload) VALUES "
+        );
+        let mut params: Vec<Box<dyn postgres::types::ToSql + Sync>> = Vec::new();
+        for (i, pl) in payloads.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            let b = i * 3;
+            sql.push_str(&format!(
+                "(${}, ${}, NULL, '{{}}', ${})",
+                b + 1,
+                b + 2,
+                b + 3
+            ));
+            params.push(Box::new(uuid::Uuid::now_v7()));
+            params.push(Box::new("bench".to_string()));
+            params.push(Box::new(pl.to_string()));
+        }
+        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+            params.iter().map(|b| b.as_ref()).collect();
+        tx.execute(sql.as_str(), &refs)?;
+        tx.commit()?;
+        hand.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (a, b) = (pct(&mut ours, 0.5), pct(&mut hand, 0.5));
+    out.push(row(
+        format!("batch publish of 100, median ({}x)", s.batches),
+        format!("{a:.3} ms"),
+        format!("{b:.3} ms"),
+        a / b,
+        "<= 1.5",
+    ));
+    Ok(())
+}
+
+fn fill(c: &mut postgres::Client, outbox: &Outbox, n: usize) -> Res<Vec<EventId>> {
+    let mut ids = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut tx = c.transaction()?;
+        ids.extend(outbox.publish_batch(
+            &mut tx,
+            "bench",
+            chunk.iter().map(|i| serde_json::json!({"n": i})),
+        )?);
+        tx.commit()?;
+    }
+    Ok(ids)
+}
+
+fn relay_floor(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_floor_";
+    let (store, mut c) = fresh(p)?;
+    let cfg = config(p, EventOptions::new().batch_size(200));
+    let outbox = Outbox::new(&cfg)?;
+    fill(&mut c, &outbox, s.floor)?;
+    let sender = MemorySender::new();
+    let t = Instant::now();
+    let relay = Relay::start(store, &cfg, sender.clone())?;
+    sender.wait_for(s.floor, Duration::from_secs(600));
+    let ours = s.floor as f64 / t.elapsed().as_secs_f64();
+    relay.shutdown(Duration::from_secs(10))?;
+
+    // the hand loop: the same claim and finish statements, no relay around them
+    let (_store, mut c) = fresh(p)?;
+    fill(&mut c, &outbox, s.floor)?;
+    let claim = format!(
+        "WITH c AS (SELECT id FROM {p}outbox_events WHERE event_type = $1 AND status = 'PENDING' \
+         AND next_attempt_at <= now() ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+         UPDATE {p}outbox_events AS e SET status = 'IN_PROCESS', claim_token = $3, \
+         lease_until = now() + $4 * interval '1 millisecond' FROM c WHERE e.id = c.id \
+         RETURNING e.id, e.event_type, e.event_key, e.headers::text, e.payload, e.attempts"
+    );
+    let finish = format!(
+        "UPDATE {p}outbox_events SET status = 'PROCESSED', processed_at = now(), claim_token = NULL, \
+         lease_until = NULL WHERE claim_token = $1 AND status = 'IN_PROCESS' AND id = ANY($2)"
+    );
+    let t = Instant::now();
+    let mut done = 0;
+    let mut sink = MemorySender::new();
+    while done < s.floor {
+        let token = uuid::Uuid::now_v7();
+        let rows = c.query(claim.as_str(), &[&"bench", &200i64, &token, &300_000f64])?;
+        let events: Vec<Event> = rows
+            .iter()
+            .map(|r| Event {
+                id: EventId::from_uuid(r.get(0)),
+                event_type: r.get(1),
+                destination: "bench".into(),
+                routing_key: "bench".into(),
+                key: r.get(2),
+                headers: Default::default(),
+                payload: r.get(4),
+                attempts: 0,
+            })
+            .collect();
+        let _ = sink.send(&events);
+        let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id.as_uuid()).collect();
+        c.execute(finish.as_str(), &[&token, &ids])?;
+        done += events.len();
+    }
+    let hand = s.floor as f64 / t.elapsed().as_secs_f64();
+    out.push(row(
+        format!("relay floor, PG -> memory ({} events)", s.floor),
+        format!("{ours:.0} ev/s"),
+        format!("{hand:.0} ev/s"),
+        ours / hand,
+        ">= 0.9, >= 10000 ev/s",
+    ));
+    Ok(())
+}
+
+fn broker_throughput(
+    name: &str,
+    s: &Size,
+    factory: Arc<dyn txbox::SenderFactory>,
+    destination: &str,
+    out: &mut Vec<Row>,
+) -> Res<()> {
+    let p = "bench_broker_";
+    let (store, mut c) = fresh(p)?;
+    let cfg = config(
+        p,
+        EventOptions::new()
+            .destination(destination)
+            .routing_key("txbox-bench")
+            .batch_size(200),
+    );
+    let outbox = Outbox::new(&cfg)?;
+    fill(&mut c, &outbox, s.brokers)?;
+    // warm up: connections and metadata are not what is measured
+    let warm = Event {
+        id: EventId::new(),
+        event_type: "bench".into(),
+        destination: destination.into(),
+        routing_key: "txbox-bench".into(),
+        key: None,
+        headers: Default::default(),
+        payload: "{}".into(),
+        attempts: 0,
+    };
+    let mut warmup = factory.create()?;
+    if warmup
+        .send(std::slice::from_ref(&warm))
+        .iter()
+        .any(|r| r.is_err())
+    {
+        return Err(format!("{name}: warm-up send failed").into());
+    }
+    let t = Instant::now();
+    let f = factory.clone();
+    let relay = Relay::start(store.clone(), &cfg, move || f.create())?;
+    while store.status()?.iter().any(|x| x.pending + x.in_process > 0)
+        && t.elapsed() < Duration::from_secs(600)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ours = s.brokers as f64 / t.elapsed().as_secs_f64();
+    relay.shutdown(Duration::from_secs(10))?;
+
+    // the same client, same settings, the same messages in batches of 200, directly
+    let mut direct = warmup;
+    let events: Vec<Event> = (0..s.brokers)
+        .map(|i| Event {
+            id: EventId::new(),
+            event_type: "bench".into(),
+            destination: destination.into(),
+            routing_key: "txbox-bench".into(),
+            key: None,
+            headers: Default::default(),
+            payload: serde_json::json!({"n": i}).to_string(),
+            attempts: 0,
+        })
+        .collect();
+    let t = Instant::now();
+    for chunk in events.chunks(200) {
+        let failed = direct.send(chunk).iter().filter(|r| r.is_err()).count();
+        if failed > 0 {
+            return Err(format!("{name}: {failed} direct sends failed").into());
+        }
+    }
+    let base = s.brokers as f64 / t.elapsed().as_secs_f64();
+    out.push(row(
+        format!("relay to {name} ({} events)", s.brokers),
+        format!("{ours:.0} ev/s"),
+        format!("{base:.0} ev/s"),
+        ours / base,
+        ">= 0.8",
+    ));
+    Ok(())
+}
+
+/// Counts the statements the relay sends through the store.
+struct Counting(Arc<PgStore>, Arc<AtomicU64>);
+
+impl Counting {
+    fn n(&self) -> &AtomicU64 {
+        &self.1
+    }
+}
+
+macro_rules! counted {
+    ($($name:ident($($arg:ident: $t:ty),*) -> $r:ty;)*) => {
+        impl Store for Counting {
+            $(fn $name(&self, $($arg: $t),*) -> txbox::Result<$r> {
+                self.n().fetch_add(1, Ordering::Relaxed);
+                self.0.$name($($arg),*)
+            })*
+        }
+    };
+}
+
+counted! {
+    migrate() -> ();
+    claim(event_type: &str, limit: usize, lease: Duration, token: uuid::Uuid) -> Vec<Event>;
+    finish(token: uuid::Uuid, outcomes: &[(EventId, txbox::Outcome)]) -> u64;
+    recover_expired(limit: usize) -> u64;
+    delete_processed(ttl: Duration, limit: usize) -> u64;
+    move_failed_to_dlq(limit: usize) -> u64;
+    requeue_dlq_retries(limit: usize) -> u64;
+    delete_resolved_dlq(ttl: Duration, limit: usize) -> u64;
+    try_lock(name: &str, owner: uuid::Uuid, lease: Duration) -> bool;
+    unlock(name: &str, owner: uuid::Uuid) -> ();
+    dlq_list(filter: &txbox::DlqFilter) -> Vec<txbox::DeadLetter>;
+    dlq_count(filter: &txbox::DlqFilter) -> u64;
+    dlq_get(id: EventId) -> Option<txbox::DeadLetter>;
+    dlq_set_status(ids: &[EventId], from: &[txbox::DlqStatus], to: txbox::DlqStatus) -> Vec<EventId>;
+    dlq_delete(ids: &[EventId], from: &[txbox::DlqStatus]) -> Vec<EventId>;
+    status() -> Vec<txbox::TypeStatus>;
+    inbox_insert(ids: &[EventId]) -> Vec<EventId>;
+    delete_expired_inbox(ttl: Duration, limit: usize) -> u64;
+}
+
+fn idle_cost(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_idle_";
+    let (store, _c) = fresh(p)?;
+    let calls = Arc::new(AtomicU64::new(0));
+    let counting = Arc::new(Counting(store, calls.clone()));
+    // one idle type, default adaptive polling; maintenance intervals long enough
+    // that only the poller's claims are counted
+    let cfg = Config::builder()
+        .table_prefix(p)
+        .event("bench", EventOptions::new())
+        .recovery_interval(Duration::from_secs(3600))
+        .cleanup_interval(Duration::from_secs(3600))
+        .build()?;
+    let relay = Relay::start(counting, &cfg, MemorySender::new())?;
+    let start = calls.load(Ordering::Relaxed); // the maintenance threads' first runs
+    std::thread::sleep(Duration::from_millis(50));
+    let base = calls.load(Ordering::Relaxed).max(start);
+    std::thread::sleep(s.idle);
+    let measured = calls.load(Ordering::Relaxed) - base;
+    relay.shutdown(Duration::from_secs(5))?;
+    // the same delay sequence over an hour
+    let polling = txbox::EventSettings::default().polling;
+    let (mut model_window, mut model_hour) = (0, 0);
+    let mut st = txbox::relay::PollState::new(&polling);
+    let mut t = Duration::ZERO;
+    while t < Duration::from_secs(3600) {
+        if t < s.idle {
+            model_window += 1;
+        }
+        model_hour += 1;
+        t += st.after_batch(0, 200);
+    }
+    let steady = (3600.0 / polling.max.as_secs_f64()).round();
+    out.push(row(
+        format!("idle cost: claims in {:?} (measured vs model)", s.idle),
+        format!("{measured}"),
+        format!("{model_window}"),
+        measured as f64 / model_window.max(1) as f64,
+        "-",
+    ));
+    out.push(row(
+        "idle cost: statements per hour (first hour / steady)",
+        format!("{model_hour}"),
+        format!("{steady}"),
+        model_hour as f64 / 70.0,
+        "<= 70",
+    ));
+    Ok(())
+}
+
+/// Records the time each event was acked by the wrapped sender.
+struct Timed<S> {
+    inner: S,
+    acked: Arc<Mutex<HashMap<EventId, Instant>>>,
+}
+
+impl<S: Sender> Sender for Timed<S> {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        let r = self.inner.send(events);
+        let now = Instant::now();
+        let mut acked = self.acked.lock().unwrap();
+        for (e, res) in events.iter().zip(&r) {
+            if res.is_ok() {
+                acked.entry(e.id).or_insert(now);
+            }
+        }
+        r
+    }
+}
+
+fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
+    use txbox::rabbitmq::RabbitSenderFactory;
+    use txbox::SenderFactory;
+    let p = "bench_latency_";
+    let (store, mut c) = fresh(p)?;
+    let exchange = "amq.fanout"; // exists on every broker; no queue needed to measure acks
+    let _ = exchange;
+    let cfg = config(
+        p,
+        EventOptions::new()
+            .destination("amq.direct")
+            .routing_key("txbox-bench"),
+    );
+    ensure_queue(rabbit)?;
+    let outbox = Outbox::new(&cfg)?;
+    let acked = Arc::new(Mutex::new(HashMap::new()));
+    let factory = RabbitSenderFactory::new(rabbit);
+    let a = acked.clone();
+    let relay = Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
+        Ok(Box::new(Timed {
+            inner: factory.create()?,
+            acked: a.clone(),
+        }))
+    })?;
+    let mut commit = |n: usize| -> Res<Vec<(EventId, Instant)>> {
+        let mut tx = c.transaction()?;
+        let ids = outbox.publish_batch(
+            &mut tx,
+            "bench",
+            (0..n).map(|i| serde_json::json!({"n": i})),
+        )?;
+        tx.commit()?;
+        let t = Instant::now();
+        Ok(ids.into_iter().map(|i| (i, t)).collect())
+    };
+    let latencies = |committed: &[(EventId, Instant)],
+                     acked: &Arc<Mutex<HashMap<EventId, Instant>>>|
+     -> Vec<f64> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let a = acked.lock().unwrap();
+            if committed.iter().all(|(id, _)| a.contains_key(id)) || Instant::now() > deadline {
+                return committed
+                    .iter()
+                    .filter_map(|(id, t)| {
+                        a.get(id)
+                            .map(|x| x.duration_since(*t).as_secs_f64() * 1000.0)
+                    })
+                    .collect();
+            }
+            drop(a);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // steady 100 events/s
+    let mut committed = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(s.rate_secs) {
+        committed.extend(commit(1)?);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut l = latencies(&committed, &acked);
+    out.push(row(
+        format!(
+            "pick-up, 100 ev/s, commit->RabbitMQ ack p50 / p99 ({} ev)",
+            l.len()
+        ),
+        format!("{:.1} ms", pct(&mut l, 0.5)),
+        format!("{:.1} ms", pct(&mut l, 0.99)),
+        0.0,
+        "-",
+    ));
+    // a burst
+    let committed = commit(s.burst)?;
+    let mut l = latencies(&committed, &acked);
+    out.push(row(
+        format!("pick-up, burst of {}, p50 / p99", s.burst),
+        format!("{:.1} ms", pct(&mut l, 0.5)),
+        format!("{:.1} ms", pct(&mut l, 0.99)),
+        0.0,
+        "-",
+    ));
+    // idle, then one event
+    std::thread::sleep(s.idle_single);
+    let committed = commit(1)?;
+    let l = latencies(&committed, &acked);
+    out.push(row(
+        format!("pick-up, one event after {:?} idle", s.idle_single),
+        format!("{:.1} ms", l.first().copied().unwrap_or(f64::NAN)),
+        "-".into(),
+        0.0,
+        "<= polling max (1m)",
+    ));
+    relay.shutdown(Duration::from_secs(10))?;
+    Ok(())
+}
+
+fn ensure_queue(url: &str) -> Res<()> {
+    use amiquip::{Connection, FieldTable, QueueDeclareOptions};
+    let mut conn = Connection::insecure_open(url)?;
+    let ch = conn.open_channel(None)?;
+    let q = QueueDeclareOptions {
+        auto_delete: false,
+        ..Default::default()
+    };
+    ch.queue_declare("txbox-bench", q)?;
+    ch.queue_bind(
+        "txbox-bench",
+        "amq.direct",
+        "txbox-bench",
+        FieldTable::new(),
+    )?;
+    ch.queue_purge("txbox-bench")?;
+    conn.close()?;
+    Ok(())
+}
+
+/// A relay process of the many-instances scenario: appends acked ids to a file.
+fn worker(prefix: &str, file: &str) -> Res<()> {
+    struct FileSender(std::fs::File);
+    impl Sender for FileSender {
+        fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+            let text: String = events.iter().map(|e| format!("{}\n", e.id)).collect();
+            let ok = self.0.write_all(text.as_bytes()).is_ok();
+            events
+                .iter()
+                .map(|_| {
+                    if ok {
+                        Ok(())
+                    } else {
+                        Err(SendError::new("write"))
+                    }
+                })
+                .collect()
+        }
+    }
+    let store = Arc::new(PgStore::connect(&pg_url(), prefix)?);
+    let cfg = config(
+        prefix,
+        EventOptions::new().batch_size(200).adaptive_polling(
+            Duration::from_millis(20),
+            Duration::from_millis(500),
+            1.5,
+        ),
+    );
+    let path = file.to_string();
+    let _relay = Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| txbox::Error::Sender(e.to_string()))?;
+        Ok(Box::new(FileSender(f)))
+    })?;
+    std::thread::sleep(Duration::from_secs(600));
+    Ok(())
+}
+
+fn many_instances(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_many_";
+    let mut base = 0.0;
+    for n in [1, 2, 4] {
+        let (store, mut c) = fresh(p)?;
+        let outbox = Outbox::new(&config(p, EventOptions::new()))?;
+        let ids = fill(&mut c, &outbox, s.instances)?;
+        let files: Vec<_> = (0..n)
+            .map(|i| {
+                std::env::temp_dir().join(format!("txbox-bench-{}-{i}.ids", std::process::id()))
+            })
+            .collect();
+        let t = Instant::now();
+        let mut children = Vec::new();
+        for f in &files {
+            let _ = std::fs::remove_file(f);
+            children.push(
+                std::process::Command::new(std::env::current_exe()?)
+                    .args(["--worker", p, &f.display().to_string()])
+                    .spawn()?,
+            );
+        }
+        while store.status()?.iter().any(|x| x.pending + x.in_process > 0)
+            && t.elapsed() < Duration::from_secs(600)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let secs = t.elapsed().as_secs_f64();
+        for mut ch in children {
+            let _ = ch.kill();
+            let _ = ch.wait();
+        }
+        let mut seen: HashSet<EventId> = HashSet::new();
+        let mut lines = 0;
+        for f in &files {
+            for l in std::fs::read_to_string(f).unwrap_or_default().lines() {
+                if let Ok(id) = l.parse() {
+                    lines += 1;
+                    seen.insert(id);
+                }
+            }
+            let _ = std::fs::remove_file(f);
+        }
+        let rate = s.instances as f64 / secs;
+        if n == 1 {
+            base = rate;
+        }
+        let lost = ids.iter().filter(|i| !seen.contains(i)).count();
+        out.push(row(
+            format!(
+                "{n} relay process(es), {} events: duplicates {} lost {lost}",
+                s.instances,
+                lines - seen.len()
+            ),
+            format!("{rate:.0} ev/s"),
+            format!("{base:.0} ev/s (1 process)"),
+            rate / base,
+            "0 duplicates, 0 lost",
+        ));
+    }
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, prefix, file] = args.as_slice() {
+        if flag == "--worker" {
+            return worker(prefix, file);
+        }
+    }
+    let full = args.iter().any(|a| a == "--full");
+    let s = if full {
+        Size {
+            txs: 5000,
+            batches: 1000,
+            floor: 100_000,
+            brokers: 20_000,
+            idle: Duration::from_secs(300),
+            rate_secs: 30,
+            burst: 10_000,
+            idle_single: Duration::from_secs(60),
+            instances: 100_000,
+        }
+    } else {
+        Size {
+            txs: 500,
+            batches: 100,
+            floor: 20_000,
+            brokers: 5_000,
+            idle: Duration::from_secs(10),
+            rate_secs: 3,
+            burst: 2_000,
+            idle_single: Duration::from_secs(5),
+            instances: 20_000,
+        }
+    };
+    let _ = env_logger::builder()
+        .filter_level(log::LevelFilter::Error)
+        .try_init();
+    let rabbit = std::env::var("TXBOX_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into());
+    let brokers = std::env::var("TXBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let mut out = Vec::new();
+    let t = Instant::now();
+    let step = |what: &str| eprintln!("bench: {what} done at {:.1}s", t.elapsed().as_secs_f64());
+    publish_overhead(&s, &mut out)?;
+    step("publish overhead");
+    batch_publish(&s, &mut out)?;
+    step("batch publish");
+    relay_floor(&s, &mut out)?;
+    step("relay floor");
+    ensure_queue(&rabbit)?;
+    broker_throughput(
+        "RabbitMQ (confirms)",
+        &s,
+        Arc::new(txbox::rabbitmq::RabbitSenderFactory::new(&rabbit)),
+        "amq.direct",
+        &mut out,
+    )?;
+    txbox::kafka::ensure_topic(&brokers, "txbox-bench", 3)?;
+    broker_throughput(
+        "Kafka (acks=all)",
+        &s,
+        Arc::new(txbox::kafka::KafkaSender::builder(&brokers).build()?),
+        "txbox-bench",
+        &mut out,
+    )?;
+    step("brokers");
+    idle_cost(&s, &mut out)?;
+    step("idle cost");
+    pickup_latency(&s, &rabbit, &mut out)?;
+    step("pick-up latency");
+    many_instances(&s, &mut out)?;
+    step("many instances");
+
+    println!("txbox bench ({})", if full { "full" } else { "quick" });
+    let w = out.iter().map(|r| r.what.len()).max().unwrap_or(10);
+    println!(
+        "| {:w$} | {:>14} | {:>22} | {:>6} | {} |",
+        "measure", "txbox", "baseline", "ratio", "target"
+    );
+    println!(
+        "|{}|{}|{}|{}|---|",
+        "-".repeat(w + 2),
+        "-".repeat(16),
+        "-".repeat(24),
+        "-".repeat(8)
+    );
+    for r in out {
+        let ratio = if r.ratio == "0.00" {
+            "-".to_string()
+        } else {
+            r.ratio
+        };
+        println!(
+            "| {:w$} | {:>14} | {:>22} | {:>6} | {} |",
+            r.what, r.txbox, r.baseline, ratio, r.target
+        );
+    }
+    Ok(())
+}
