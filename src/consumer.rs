@@ -192,3 +192,13 @@ pub enum Verdict {
     /// [`Error::ConsumerStopped`].
     Stop(String),
 }
+
+/// The `run` form of the consumer loops: `Ok` acks, `Err` retries.
+pub(crate) fn verdicts<E: std::fmt::Display>(
+    mut handler: impl FnMut(&ReceivedEvent) -> std::result::Result<(), E>,
+) -> impl FnMut(&ReceivedEvent) -> Verdict {
+    move |e| match handler(e) {
+        Ok(()) => Verdict::Ack,
+        Err(err) => Verdict::Retry(err.to_string()),
+    }
+}

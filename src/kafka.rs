@@ -464,15 +464,12 @@ impl KafkaConsumer {
     /// after `Ok`; on `Err` the error is logged, the partition rewinds to the message
     /// and it is handled again after the retry delay. Broker errors are logged and
     /// polled through; the loop returns only when stopped.
-    pub fn run<E, F>(&self, stop: &StopSignal, mut handler: F) -> Result<()>
+    pub fn run<E, F>(&self, stop: &StopSignal, handler: F) -> Result<()>
     where
         E: Display,
         F: FnMut(&ReceivedEvent) -> Result<(), E>,
     {
-        self.run_with(stop, |e| match handler(e) {
-            Ok(()) => Verdict::Ack,
-            Err(err) => Verdict::Retry(err.to_string()),
-        })
+        self.run_with(stop, crate::consumer::verdicts(handler))
     }
 
     /// Like [`KafkaConsumer::run`] with a [`Verdict`] per message: `Ack` commits,

@@ -344,15 +344,12 @@ impl RabbitConsumer {
 
     /// Hands every message to `handler` until `stop`. A lost connection is logged and
     /// opened again with backoff; unacked messages are redelivered by the broker.
-    pub fn run<E, F>(&self, stop: &StopSignal, mut handler: F) -> Result<()>
+    pub fn run<E, F>(&self, stop: &StopSignal, handler: F) -> Result<()>
     where
         E: Display,
         F: FnMut(&ReceivedEvent) -> Result<(), E>,
     {
-        self.run_with(stop, |e| match handler(e) {
-            Ok(()) => Verdict::Ack,
-            Err(err) => Verdict::Retry(err.to_string()),
-        })
+        self.run_with(stop, crate::consumer::verdicts(handler))
     }
 
     /// Like [`RabbitConsumer::run`] with a [`Verdict`] per message: `Ack` acks,

@@ -234,7 +234,9 @@ fn killed_database_connections_lose_nothing() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .defaults(fast().batch_size(50))
+        // a claim whose connection dies before its reply is committed but unseen: its
+        // rows come back after the lease, so the lease is short here
+        .defaults(fast().batch_size(50).lease(Duration::from_secs(2)))
         .event("k", EventOptions::new())
         .recovery_interval(ms(200))
         .build()

@@ -41,26 +41,12 @@ fn dialect(t: &Tables) -> Dialect {
         migrate_lock: None,
         exists_errors: &["1061", "Duplicate key name"],
         max_ids: 1000,
+        common: sql::common(t, NOW, plus),
         claim_returning: None,
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
              WHERE event_type = $1 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
              ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
-        ),
-        claim_update: format!(
-            "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
-            plus("$2")
-        ),
-        finish_sent: format!(
-            "UPDATE {o} SET status = 'PROCESSED', processed_at = {NOW}, claim_token = NULL, lease_until = NULL \
-             WHERE claim_token = $1 AND status = 'IN_PROCESS' AND id IN ({{ids}})"
-        ),
-        finish_failed: format!(
-            "UPDATE {o} SET attempts = attempts + 1, \
-               next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
-               last_error = $3, claim_token = NULL, lease_until = NULL, status = $1 \
-             WHERE id = $4 AND claim_token = $5 AND status = 'IN_PROCESS'",
-            plus("$2")
         ),
         select_expired: format!(
             "SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} LIMIT $1 FOR UPDATE SKIP LOCKED"
@@ -79,43 +65,14 @@ fn dialect(t: &Tables) -> Dialect {
             "SELECT event_id FROM {i} WHERE consumed_at < {} LIMIT $1 FOR UPDATE SKIP LOCKED",
             minus("$2")
         ),
-        recover: format!(
-            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
-             WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
-        ),
-        delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
-        delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
-        copy_to_dlq: format!(
-            "INSERT INTO {d} (id, event_type, event_key, headers, payload, attempts, last_error, status, \
-               created_at, moved_at, updated_at) \
-             SELECT id, event_type, event_key, headers, payload, attempts, last_error, 'DEAD', created_at, \
-               {NOW}, {NOW} FROM {o} WHERE id IN ({{ids}})"
-        ),
-        copy_to_outbox: format!(
-            "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, next_attempt_at, \
-               last_error, created_at) \
-             SELECT id, event_type, event_key, headers, payload, 'PENDING', 0, {NOW}, last_error, created_at \
-             FROM {d} WHERE id IN ({{ids}})"
-        ),
-        delete_inbox: format!("DELETE FROM {i} WHERE event_id IN ({{ids}})"),
         lock_insert: format!(
             "INSERT IGNORE INTO {l} (name, owner, locked_at, locked_until) \
              VALUES ($1, $2, {NOW}, {NOW} - INTERVAL 1 SECOND)"
         ),
-        lock_take: format!(
-            "UPDATE {l} SET owner = $1, locked_at = {NOW}, locked_until = {} \
-             WHERE name = $3 AND (locked_until < {NOW} OR owner = $1)",
-            plus("$2")
-        ),
-        unlock: format!("DELETE FROM {l} WHERE name = $1 AND owner = $2"),
         dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4"),
         dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}"),
         dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
         dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED"),
-        dlq_set_status: format!(
-            "UPDATE {d} SET status = $1, updated_at = {NOW} WHERE status IN ({{from}}) AND id IN ({{ids}})"
-        ),
-        dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})"),
         status: format!(
             "SELECT event_type, SUM(status = 'PENDING'), SUM(status = 'IN_PROCESS'), SUM(status = 'FAILED'), \
                TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status = 'PENDING' THEN created_at END), {NOW}) / 1e6 \
@@ -264,18 +221,4 @@ impl MySqlStore {
     }
 }
 
-impl crate::outbox::sealed::Sealed for mysql::Transaction<'_> {}
-
-impl crate::outbox::OutboxTransaction for mysql::Transaction<'_> {
-    fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
-        sql::insert_events(self, &sql::cached("mysql", tables, dialect), events)
-    }
-}
-
-impl crate::inbox::sealed::Sealed for mysql::Transaction<'_> {}
-
-impl crate::inbox::InboxTransaction for mysql::Transaction<'_> {
-    fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
-        sql::insert_inbox_ids(self, &sql::cached("mysql", tables, dialect), ids)
-    }
-}
+sql::transaction_impls!(mysql::Transaction<'_>, "mysql", dialect);

@@ -49,27 +49,13 @@ fn dialect(t: &Tables) -> Dialect {
         migrate_lock: None,
         exists_errors: &["ORA-00955", "ORA-01408"],
         max_ids: 1000,
+        common: sql::common(t, NOW, plus),
         claim_returning: None,
         // no row limit in SQL: the fetch size limits it ($2 is not bound)
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
              WHERE event_type = $1 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
              ORDER BY id FOR UPDATE SKIP LOCKED"
-        ),
-        claim_update: format!(
-            "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
-            plus("$2")
-        ),
-        finish_sent: format!(
-            "UPDATE {o} SET status = 'PROCESSED', processed_at = {NOW}, claim_token = NULL, lease_until = NULL \
-             WHERE claim_token = $1 AND status = 'IN_PROCESS' AND id IN ({{ids}})"
-        ),
-        finish_failed: format!(
-            "UPDATE {o} SET status = $1, attempts = attempts + 1, \
-               next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
-               last_error = SUBSTR($3, 1, 4000), claim_token = NULL, lease_until = NULL \
-             WHERE id = $4 AND claim_token = $5 AND status = 'IN_PROCESS'",
-            plus("$2")
         ),
         select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} FOR UPDATE SKIP LOCKED"),
         select_processed: format!(
@@ -83,36 +69,11 @@ fn dialect(t: &Tables) -> Dialect {
             minus("$2")
         ),
         select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} FOR UPDATE SKIP LOCKED", minus("$2")),
-        recover: format!(
-            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
-             WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
-        ),
-        delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
-        delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
-        copy_to_dlq: format!(
-            "INSERT INTO {d} (id, event_type, event_key, headers, payload, attempts, last_error, status, \
-               created_at, moved_at, updated_at) \
-             SELECT id, event_type, event_key, headers, payload, attempts, last_error, 'DEAD', created_at, \
-               {NOW}, {NOW} FROM {o} WHERE id IN ({{ids}})"
-        ),
-        copy_to_outbox: format!(
-            "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, next_attempt_at, \
-               last_error, created_at) \
-             SELECT id, event_type, event_key, headers, payload, 'PENDING', 0, {NOW}, last_error, created_at \
-             FROM {d} WHERE id IN ({{ids}})"
-        ),
-        delete_inbox: format!("DELETE FROM {i} WHERE event_id IN ({{ids}})"),
         lock_insert: format!(
             "MERGE INTO {l} t USING (SELECT $1 AS name FROM dual) s ON (t.name = s.name) \
              WHEN NOT MATCHED THEN INSERT (name, owner, locked_at, locked_until) \
              VALUES ($1, $2, {NOW}, {NOW} - INTERVAL '1' SECOND)"
         ),
-        lock_take: format!(
-            "UPDATE {l} SET owner = $1, locked_at = {NOW}, locked_until = {} \
-             WHERE name = $3 AND (locked_until < {NOW} OR owner = $1)",
-            plus("$2")
-        ),
-        unlock: format!("DELETE FROM {l} WHERE name = $1 AND owner = $2"),
         dlq_list: format!(
             "SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id \
              OFFSET $4 ROWS FETCH NEXT $3 ROWS ONLY"
@@ -120,10 +81,6 @@ fn dialect(t: &Tables) -> Dialect {
         dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}"),
         dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
         dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED"),
-        dlq_set_status: format!(
-            "UPDATE {d} SET status = $1, updated_at = {NOW} WHERE status IN ({{from}}) AND id IN ({{ids}})"
-        ),
-        dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})"),
         status: format!(
             "SELECT event_type, {}, {}, {}, \
                (CAST(SYS_EXTRACT_UTC({NOW}) AS DATE) \
@@ -319,20 +276,4 @@ fn in_transaction(conn: &oracle::Connection) -> Result<()> {
     Ok(())
 }
 
-impl crate::outbox::sealed::Sealed for oracle::Connection {}
-
-impl crate::outbox::OutboxTransaction for oracle::Connection {
-    fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
-        in_transaction(self)?;
-        sql::insert_events(self, &sql::cached("oracle", tables, dialect), events)
-    }
-}
-
-impl crate::inbox::sealed::Sealed for oracle::Connection {}
-
-impl crate::inbox::InboxTransaction for oracle::Connection {
-    fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
-        in_transaction(self)?;
-        sql::insert_inbox_ids(self, &sql::cached("oracle", tables, dialect), ids)
-    }
-}
+sql::transaction_impls!(oracle::Connection, "oracle", dialect, in_transaction);

@@ -23,6 +23,10 @@ pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
 
 const TS: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'";
 
+fn plus(ms_param: &str) -> String {
+    format!("now() + {ms_param} * interval '1 millisecond'")
+}
+
 fn dialect(t: &Tables) -> Dialect {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
@@ -37,6 +41,7 @@ fn dialect(t: &Tables) -> Dialect {
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
         exists_errors: &[],
         max_ids: 1000,
+        common: sql::common(t, "now()", plus),
         claim_returning: Some(format!(
             "WITH c AS (SELECT id FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
                AND next_attempt_at <= now() ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
@@ -49,21 +54,6 @@ fn dialect(t: &Tables) -> Dialect {
             "SELECT id, event_type, event_key, headers::text, payload, attempts FROM {o} \
              WHERE event_type = $1 AND status = 'PENDING' AND next_attempt_at <= now() \
              ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
-        ),
-        claim_update: format!(
-            "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, \
-             lease_until = now() + $2 * interval '1 millisecond' WHERE id IN ({{ids}})"
-        ),
-        finish_sent: format!(
-            "UPDATE {o} SET status = 'PROCESSED', processed_at = now(), claim_token = NULL, lease_until = NULL \
-             WHERE claim_token = $1 AND status = 'IN_PROCESS' AND id IN ({{ids}})"
-        ),
-        finish_failed: format!(
-            "UPDATE {o} SET status = $1, attempts = attempts + 1, \
-               next_attempt_at = CASE WHEN $1 = 'PENDING' THEN now() + $2 * interval '1 millisecond' \
-                 ELSE next_attempt_at END, \
-               last_error = $3, claim_token = NULL, lease_until = NULL \
-             WHERE id = $4 AND claim_token = $5 AND status = 'IN_PROCESS'"
         ),
         select_expired: format!(
             "SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < now() LIMIT $1 FOR UPDATE SKIP LOCKED"
@@ -84,42 +74,14 @@ fn dialect(t: &Tables) -> Dialect {
             "SELECT event_id FROM {i} WHERE consumed_at < now() - $2 * interval '1 millisecond' \
              LIMIT $1 FOR UPDATE SKIP LOCKED"
         ),
-        recover: format!(
-            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
-             WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
-        ),
-        delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
-        delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
-        copy_to_dlq: format!(
-            "INSERT INTO {d} (id, event_type, event_key, headers, payload, attempts, last_error, status, \
-               created_at, moved_at, updated_at) \
-             SELECT id, event_type, event_key, headers, payload, attempts, last_error, 'DEAD', created_at, \
-               now(), now() FROM {o} WHERE id IN ({{ids}})"
-        ),
-        copy_to_outbox: format!(
-            "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, next_attempt_at, \
-               last_error, created_at) \
-             SELECT id, event_type, event_key, headers, payload, 'PENDING', 0, now(), last_error, created_at \
-             FROM {d} WHERE id IN ({{ids}})"
-        ),
-        delete_inbox: format!("DELETE FROM {i} WHERE event_id IN ({{ids}})"),
         lock_insert: format!(
             "INSERT INTO {l} (name, owner, locked_at, locked_until) \
              VALUES ($1, $2, now(), now() - interval '1 second') ON CONFLICT (name) DO NOTHING"
         ),
-        lock_take: format!(
-            "UPDATE {l} SET owner = $1, locked_at = now(), locked_until = now() + $2 * interval '1 millisecond' \
-             WHERE name = $3 AND (locked_until < now() OR owner = $1)"
-        ),
-        unlock: format!("DELETE FROM {l} WHERE name = $1 AND owner = $2"),
         dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4"),
         dlq_count: format!("SELECT count(*) FROM {d} WHERE {filter}"),
         dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
         dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED"),
-        dlq_set_status: format!(
-            "UPDATE {d} SET status = $1, updated_at = now() WHERE status IN ({{from}}) AND id IN ({{ids}})"
-        ),
-        dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})"),
         // one grouped scan per partial index; PROCESSED rows are never read
         status: format!(
             "SELECT event_type, sum(p)::int8, sum(i)::int8, sum(f)::int8, \
@@ -326,21 +288,7 @@ impl PgStore {
     }
 }
 
-impl crate::outbox::sealed::Sealed for postgres::Transaction<'_> {}
-
-impl crate::outbox::OutboxTransaction for postgres::Transaction<'_> {
-    fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
-        sql::insert_events(self, &sql::cached("postgres", tables, dialect), events)
-    }
-}
-
-impl crate::inbox::sealed::Sealed for postgres::Transaction<'_> {}
-
-impl crate::inbox::InboxTransaction for postgres::Transaction<'_> {
-    fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
-        sql::insert_inbox_ids(self, &sql::cached("postgres", tables, dialect), ids)
-    }
-}
+sql::transaction_impls!(postgres::Transaction<'_>, "postgres", dialect);
 
 impl crate::inbox::Inbox {
     /// Transactional, on a transaction the inbox opens from `pool`: records `id`,

@@ -225,6 +225,82 @@ fn shift(template: &str, by: usize) -> String {
     out
 }
 
+/// The statements every dialect writes alike but for its clock: `now` is its
+/// "current time" expression and `plus("$n")` its "now + $n milliseconds".
+pub(crate) struct Common {
+    /// $1 token, $2 lease ms, {ids}
+    pub claim_update: String,
+    /// $1 token, {ids}
+    pub finish_sent: String,
+    /// $1 status, $2 delay ms, $3 error, $4 id, $5 token
+    pub finish_failed: String,
+    /// {ids}
+    pub recover: String,
+    pub delete_outbox: String,
+    pub delete_dlq: String,
+    pub copy_to_dlq: String,
+    pub copy_to_outbox: String,
+    pub delete_inbox: String,
+    /// $1 owner, $2 lease ms, $3 name -> affected rows 1 when taken
+    pub lock_take: String,
+    /// $1 name, $2 owner
+    pub unlock: String,
+    /// $1 to, {from} literal list, {ids}
+    pub dlq_set_status: String,
+    /// {from} literal list, {ids}
+    pub dlq_delete_status: String,
+}
+
+pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String) -> Common {
+    let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
+    Common {
+        claim_update: format!(
+            "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
+            plus("$2")
+        ),
+        finish_sent: format!(
+            "UPDATE {o} SET status = 'PROCESSED', processed_at = {now}, claim_token = NULL, lease_until = NULL \
+             WHERE claim_token = $1 AND status = 'IN_PROCESS' AND id IN ({{ids}})"
+        ),
+        finish_failed: format!(
+            "UPDATE {o} SET status = $1, attempts = attempts + 1, \
+               next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
+               last_error = $3, claim_token = NULL, lease_until = NULL \
+             WHERE id = $4 AND claim_token = $5 AND status = 'IN_PROCESS'",
+            plus("$2")
+        ),
+        recover: format!(
+            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
+             WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
+        ),
+        delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
+        delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
+        copy_to_dlq: format!(
+            "INSERT INTO {d} (id, event_type, event_key, headers, payload, attempts, last_error, status, \
+               created_at, moved_at, updated_at) \
+             SELECT id, event_type, event_key, headers, payload, attempts, last_error, 'DEAD', created_at, \
+               {now}, {now} FROM {o} WHERE id IN ({{ids}})"
+        ),
+        copy_to_outbox: format!(
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, next_attempt_at, \
+               last_error, created_at) \
+             SELECT id, event_type, event_key, headers, payload, 'PENDING', 0, {now}, last_error, created_at \
+             FROM {d} WHERE id IN ({{ids}})"
+        ),
+        delete_inbox: format!("DELETE FROM {i} WHERE event_id IN ({{ids}})"),
+        lock_take: format!(
+            "UPDATE {l} SET owner = $1, locked_at = {now}, locked_until = {} \
+             WHERE name = $3 AND (locked_until < {now} OR owner = $1)",
+            plus("$2")
+        ),
+        unlock: format!("DELETE FROM {l} WHERE name = $1 AND owner = $2"),
+        dlq_set_status: format!(
+            "UPDATE {d} SET status = $1, updated_at = {now} WHERE status IN ({{from}}) AND id IN ({{ids}})"
+        ),
+        dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})"),
+    }
+}
+
 /// Every statement of one dialect, with the table names filled in.
 pub(crate) struct Dialect {
     pub style: Style,
@@ -240,17 +316,13 @@ pub(crate) struct Dialect {
     pub exists_errors: &'static [&'static str],
     /// Largest `{ids}` list per statement.
     pub max_ids: usize,
+    /// The statements every dialect writes alike.
+    pub common: Common,
     /// One-statement claim with RETURNING ($1 type, $2 limit, $3 token, $4 lease ms);
     /// without it: `claim_select` then `claim_update` in a transaction.
     pub claim_returning: Option<String>,
     /// $1 type, $2 limit -> id, type, key, headers, payload, attempts
     pub claim_select: String,
-    /// $1 token, $2 lease ms, {ids}
-    pub claim_update: String,
-    /// $1 token, {ids}
-    pub finish_sent: String,
-    /// $1 status, $2 delay ms, $3 error, $4 id, $5 token
-    pub finish_failed: String,
     /// $1 limit (and $2 TTL in ms for the cleanups) -> id, for each maintenance selection
     pub select_expired: String,
     pub select_processed: String,
@@ -258,19 +330,8 @@ pub(crate) struct Dialect {
     pub select_retry: String,
     pub select_resolved: String,
     pub select_inbox_expired: String,
-    /// {ids}
-    pub recover: String,
-    pub delete_outbox: String,
-    pub delete_dlq: String,
-    pub copy_to_dlq: String,
-    pub copy_to_outbox: String,
-    pub delete_inbox: String,
     /// $1 name, $2 owner, $3 lease ms (insert if absent, never fails on conflict)
     pub lock_insert: String,
-    /// $1 owner, $2 lease ms, $3 name -> affected rows 1 when taken
-    pub lock_take: String,
-    /// $1 name, $2 owner
-    pub unlock: String,
     /// $1 type, $2 status, $3 limit, $4 offset
     pub dlq_list: String,
     /// $1 type, $2 status
@@ -279,10 +340,6 @@ pub(crate) struct Dialect {
     pub dlq_get: String,
     /// $1 id -> a row when this transaction could lock it (skips a locked row)
     pub dlq_lock: String,
-    /// $1 to, {from} literal list, {ids}
-    pub dlq_set_status: String,
-    /// {from} literal list, {ids}
-    pub dlq_delete_status: String,
     /// -> type, pending, in process, failed, oldest pending age in seconds
     pub status: String,
     /// $1 id -> affected rows 1 when new
@@ -595,7 +652,13 @@ impl<P: Pool> Store for SqlStore<P> {
                         .iter()
                         .map(|r| r.id(0).map(|i| Val::Id(i.as_uuid())))
                         .collect::<Result<_>>()?;
-                    run_execute(c, d, &d.claim_update, &[Val::Id(token), ms(lease)], &ids)?;
+                    run_execute(
+                        c,
+                        d,
+                        &d.common.claim_update,
+                        &[Val::Id(token), ms(lease)],
+                        &ids,
+                    )?;
                 }
                 Ok(rows)
             })
@@ -620,7 +683,13 @@ impl<P: Pool> Store for SqlStore<P> {
             let mut conn = self.pool.get()?;
             let mut changed = 0;
             for chunk in sent.chunks(d.max_ids) {
-                changed += run_execute(&mut *conn, d, &d.finish_sent, &[Val::Id(token)], chunk)?;
+                changed += run_execute(
+                    &mut *conn,
+                    d,
+                    &d.common.finish_sent,
+                    &[Val::Id(token)],
+                    chunk,
+                )?;
             }
             if !failed.is_empty() {
                 changed += transaction(&mut *conn, d, |c| {
@@ -638,7 +707,7 @@ impl<P: Pool> Store for SqlStore<P> {
                             Val::Id(id.as_uuid()),
                             Val::Id(token),
                         ];
-                        n += run_execute(c, d, &d.finish_failed, &fixed, &[])?;
+                        n += run_execute(c, d, &d.common.finish_failed, &fixed, &[])?;
                     }
                     Ok(n)
                 })?;
@@ -650,14 +719,18 @@ impl<P: Pool> Store for SqlStore<P> {
     fn recover_expired(&self, limit: usize) -> Result<u64> {
         let fixed = [Val::Int(limit as i64)];
         self.with_retry("recovery", || {
-            self.select_apply(&self.d.select_expired, &fixed, &[&self.d.recover])
+            self.select_apply(&self.d.select_expired, &fixed, &[&self.d.common.recover])
         })
     }
 
     fn delete_processed(&self, ttl: Duration, limit: usize) -> Result<u64> {
         let fixed = [Val::Int(limit as i64), ms(ttl)];
         self.with_retry("cleanup", || {
-            self.select_apply(&self.d.select_processed, &fixed, &[&self.d.delete_outbox])
+            self.select_apply(
+                &self.d.select_processed,
+                &fixed,
+                &[&self.d.common.delete_outbox],
+            )
         })
     }
 
@@ -668,7 +741,11 @@ impl<P: Pool> Store for SqlStore<P> {
             self.select_apply(
                 &d.select_failed,
                 &fixed,
-                &[&d.delete_dlq, &d.copy_to_dlq, &d.delete_outbox],
+                &[
+                    &d.common.delete_dlq,
+                    &d.common.copy_to_dlq,
+                    &d.common.delete_outbox,
+                ],
             )
         })
     }
@@ -680,7 +757,11 @@ impl<P: Pool> Store for SqlStore<P> {
             self.select_apply(
                 &d.select_retry,
                 &fixed,
-                &[&d.delete_outbox, &d.copy_to_outbox, &d.delete_dlq],
+                &[
+                    &d.common.delete_outbox,
+                    &d.common.copy_to_outbox,
+                    &d.common.delete_dlq,
+                ],
             )
         })
     }
@@ -688,7 +769,11 @@ impl<P: Pool> Store for SqlStore<P> {
     fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> Result<u64> {
         let fixed = [Val::Int(limit as i64), ms(ttl)];
         self.with_retry("DLQ cleanup", || {
-            self.select_apply(&self.d.select_resolved, &fixed, &[&self.d.delete_dlq])
+            self.select_apply(
+                &self.d.select_resolved,
+                &fixed,
+                &[&self.d.common.delete_dlq],
+            )
         })
     }
 
@@ -711,7 +796,7 @@ impl<P: Pool> Store for SqlStore<P> {
                 Ok(run_execute(
                     c,
                     d,
-                    &d.lock_take,
+                    &d.common.lock_take,
                     &[Val::Id(owner), ms(lease), name.into()],
                     &[],
                 )? == 1)
@@ -724,7 +809,7 @@ impl<P: Pool> Store for SqlStore<P> {
         run_execute(
             &mut *conn,
             &self.d,
-            &self.d.unlock,
+            &self.d.common.unlock,
             &[name.into(), Val::Id(owner)],
             &[],
         )?;
@@ -774,7 +859,10 @@ impl<P: Pool> Store for SqlStore<P> {
         to: DlqStatus,
     ) -> Result<Vec<EventId>> {
         let d = &self.d;
-        let update = d.dlq_set_status.replace("{from}", &status_list(from));
+        let update = d
+            .common
+            .dlq_set_status
+            .replace("{from}", &status_list(from));
         let mut conn = self.pool.get()?;
         let mut changed = Vec::new();
         // one statement per id: the affected count tells which changed, on every dialect
@@ -795,7 +883,10 @@ impl<P: Pool> Store for SqlStore<P> {
 
     fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> Result<Vec<EventId>> {
         let d = &self.d;
-        let delete = d.dlq_delete_status.replace("{from}", &status_list(from));
+        let delete = d
+            .common
+            .dlq_delete_status
+            .replace("{from}", &status_list(from));
         let mut conn = self.pool.get()?;
         let mut gone = Vec::new();
         transaction(&mut *conn, d, |c| {
@@ -838,11 +929,36 @@ impl<P: Pool> Store for SqlStore<P> {
             self.select_apply(
                 &self.d.select_inbox_expired,
                 &fixed,
-                &[&self.d.delete_inbox],
+                &[&self.d.common.delete_inbox],
             )
         })
     }
 }
+
+/// `publish` and the inbox on one driver's transaction type: both only need this
+/// dialect's statements (built once per table prefix) and a [`Conn`].
+macro_rules! transaction_impls {
+    ($tx:ty, $name:literal, $dialect:path $(, $check:path)?) => {
+        impl crate::outbox::sealed::Sealed for $tx {}
+
+        impl crate::outbox::OutboxTransaction for $tx {
+            fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
+                $($check(self)?;)?
+                sql::insert_events(self, &sql::cached($name, tables, $dialect), events)
+            }
+        }
+
+        impl crate::inbox::sealed::Sealed for $tx {}
+
+        impl crate::inbox::InboxTransaction for $tx {
+            fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
+                $($check(self)?;)?
+                sql::insert_inbox_ids(self, &sql::cached($name, tables, $dialect), ids)
+            }
+        }
+    };
+}
+pub(crate) use transaction_impls;
 
 #[cfg(test)]
 mod tests {
