@@ -194,6 +194,7 @@ pub enum Verdict {
 }
 
 /// The `run` form of the consumer loops: `Ok` acks, `Err` retries.
+#[cfg_attr(not(any(feature = "kafka", feature = "rabbitmq")), allow(dead_code))]
 pub(crate) fn verdicts<E: std::fmt::Display>(
     mut handler: impl FnMut(&ReceivedEvent) -> std::result::Result<(), E>,
 ) -> impl FnMut(&ReceivedEvent) -> Verdict {
