@@ -1,6 +1,7 @@
 //! # txbox
 //!
-//! The transactional outbox (and, soon, inbox) for blocking Rust code.
+//! The transactional outbox and inbox for blocking Rust code, on PostgreSQL, MySQL /
+//! MariaDB, SQLite and Oracle, with Kafka and RabbitMQ.
 //!
 //! A service writes its business rows and an event in **one database transaction**
 //! with [`Outbox::publish`]. A [`Relay`] — a fixed pool of `std::thread`s — later

@@ -229,3 +229,62 @@ fn a_handler_that_fails_once_sees_the_message_again() {
         .filter(|id| **id != victim)
         .all(|id| calls[id] >= 1));
 }
+
+#[test]
+fn a_subscribed_consumer_group_receives_and_commits() {
+    if !kafka_up() {
+        return;
+    }
+    let topic = format!("txbox-sub-{}", unique());
+    create_topic(&topic, 2);
+    let p = "t_kafka_sub_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
+        .event("e", EventOptions::new().destination(&topic))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let relay = Relay::start(
+        store,
+        &config,
+        KafkaSender::builder(&kafka_brokers()).build().unwrap(),
+    )
+    .unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids: std::collections::HashSet<_> = outbox
+        .publish_batch(&mut tx, "e", 0..20)
+        .unwrap()
+        .into_iter()
+        .collect();
+    tx.commit().unwrap();
+
+    // group membership (Tansu takes up to ~30 s to settle a join)
+    let consumer = KafkaConsumer::builder(&kafka_brokers(), &format!("g-{topic}"))
+        .build()
+        .unwrap();
+    consumer.subscribe(&[topic.as_str()]).unwrap();
+    let got = Collected::default();
+    let sink = got.clone();
+    let stop = StopSignal::new();
+    let s = stop.clone();
+    let h = std::thread::spawn(move || {
+        consumer
+            .run(&s, move |e| {
+                sink.push(e);
+                Ok::<(), String>(())
+            })
+            .unwrap()
+    });
+    wait_until(
+        "the group consumer to receive all 20",
+        Duration::from_secs(90),
+        || got.ids() == ids,
+    );
+    stop.stop();
+    h.join().unwrap();
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+}
