@@ -92,6 +92,9 @@ impl Ctx {
     }
 }
 
+/// A thread's body.
+type Job = Box<dyn FnOnce() + Send>;
+
 /// Sends the thread's index on drop, so `shutdown` learns of its end even after a
 /// panic, and clears its alive flag for [`RelayProbe`].
 struct DoneGuard(
@@ -142,37 +145,8 @@ impl Relay {
         sender: impl SenderFactory,
     ) -> Result<Relay> {
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
-        let (stop_tx, stop_rx) = bounded::<()>(0);
-        let (done_tx, done_rx) = crossbeam_channel::unbounded();
-        let ctx = Ctx {
-            store,
-            stop: stop_rx,
-            instance: Uuid::now_v7(),
-        };
         let threads = config.events.len() + if config.dlq.enabled { 5 } else { 2 };
-        let mut relay = Relay {
-            stop: Some(stop_tx),
-            done: done_rx,
-            workers: Vec::new(),
-            wakers: BTreeMap::new(),
-            alive: Arc::new((0..threads).map(|_| AtomicBool::new(true)).collect()),
-        };
-        let spawn = |relay: &mut Relay, name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
-            let guard = DoneGuard(done_tx.clone(), relay.workers.len(), relay.alive.clone());
-            let handle = std::thread::Builder::new()
-                .name(name.clone())
-                .spawn(move || {
-                    let _guard = guard;
-                    f()
-                })
-                .map_err(|e| Error::Io {
-                    context: format!("spawning thread {name}"),
-                    source: e,
-                })?;
-            relay.workers.push((name, handle));
-            Ok(())
-        };
-
+        let (mut relay, ctx, mut spawn) = Relay::launcher(store, threads);
         for (event_type, settings) in &config.events {
             let (wake_tx, wake_rx) = bounded(1);
             relay.wakers.insert(event_type.clone(), wake_tx);
@@ -283,11 +257,16 @@ impl Relay {
         Ok(relay)
     }
 
-    /// The inbox cleanup alone, on one thread (see [`crate::inbox::InboxCleanup`]).
-    pub(crate) fn start_inbox_cleanup(
+    /// An empty relay for `threads` threads, the context they share, and the
+    /// function that starts each of them.
+    fn launcher(
         store: Arc<dyn Store>,
-        s: &crate::config::InboxSettings,
-    ) -> Result<Relay> {
+        threads: usize,
+    ) -> (
+        Relay,
+        Ctx,
+        impl FnMut(&mut Relay, String, Job) -> Result<()>,
+    ) {
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let ctx = Ctx {
@@ -295,13 +274,42 @@ impl Relay {
             stop: stop_rx,
             instance: Uuid::now_v7(),
         };
+        let relay = Relay {
+            stop: Some(stop_tx),
+            done: done_rx,
+            workers: Vec::new(),
+            wakers: BTreeMap::new(),
+            alive: Arc::new((0..threads).map(|_| AtomicBool::new(true)).collect()),
+        };
+        let spawn = move |relay: &mut Relay, name: String, f: Job| -> Result<()> {
+            let guard = DoneGuard(done_tx.clone(), relay.workers.len(), relay.alive.clone());
+            let handle = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || {
+                    let _guard = guard;
+                    f()
+                })
+                .map_err(|e| Error::Io {
+                    context: format!("spawning thread {name}"),
+                    source: e,
+                })?;
+            relay.workers.push((name, handle));
+            Ok(())
+        };
+        (relay, ctx, spawn)
+    }
+
+    /// The inbox cleanup alone, on one thread (see [`crate::inbox::InboxCleanup`]).
+    pub(crate) fn start_inbox_cleanup(
+        store: Arc<dyn Store>,
+        s: &crate::config::InboxSettings,
+    ) -> Result<Relay> {
+        let (mut relay, ctx, mut spawn) = Relay::launcher(store, 1);
         let s = s.clone();
-        let alive = Arc::new(vec![AtomicBool::new(true)]);
-        let guard = DoneGuard(done_tx, 0, alive.clone());
-        let handle = std::thread::Builder::new()
-            .name("txbox-inbox-cleanup".into())
-            .spawn(move || {
-                let _guard = guard;
+        spawn(
+            &mut relay,
+            "txbox-inbox-cleanup".into(),
+            Box::new(move || {
                 periodic(
                     &ctx,
                     "inbox cleanup",
@@ -310,18 +318,9 @@ impl Relay {
                     Some(Counter::Cleaned),
                     |st| st.delete_expired_inbox(s.ttl, s.batch_size),
                 )
-            })
-            .map_err(|e| Error::Io {
-                context: "spawning thread txbox-inbox-cleanup".into(),
-                source: e,
-            })?;
-        Ok(Relay {
-            stop: Some(stop_tx),
-            done: done_rx,
-            workers: vec![("txbox-inbox-cleanup".into(), handle)],
-            wakers: BTreeMap::new(),
-            alive,
-        })
+            }),
+        )?;
+        Ok(relay)
     }
 
     /// A cloneable view of the threads, for a health endpoint.
@@ -333,10 +332,7 @@ impl Relay {
 
     /// Threads still running.
     pub fn thread_count(&self) -> usize {
-        self.workers
-            .iter()
-            .filter(|(_, h)| !h.is_finished())
-            .count()
+        self.probe().threads().0
     }
 
     /// Names of the relay's threads, in start order.
@@ -495,9 +491,10 @@ impl Poller {
 
     /// Claims, sends and finishes one batch. Returns how many events it claimed.
     fn poll_once(&mut self) -> Result<usize> {
-        if self.sender.is_none() {
-            self.sender = Some(self.factory.create()?);
-        }
+        let sender = match &mut self.sender {
+            Some(sender) => sender,
+            None => self.sender.insert(self.factory.create()?),
+        };
         let s = &self.settings;
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
@@ -513,10 +510,7 @@ impl Poller {
             e.routing_key.clone_from(&self.routing_key);
         }
         let started = Instant::now();
-        let results = match self.sender.as_mut() {
-            Some(sender) => sender.send(&events),
-            None => Vec::new(),
-        };
+        let results = sender.send(&events);
         metrics::send_latency(started.elapsed());
         let outcomes = outcomes(&events, results, s);
         for (id, o) in &outcomes {
