@@ -105,22 +105,21 @@ fn typed<T>(
     params: &[Val],
     f: impl FnOnce(&[(&(dyn ToSql + Sync), Type)]) -> std::result::Result<T, postgres::Error>,
 ) -> Result<T> {
-    let null: Option<String> = None;
-    let owned: Vec<(Box<dyn ToSql + Sync>, Type)> = params
+    // borrowed, not copied: payloads are passed as they are
+    static NULL: Option<String> = None;
+    let refs: Vec<(&(dyn ToSql + Sync), Type)> = params
         .iter()
-        .map(|v| -> (Box<dyn ToSql + Sync>, Type) {
+        .map(|v| -> (&(dyn ToSql + Sync), Type) {
             match v {
-                Val::Null => (Box::new(null.clone()), Type::TEXT),
-                Val::Int(n) => (Box::new(*n), Type::INT8),
-                Val::Float(f) => (Box::new(*f), Type::FLOAT8),
-                Val::Text(s) => (Box::new(s.clone()), Type::TEXT),
-                Val::Id(u) => (Box::new(*u), Type::UUID),
-                Val::Bytes(b) => (Box::new(b.clone()), Type::BYTEA),
+                Val::Null => (&NULL, Type::TEXT),
+                Val::Int(n) => (n, Type::INT8),
+                Val::Float(f) => (f, Type::FLOAT8),
+                Val::Text(s) => (s, Type::TEXT),
+                Val::Id(u) => (u, Type::UUID),
+                Val::Bytes(b) => (b, Type::BYTEA),
             }
         })
         .collect();
-    let refs: Vec<(&(dyn ToSql + Sync), Type)> =
-        owned.iter().map(|(b, t)| (&**b as _, t.clone())).collect();
     Ok(f(&refs)?)
 }
 

@@ -439,6 +439,13 @@ pub(crate) fn transaction<T>(
     }
 }
 
+/// The ids in the first column of `rows`, as parameters.
+fn id_vals(rows: &[Row]) -> Result<Vec<Val>> {
+    rows.iter()
+        .map(|r| r.id(0).map(|i| Val::Id(i.as_uuid())))
+        .collect()
+}
+
 fn ms(d: Duration) -> Val {
     Val::Float(d.as_secs_f64() * 1000.0)
 }
@@ -553,27 +560,31 @@ pub(crate) struct SqlStore<P: Pool> {
 }
 
 impl<P: Pool> SqlStore<P> {
-    /// Selects ids with `select` ($1 limit, $2 optional TTL in ms) and applies each
-    /// of `apply` ({ids}) to them, in one transaction; returns how many.
-    fn select_apply(&self, select: &str, fixed: &[Val], apply: &[&str]) -> Result<u64> {
+    /// Selects up to `limit` ids with `select` ($1 limit, $2 the TTL in ms when
+    /// given) and applies each of `apply` ({ids}) to them, in one transaction that is
+    /// retried on a deadlock; returns how many.
+    fn select_apply(
+        &self,
+        what: &str,
+        select: &str,
+        limit: usize,
+        ttl: Option<Duration>,
+        apply: &[&str],
+    ) -> Result<u64> {
         let d = &self.d;
-        let mut conn = self.pool.get()?;
-        transaction(&mut *conn, d, |c| {
-            let max = match fixed.first() {
-                Some(Val::Int(n)) => *n as usize,
-                _ => usize::MAX,
-            };
-            let rows = run_query_max(c, d, select, fixed, max)?;
-            let ids: Vec<Val> = rows
-                .iter()
-                .map(|r| r.id(0).map(|i| Val::Id(i.as_uuid())))
-                .collect::<Result<_>>()?;
-            for chunk in ids.chunks(d.max_ids) {
-                for stmt in apply {
-                    run_execute(c, d, stmt, &[], chunk)?;
+        let mut fixed = vec![Val::Int(limit as i64)];
+        fixed.extend(ttl.map(ms));
+        self.with_retry(what, || {
+            let mut conn = self.pool.get()?;
+            transaction(&mut *conn, d, |c| {
+                let ids = id_vals(&run_query_max(c, d, select, &fixed, limit)?)?;
+                for chunk in ids.chunks(d.max_ids) {
+                    for stmt in apply {
+                        run_execute(c, d, stmt, &[], chunk)?;
+                    }
                 }
-            }
-            Ok(ids.len() as u64)
+                Ok(ids.len() as u64)
+            })
         })
     }
 
@@ -648,10 +659,7 @@ impl<P: Pool> Store for SqlStore<P> {
                     limit,
                 )?;
                 if !rows.is_empty() {
-                    let ids: Vec<Val> = rows
-                        .iter()
-                        .map(|r| r.id(0).map(|i| Val::Id(i.as_uuid())))
-                        .collect::<Result<_>>()?;
+                    let ids = id_vals(&rows)?;
                     run_execute(
                         c,
                         d,
@@ -717,64 +725,48 @@ impl<P: Pool> Store for SqlStore<P> {
     }
 
     fn recover_expired(&self, limit: usize) -> Result<u64> {
-        let fixed = [Val::Int(limit as i64)];
-        self.with_retry("recovery", || {
-            self.select_apply(&self.d.select_expired, &fixed, &[&self.d.common.recover])
-        })
+        let c = &self.d.common;
+        self.select_apply(
+            "recovery",
+            &self.d.select_expired,
+            limit,
+            None,
+            &[&c.recover],
+        )
     }
 
     fn delete_processed(&self, ttl: Duration, limit: usize) -> Result<u64> {
-        let fixed = [Val::Int(limit as i64), ms(ttl)];
-        self.with_retry("cleanup", || {
-            self.select_apply(
-                &self.d.select_processed,
-                &fixed,
-                &[&self.d.common.delete_outbox],
-            )
-        })
+        let c = &self.d.common;
+        self.select_apply(
+            "cleanup",
+            &self.d.select_processed,
+            limit,
+            Some(ttl),
+            &[&c.delete_outbox],
+        )
     }
 
     fn move_failed_to_dlq(&self, limit: usize) -> Result<u64> {
-        let d = &self.d;
-        let fixed = [Val::Int(limit as i64)];
-        self.with_retry("move to DLQ", || {
-            self.select_apply(
-                &d.select_failed,
-                &fixed,
-                &[
-                    &d.common.delete_dlq,
-                    &d.common.copy_to_dlq,
-                    &d.common.delete_outbox,
-                ],
-            )
-        })
+        let c = &self.d.common;
+        let steps = [&c.delete_dlq, &c.copy_to_dlq, &c.delete_outbox].map(String::as_str);
+        self.select_apply("move to DLQ", &self.d.select_failed, limit, None, &steps)
     }
 
     fn requeue_dlq_retries(&self, limit: usize) -> Result<u64> {
-        let d = &self.d;
-        let fixed = [Val::Int(limit as i64)];
-        self.with_retry("DLQ retry", || {
-            self.select_apply(
-                &d.select_retry,
-                &fixed,
-                &[
-                    &d.common.delete_outbox,
-                    &d.common.copy_to_outbox,
-                    &d.common.delete_dlq,
-                ],
-            )
-        })
+        let c = &self.d.common;
+        let steps = [&c.delete_outbox, &c.copy_to_outbox, &c.delete_dlq].map(String::as_str);
+        self.select_apply("DLQ retry", &self.d.select_retry, limit, None, &steps)
     }
 
     fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> Result<u64> {
-        let fixed = [Val::Int(limit as i64), ms(ttl)];
-        self.with_retry("DLQ cleanup", || {
-            self.select_apply(
-                &self.d.select_resolved,
-                &fixed,
-                &[&self.d.common.delete_dlq],
-            )
-        })
+        let c = &self.d.common;
+        self.select_apply(
+            "DLQ cleanup",
+            &self.d.select_resolved,
+            limit,
+            Some(ttl),
+            &[&c.delete_dlq],
+        )
     }
 
     fn try_lock(&self, name: &str, owner: Uuid, lease: Duration) -> Result<bool> {
@@ -924,14 +916,14 @@ impl<P: Pool> Store for SqlStore<P> {
     }
 
     fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64> {
-        let fixed = [Val::Int(limit as i64), ms(ttl)];
-        self.with_retry("inbox cleanup", || {
-            self.select_apply(
-                &self.d.select_inbox_expired,
-                &fixed,
-                &[&self.d.common.delete_inbox],
-            )
-        })
+        let c = &self.d.common;
+        self.select_apply(
+            "inbox cleanup",
+            &self.d.select_inbox_expired,
+            limit,
+            Some(ttl),
+            &[&c.delete_inbox],
+        )
     }
 }
 
