@@ -187,6 +187,11 @@ fn a_batch_calls_the_handler_once_with_only_new_events() {
         .unwrap();
     tx.commit().unwrap();
     assert_eq!(calls, 1);
+    assert_eq!(
+        inbox.stats().statements,
+        3 + 4,
+        "one insert per distinct id"
+    );
     match handled {
         Handled::Consumed(ids) => {
             assert_eq!(ids.len(), 3, "the batch repeats one new id: {ids:?}");

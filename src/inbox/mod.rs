@@ -98,14 +98,30 @@ pub struct InboxStats {
     pub statements: u64,
 }
 
-#[derive(Default)]
-struct Counters {
-    consumed: AtomicU64,
-    duplicates: AtomicU64,
-    cache_hits: AtomicU64,
-    cache_misses: AtomicU64,
-    statements: AtomicU64,
+/// What one inbox counts; all but `Statements` also feed the process-wide metrics.
+#[derive(Clone, Copy)]
+enum Stat {
+    Consumed,
+    Duplicates,
+    CacheHits,
+    CacheMisses,
+    Statements,
 }
+
+impl Stat {
+    fn global(self) -> Option<crate::metrics::Counter> {
+        use crate::metrics::Counter;
+        match self {
+            Stat::Consumed => Some(Counter::InboxConsumed),
+            Stat::Duplicates => Some(Counter::InboxDuplicates),
+            Stat::CacheHits => Some(Counter::CacheHits),
+            Stat::CacheMisses => Some(Counter::CacheMisses),
+            Stat::Statements => None,
+        }
+    }
+}
+
+type Counters = [AtomicU64; 5];
 
 /// The idempotent consumer.
 ///
@@ -161,7 +177,7 @@ impl Inbox {
                 cache: None,
                 cache_ttl: config.inbox.cache_ttl,
                 store: None,
-                counters: Counters::default(),
+                counters: Default::default(),
             }),
         })
     }
@@ -190,34 +206,20 @@ impl Inbox {
 
     /// Counters so far.
     pub fn stats(&self) -> InboxStats {
-        let c = &self.inner.counters;
+        let get = |s: Stat| self.inner.counters[s as usize].load(Ordering::Relaxed);
         InboxStats {
-            consumed: c.consumed.load(Ordering::Relaxed),
-            duplicates: c.duplicates.load(Ordering::Relaxed),
-            cache_hits: c.cache_hits.load(Ordering::Relaxed),
-            cache_misses: c.cache_misses.load(Ordering::Relaxed),
-            statements: c.statements.load(Ordering::Relaxed),
+            consumed: get(Stat::Consumed),
+            duplicates: get(Stat::Duplicates),
+            cache_hits: get(Stat::CacheHits),
+            cache_misses: get(Stat::CacheMisses),
+            statements: get(Stat::Statements),
         }
     }
 
-    fn count(&self, f: impl Fn(&Counters) -> &AtomicU64, n: u64) {
-        let c = &self.inner.counters;
-        let counter = f(c);
-        counter.fetch_add(n, Ordering::Relaxed);
-        use crate::metrics::{add, Counter};
-        let global = if std::ptr::eq(counter, &c.consumed) {
-            Some(Counter::InboxConsumed)
-        } else if std::ptr::eq(counter, &c.duplicates) {
-            Some(Counter::InboxDuplicates)
-        } else if std::ptr::eq(counter, &c.cache_hits) {
-            Some(Counter::CacheHits)
-        } else if std::ptr::eq(counter, &c.cache_misses) {
-            Some(Counter::CacheMisses)
-        } else {
-            None
-        };
-        if let Some(g) = global {
-            add(g, n);
+    fn count(&self, stat: Stat, n: u64) {
+        self.inner.counters[stat as usize].fetch_add(n, Ordering::Relaxed);
+        if let Some(g) = stat.global() {
+            crate::metrics::add(g, n);
         }
     }
 
@@ -233,7 +235,14 @@ impl Inbox {
                 false
             }
         };
-        self.count(|c| if hit { &c.cache_hits } else { &c.cache_misses }, 1);
+        self.count(
+            if hit {
+                Stat::CacheHits
+            } else {
+                Stat::CacheMisses
+            },
+            1,
+        );
         hit
     }
 
@@ -256,7 +265,9 @@ impl Inbox {
         tx: &mut Tx,
         ids: &[EventId],
     ) -> Result<Vec<EventId>> {
-        self.count(|c| &c.statements, 1);
+        // one insert per distinct id
+        let distinct: std::collections::HashSet<&EventId> = ids.iter().collect();
+        self.count(Stat::Statements, distinct.len() as u64);
         tx.insert_new_ids(&self.inner.tables, ids)
     }
 
@@ -285,7 +296,7 @@ impl Inbox {
     pub(crate) fn is_cached(&self, id: EventId) -> bool {
         let hit = self.cached(id);
         if hit {
-            self.count(|c| &c.duplicates, 1);
+            self.count(Stat::Duplicates, 1);
         }
         hit
     }
@@ -302,11 +313,11 @@ impl Inbox {
         F: FnOnce(&mut Tx) -> Result<T, E>,
     {
         if self.insert(tx, &[id])?.is_empty() {
-            self.count(|c| &c.duplicates, 1);
+            self.count(Stat::Duplicates, 1);
             return Ok(Handled::Duplicate);
         }
         let out = handler(tx)?;
-        self.count(|c| &c.consumed, 1);
+        self.count(Stat::Consumed, 1);
         Ok(Handled::Consumed(out))
     }
 
@@ -334,19 +345,20 @@ impl Inbox {
         } else {
             self.insert(tx, &unseen)?
         };
-        self.count(|c| &c.duplicates, (events.len() - new.len()) as u64);
+        self.count(Stat::Duplicates, (events.len() - new.len()) as u64);
         if new.is_empty() {
             return Ok(Handled::Duplicate);
         }
+        let fresh_ids: std::collections::HashSet<&EventId> = new.iter().collect();
         let fresh: Vec<&ReceivedEvent> = events
             .iter()
             .zip(&ids)
-            .filter(|(_, id)| new.contains(id))
+            .filter(|(_, id)| fresh_ids.contains(id))
             .map(|(e, _)| e)
             .collect();
         let n = fresh.len() as u64;
         let out = handler(tx, fresh)?;
-        self.count(|c| &c.consumed, n);
+        self.count(Stat::Consumed, n);
         Ok(Handled::Consumed(out))
     }
 
@@ -364,13 +376,13 @@ impl Inbox {
         let store = self.inner.store.as_ref().ok_or_else(|| {
             Error::InvalidInput("handle_at_most_once needs Inbox::with_store".into())
         })?;
-        self.count(|c| &c.statements, 1);
+        self.count(Stat::Statements, 1);
         if store.inbox_insert(&[id])?.is_empty() {
-            self.count(|c| &c.duplicates, 1);
+            self.count(Stat::Duplicates, 1);
             return Ok(Handled::Duplicate);
         }
         self.committed(&[id]);
-        self.count(|c| &c.consumed, 1);
+        self.count(Stat::Consumed, 1);
         handler().map(Handled::Consumed)
     }
 
