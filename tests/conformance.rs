@@ -8,15 +8,12 @@
 mod common;
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;
 use txbox::inbox::Inbox;
-use txbox::{
-    Config, Dlq, DlqFilter, DlqStatus, Error, EventOptions, MemorySender, Outcome, Relay, Store,
-};
+use txbox::{Config, Dlq, DlqFilter, DlqStatus, Error, EventOptions, MemorySender, Outcome, Relay};
 use uuid::Uuid;
 
 fn ms(n: u64) -> Duration {
@@ -550,6 +547,3 @@ suite!(mysql, Backend::MySql, "my");
 suite!(sqlite, Backend::Sqlite, "lite");
 #[cfg(feature = "oracle")]
 suite!(oracle, Backend::Oracle, "ora");
-
-#[allow(dead_code)]
-fn assert_object_safe(_: Arc<dyn Store>) {}

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;
-use txbox::{Config, Event, EventId, EventOptions, MemorySender, Relay, SendError, Sender, Store};
+use txbox::{Config, Event, EventId, EventOptions, MemorySender, Relay, SendError, Sender};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -270,6 +270,3 @@ fn a_sender_hanging_past_the_lease_is_fenced_out() {
         "hanging sender: published=10 delivered=10 duplicates=0 lost=0 late_finish_changed=0"
     );
 }
-
-#[allow(dead_code)]
-fn _store_is_object_safe(_: &dyn Store) {}

@@ -6,13 +6,12 @@
 mod common;
 
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;
 use txbox::admin::{AdminOptions, AdminServer};
-use txbox::{Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, Outcome, Relay, Store};
+use txbox::{Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, Outcome, Relay};
 use uuid::Uuid;
 
 fn config(prefix: &str) -> Config {
@@ -430,5 +429,4 @@ fn the_metrics_snapshot_counts_what_happened() {
     assert!(after.send_latency.count > before.send_latency.count);
     assert!(after.commit_to_ack.count >= before.commit_to_ack.count + 7);
     assert!(after.polling_delay_seconds.contains_key("order-created"));
-    let _: Arc<dyn Store> = fx.store.clone();
 }

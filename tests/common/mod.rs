@@ -159,3 +159,31 @@ impl Collected {
     }
 }
 pub mod backend;
+
+/// How often a handler saw each event id.
+#[derive(Clone, Default)]
+pub struct Calls(Arc<std::sync::Mutex<std::collections::HashMap<txbox::EventId, usize>>>);
+
+impl Calls {
+    pub fn count(&self, id: txbox::EventId) -> usize {
+        self.0.lock().unwrap().get(&id).copied().unwrap_or(0)
+    }
+
+    /// A handler that counts every call and fails the first one for `victim`.
+    pub fn failing_once_for(
+        &self,
+        victim: txbox::EventId,
+    ) -> impl FnMut(&txbox::ReceivedEvent) -> Result<(), String> + Send + 'static {
+        let calls = self.0.clone();
+        move |e| {
+            let id = e.event_id().map_err(|e| e.to_string())?;
+            let mut calls = calls.lock().unwrap();
+            let n = calls.entry(id).or_default();
+            *n += 1;
+            if id == victim && *n == 1 {
+                return Err("database hiccup".into());
+            }
+            Ok(())
+        }
+    }
+}
