@@ -5,7 +5,7 @@
 //! tests/postgres_relay.rs.
 //!
 //! The relay-process scenario runs this test binary again as the relay process
-//! (`relay_worker_process`, active only when TXBOX_FAULT_WORKER is set) and kills it
+//! (`relay_worker_process`, an ignored test run only as that child) and kills it
 //! with SIGKILL, again and again, while a producer keeps publishing. The worker's
 //! sender appends each acked id to a file before it reports the ack: that file is the
 //! consumer.
@@ -64,8 +64,10 @@ impl Sender for FileSender {
     }
 }
 
-/// The relay process of `a_relay_process_killed_again_and_again_loses_nothing`.
+/// The relay process of `a_relay_process_killed_again_and_again_loses_nothing`:
+/// not a test of its own, so it is ignored and run only as that child process.
 #[test]
+#[ignore = "the relay child process of a_relay_process_killed_again_and_again_loses_nothing"]
 fn relay_worker_process() {
     let (Ok(prefix), Ok(path)) = (
         std::env::var("TXBOX_FAULT_WORKER"),
@@ -91,6 +93,7 @@ fn spawn_worker(prefix: &str, file: &std::path::Path) -> std::process::Child {
         .args([
             "--exact",
             "relay_worker_process",
+            "--ignored",
             "--nocapture",
             "--test-threads",
             "1",
