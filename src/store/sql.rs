@@ -687,40 +687,38 @@ impl<P: Pool> Store for SqlStore<P> {
             .iter()
             .filter(|(_, o)| !matches!(o, Outcome::Sent))
             .collect();
-        self.with_retry("finish", || {
-            let mut conn = self.pool.get()?;
+        // sent rows and failed rows change together, so a retried deadlock cannot
+        // count rows finished by the first try as lost; the all-sent batch (the common
+        // case) is one statement without a transaction around it
+        let apply = |c: &mut dyn Conn| -> Result<u64> {
             let mut changed = 0;
             for chunk in sent.chunks(d.max_ids) {
-                changed += run_execute(
-                    &mut *conn,
-                    d,
-                    &d.common.finish_sent,
-                    &[Val::Id(token)],
-                    chunk,
-                )?;
+                changed += run_execute(c, d, &d.common.finish_sent, &[Val::Id(token)], chunk)?;
             }
-            if !failed.is_empty() {
-                changed += transaction(&mut *conn, d, |c| {
-                    let mut n = 0;
-                    for (id, outcome) in &failed {
-                        let (status, delay, error) = match outcome {
-                            Outcome::Retry { delay, error } => ("PENDING", *delay, error),
-                            Outcome::Failed { error } => ("FAILED", Duration::ZERO, error),
-                            Outcome::Sent => continue,
-                        };
-                        let fixed = [
-                            status.into(),
-                            ms(delay),
-                            error.as_str().into(),
-                            Val::Id(id.as_uuid()),
-                            Val::Id(token),
-                        ];
-                        n += run_execute(c, d, &d.common.finish_failed, &fixed, &[])?;
-                    }
-                    Ok(n)
-                })?;
+            for (id, outcome) in &failed {
+                let (status, delay, error) = match outcome {
+                    Outcome::Retry { delay, error } => ("PENDING", *delay, error),
+                    Outcome::Failed { error } => ("FAILED", Duration::ZERO, error),
+                    Outcome::Sent => continue,
+                };
+                let fixed = [
+                    status.into(),
+                    ms(delay),
+                    error.as_str().into(),
+                    Val::Id(id.as_uuid()),
+                    Val::Id(token),
+                ];
+                changed += run_execute(c, d, &d.common.finish_failed, &fixed, &[])?;
             }
             Ok(changed)
+        };
+        self.with_retry("finish", || {
+            let mut conn = self.pool.get()?;
+            if failed.is_empty() && sent.len() <= d.max_ids {
+                apply(&mut *conn)
+            } else {
+                transaction(&mut *conn, d, apply)
+            }
         })
     }
 
