@@ -99,6 +99,10 @@ pub struct EventSettings {
     pub routing_key: Option<String>,
     /// Most events one poll claims (default 200).
     pub batch_size: usize,
+    /// Most claimed batches one poller has with the broker at a time (default 2):
+    /// with 2, the next batch is claimed while the broker acks the previous one.
+    /// 1 sends one batch at a time. Senders that cannot pipeline behave as 1.
+    pub in_flight: usize,
     /// Polling between claims.
     pub polling: Polling,
     /// Retries after the first failed send before the event is FAILED (default 3).
@@ -115,6 +119,7 @@ impl Default for EventSettings {
             destination: None,
             routing_key: None,
             batch_size: 200,
+            in_flight: 2,
             polling: Polling {
                 strategy: PollingStrategy::Adaptive,
                 delay: Duration::from_secs(1),
@@ -151,6 +156,7 @@ pub struct EventOptions {
     destination: Option<String>,
     routing_key: Option<String>,
     batch_size: Option<usize>,
+    in_flight: Option<usize>,
     strategy: Option<PollingStrategy>,
     delay: Option<Duration>,
     min: Option<Duration>,
@@ -183,6 +189,11 @@ impl EventOptions {
     /// Most events one poll claims.
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = Some(n);
+        self
+    }
+    /// Most batches in flight at once per poller (see [`EventSettings::in_flight`]).
+    pub fn in_flight(mut self, n: usize) -> Self {
+        self.in_flight = Some(n);
         self
     }
     /// Fixed polling with this delay.
@@ -248,6 +259,7 @@ impl EventOptions {
         }
         set!(
             batch_size => s.batch_size,
+            in_flight => s.in_flight,
             strategy => s.polling.strategy,
             delay => s.polling.delay,
             min => s.polling.min,
@@ -624,6 +636,9 @@ fn validate_event(s: &EventSettings, path: &str) -> Result<()> {
     if !(1..=10_000).contains(&s.batch_size) {
         return err("batch_size", "must be between 1 and 10000");
     }
+    if !(1..=16).contains(&s.in_flight) {
+        return err("in_flight", "must be between 1 and 16");
+    }
     let p = &s.polling;
     if p.strategy == PollingStrategy::Fixed && p.delay.is_zero() {
         return err("polling.delay", "must be > 0");
@@ -727,6 +742,7 @@ mod toml_model {
         destination: Option<String>,
         routing_key: Option<String>,
         batch_size: Option<usize>,
+        in_flight: Option<usize>,
         #[serde(default)]
         polling: PollingRaw,
         max_retries: Option<u32>,
@@ -806,6 +822,7 @@ mod toml_model {
                 destination: self.destination.clone(),
                 routing_key: self.routing_key.clone(),
                 batch_size: self.batch_size,
+                in_flight: self.in_flight,
                 strategy,
                 delay: dur(&p("polling.delay"), &self.polling.delay)?,
                 min: dur(&p("polling.min"), &self.polling.min)?,

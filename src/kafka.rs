@@ -11,9 +11,11 @@
 //! The producer runs with `acks=all` and `enable.idempotence=true`. Each record is
 //! confirmed by its own delivery report, never by `flush()`: a batch waits for all of
 //! its reports up to the delivery timeout, and one record that fails (unknown topic,
-//! too large, timeout) fails alone while the rest of its batch counts as sent.
+//! too large, timeout) fails alone while the rest of its batch counts as sent. The
+//! relay pipelines ([`Sender::start`]): its next batch is enqueued while the broker
+//! still acks the previous one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Display;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -29,7 +31,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
-use crate::sender::{SendError, Sender, SenderFactory};
+use crate::sender::{SendError, Sender, SenderFactory, Started};
 
 /// Default `message.timeout.ms`: how long librdkafka tries one record.
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -121,9 +123,28 @@ impl ProducerContext for Reports {
 ///     .build()?;
 /// # let _ = sender; Ok(()) }
 /// ```
-#[derive(Clone)]
 pub struct KafkaSender {
     shared: Arc<Shared>,
+    /// Batches started and not yet waited for, oldest first (per clone).
+    in_flight: VecDeque<Pending>,
+}
+
+/// A clone shares the producer, not the batches in flight.
+impl Clone for KafkaSender {
+    fn clone(&self) -> Self {
+        KafkaSender {
+            shared: self.shared.clone(),
+            in_flight: VecDeque::new(),
+        }
+    }
+}
+
+/// A batch with the producer.
+struct Pending {
+    batch: Arc<Batch>,
+    len: usize,
+    deadline: Instant,
+    generation: u64,
 }
 
 /// Batches in a row whose every record timed out before the producer is replaced.
@@ -178,6 +199,7 @@ impl KafkaSenderBuilder {
                 producer: RwLock::new((0, producer)),
                 wait: Duration::from_millis(timeout_ms) + Duration::from_secs(5),
             }),
+            in_flight: VecDeque::new(),
         })
     }
 }
@@ -279,55 +301,69 @@ impl KafkaSender {
     }
 }
 
-impl Sender for KafkaSender {
-    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+impl KafkaSender {
+    /// Enqueues every record of `events`; their reports fill the returned batch.
+    fn enqueue_batch(&self, events: &[Event]) -> Pending {
         let batch = Arc::new(Batch {
             results: Mutex::new((vec![None; events.len()], 0)),
             done: Condvar::new(),
             timeouts: AtomicUsize::new(0),
         });
-        let wait = self.shared.wait;
-        let deadline = Instant::now() + wait;
+        let deadline = Instant::now() + self.shared.wait;
+        let guard = self
+            .shared
+            .producer
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let (generation, producer) = &*guard;
+        for (i, e) in events.iter().enumerate() {
+            if let Err(err) = Self::enqueue(producer, e, &batch, i, deadline) {
+                batch.set(i, Err(err));
+            }
+        }
+        Pending {
+            batch,
+            len: events.len(),
+            deadline,
+            generation: *generation,
+        }
+    }
+
+    /// Waits for the reports of `p`, replacing a producer that failed or is stuck.
+    fn collect(&self, p: Pending) -> Vec<Result<(), SendError>> {
+        let reported = p.batch.wait_all(p.len, p.deadline);
+        let timed_out = p.batch.timeouts.load(Ordering::Relaxed) + (p.len - reported);
+        // A producer whose every record times out while others get through is
+        // stuck (e.g. an idempotent producer id the broker forgot after a restart):
+        // after a few such batches it is replaced, as after a fatal error.
+        let stuck = if timed_out == p.len {
+            self.shared
+                .timed_out_batches
+                .fetch_add(1, Ordering::Relaxed)
+                + 1
+                >= REBUILD_AFTER
+        } else {
+            self.shared.timed_out_batches.store(0, Ordering::Relaxed);
+            false
+        };
         let fatal = {
             let guard = self
                 .shared
                 .producer
                 .read()
                 .unwrap_or_else(|p| p.into_inner());
-            let (generation, producer) = &*guard;
-            for (i, e) in events.iter().enumerate() {
-                if let Err(err) = Self::enqueue(producer, e, &batch, i, deadline) {
-                    batch.set(i, Err(err));
-                }
-            }
-            let reported = batch.wait_all(events.len(), deadline);
-            let timed_out = batch.timeouts.load(Ordering::Relaxed) + (events.len() - reported);
-            // A producer whose every record times out while others get through is
-            // stuck (e.g. an idempotent producer id the broker forgot after a restart):
-            // after a few such batches it is replaced, as after a fatal error.
-            let stuck = if timed_out == events.len() {
-                self.shared
-                    .timed_out_batches
-                    .fetch_add(1, Ordering::Relaxed)
-                    + 1
-                    >= REBUILD_AFTER
-            } else {
-                self.shared.timed_out_batches.store(0, Ordering::Relaxed);
-                false
-            };
-            match producer.client().fatal_error() {
-                Some((code, msg)) => Some((*generation, format!("fatal error {code:?}: {msg}"))),
-                None if stuck => Some((
-                    *generation,
-                    format!("{REBUILD_AFTER} batches in a row timed out"),
-                )),
+            match guard.1.client().fatal_error() {
+                _ if guard.0 != p.generation => None, // replaced already
+                Some((code, msg)) => Some(format!("fatal error {code:?}: {msg}")),
+                None if stuck => Some(format!("{REBUILD_AFTER} batches in a row timed out")),
                 None => None,
             }
         };
-        if let Some((generation, why)) = fatal {
-            self.rebuild(generation, &why);
+        if let Some(why) = fatal {
+            self.rebuild(p.generation, &why);
         }
-        let mut g = batch.results.lock().unwrap_or_else(|p| p.into_inner());
+        let wait = self.shared.wait;
+        let mut g = p.batch.results.lock().unwrap_or_else(|p| p.into_inner());
         g.0.iter_mut()
             .map(|r| {
                 r.take().unwrap_or_else(|| {
@@ -337,6 +373,26 @@ impl Sender for KafkaSender {
                 })
             })
             .collect()
+    }
+}
+
+impl Sender for KafkaSender {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        let p = self.enqueue_batch(events);
+        self.collect(p)
+    }
+
+    fn start(&mut self, events: &[Event]) -> Started {
+        let p = self.enqueue_batch(events);
+        self.in_flight.push_back(p);
+        Started::InFlight
+    }
+
+    fn wait(&mut self) -> Vec<Result<(), SendError>> {
+        match self.in_flight.pop_front() {
+            Some(p) => self.collect(p),
+            None => Vec::new(),
+        }
     }
 }
 

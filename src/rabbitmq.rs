@@ -12,10 +12,12 @@
 //!   back as a failure and is never counted as sent.
 //!
 //! Each relay thread gets its own connection and channel with publisher confirms; a
-//! batch waits for the broker's ack of every message. A dropped connection is opened
-//! again on a later batch, with backoff.
+//! batch waits for the broker's ack of every message, while the relay publishes its
+//! next batch on the same channel ([`Sender::start`]). A dropped connection fails
+//! the unconfirmed messages of every batch in flight and is opened again on a later
+//! batch, with backoff.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Display;
 use std::time::{Duration, Instant};
 
@@ -28,7 +30,7 @@ use crossbeam_channel::{select, Receiver};
 use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE};
-use crate::sender::{SendError, Sender, SenderFactory};
+use crate::sender::{SendError, Sender, SenderFactory, Started};
 
 /// Opens a plain-TCP AMQP connection (`amqp://`; TLS is not built in).
 fn open(url: &str) -> std::result::Result<Connection, amiquip::Error> {
@@ -93,6 +95,8 @@ pub struct RabbitSender {
     retry_at: Instant,
     backoff: Duration,
     last_error: String,
+    /// Batches started and not yet waited for, oldest first.
+    in_flight: VecDeque<Unconfirmed>,
 }
 
 const MIN_RECONNECT: Duration = Duration::from_millis(100);
@@ -108,6 +112,7 @@ impl RabbitSender {
             retry_at: Instant::now(),
             backoff: MIN_RECONNECT,
             last_error: String::new(),
+            in_flight: VecDeque::new(),
         }
     }
 
@@ -155,7 +160,11 @@ impl RabbitSender {
         })
     }
 
+    /// Closes the channel; the unconfirmed messages of the batches in flight fail.
     fn drop_connection(&mut self, why: &str) {
+        for b in &mut self.in_flight {
+            b.broken.get_or_insert_with(|| why.to_string());
+        }
         if self.open.take().is_some() {
             log::warn!("txbox: rabbitmq sender: {why}; reconnecting");
             self.last_error = why.to_string();
@@ -191,91 +200,161 @@ fn properties(e: &Event) -> AmqpProperties {
         .with_headers(headers)
 }
 
-impl Sender for RabbitSender {
-    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
-        let fail_all = |msg: &str| events.iter().map(|_| Err(SendError::new(msg))).collect();
-        let timeout = self.confirm_timeout;
+/// A batch published on the current channel, waiting for its confirms.
+struct Unconfirmed {
+    /// Delivery tag of the first message; the others follow in order.
+    first: u64,
+    /// Messages published (tags `first..first + published`).
+    published: u64,
+    /// Message ids, to match returns.
+    ids: Vec<String>,
+    results: Vec<Option<Result<(), SendError>>>,
+    deadline: Instant,
+    /// Why the batch's unsettled messages failed (channel lost, no confirm).
+    broken: Option<String>,
+}
+
+impl Unconfirmed {
+    /// Applies the broker's confirm of tags `from..=upto` (of the current channel:
+    /// a broken batch's tags belonged to a closed one).
+    fn confirm(&mut self, from: u64, upto: u64, ok: bool) {
+        if self.broken.is_some() {
+            return;
+        }
+        let last = self.first + self.published;
+        for tag in from.max(self.first)..(upto + 1).min(last) {
+            let slot = &mut self.results[(tag - self.first) as usize];
+            if slot.is_none() {
+                *slot = Some(if ok {
+                    Ok(())
+                } else {
+                    Err(SendError::new("rabbitmq: broker nacked the message"))
+                });
+            }
+        }
+    }
+
+    fn settled(&self) -> bool {
+        self.results.iter().all(Option::is_some)
+    }
+
+    /// A returned (unroutable) message fails, whatever its confirm said.
+    fn returned(&mut self, ret: &Return) {
+        let id = ret.properties.message_id().clone().unwrap_or_default();
+        if let Some(i) = self.ids.iter().position(|x| *x == id) {
+            self.results[i] = Some(Err(SendError::new(format!(
+                "rabbitmq returned the message as unroutable: {} {} (exchange {:?}, routing key {:?})",
+                ret.reply_code, ret.reply_text, ret.exchange, ret.routing_key
+            ))));
+        }
+    }
+
+    fn into_results(self) -> Vec<Result<(), SendError>> {
+        let why = self.broken.unwrap_or_default();
+        self.results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(SendError::new(why.clone()))))
+            .collect()
+    }
+}
+
+impl RabbitSender {
+    /// Publishes `events` on the channel (opening it if needed) without waiting.
+    fn publish(&mut self, events: &[Event]) -> Unconfirmed {
+        let mut batch = Unconfirmed {
+            first: 0,
+            published: 0,
+            ids: events.iter().map(|e| e.id.to_string()).collect(),
+            results: vec![None; events.len()],
+            deadline: Instant::now() + self.confirm_timeout,
+            broken: None,
+        };
         let open = match self.connect() {
             Ok(o) => o,
-            Err(msg) => return fail_all(&msg),
+            Err(msg) => {
+                batch.broken = Some(msg);
+                return batch;
+            }
         };
-        // tag of each event on this channel
-        let first = open.next_tag;
-        let mut results: Vec<Option<Result<(), SendError>>> = vec![None; events.len()];
-        let mut broken = None;
-        for (i, e) in events.iter().enumerate() {
+        batch.first = open.next_tag;
+        for e in events {
             let mut publish = Publish::with_properties(
                 e.payload.as_bytes(),
                 e.routing_key.clone(),
                 properties(e),
             );
             publish.mandatory = true;
-            match open.channel.basic_publish(e.destination.clone(), publish) {
-                Ok(()) => open.next_tag += 1,
-                Err(err) => {
-                    broken = Some(format!(
-                        "rabbitmq publish to exchange {:?}: {err}",
-                        e.destination
-                    ));
-                    for r in results.iter_mut().skip(i) {
-                        *r = Some(Err(SendError::new(broken.clone().unwrap_or_default())));
-                    }
-                    break;
-                }
+            if let Err(err) = open.channel.basic_publish(e.destination.clone(), publish) {
+                let why = format!("rabbitmq publish to exchange {:?}: {err}", e.destination);
+                batch.broken = Some(why.clone());
+                self.drop_connection(&why);
+                return batch;
             }
+            open.next_tag += 1;
+            batch.published += 1;
         }
-        let last = open.next_tag - 1; // tags first..=last were published
-        let deadline = Instant::now() + timeout;
-        let mut confirmed = 0u64;
-        let total = last + 1 - first;
-        while confirmed < total && broken.is_none() {
-            let now = Instant::now();
-            let confirm = match open
-                .confirms
-                .recv_timeout(deadline.saturating_duration_since(now))
-            {
-                Ok(c) => c,
+        batch
+    }
+
+    /// Waits for the confirms of `batch`; confirms and returns of later batches
+    /// are kept with them.
+    fn collect(&mut self, mut batch: Unconfirmed) -> Vec<Result<(), SendError>> {
+        while !batch.settled() && batch.broken.is_none() {
+            let Some(open) = &self.open else {
+                batch.broken = Some("rabbitmq: connection lost before the confirms".into());
+                break;
+            };
+            let wait = batch.deadline.saturating_duration_since(Instant::now());
+            let (payload, ok) = match open.confirms.recv_timeout(wait) {
+                Ok(Confirm::Ack(p)) => (p, true),
+                Ok(Confirm::Nack(p)) => (p, false),
                 Err(_) => {
-                    broken = Some(format!("rabbitmq: no publisher confirm within {timeout:?}"));
+                    let why = format!(
+                        "rabbitmq: no publisher confirm within {:?}",
+                        self.confirm_timeout
+                    );
+                    batch.broken = Some(why.clone());
+                    self.drop_connection(&why);
                     break;
                 }
-            };
-            let (payload, ok) = match confirm {
-                Confirm::Ack(p) => (p, true),
-                Confirm::Nack(p) => (p, false),
             };
             let upto = payload.delivery_tag;
-            let from = if payload.multiple { first } else { upto };
-            for tag in from.max(first)..=upto.min(last) {
-                let slot = &mut results[(tag - first) as usize];
-                if slot.is_none() {
-                    *slot = Some(if ok {
-                        Ok(())
-                    } else {
-                        Err(SendError::new("rabbitmq: broker nacked the message"))
-                    });
-                    confirmed += 1;
-                }
+            let from = if payload.multiple { 0 } else { upto };
+            batch.confirm(from, upto, ok);
+            for later in &mut self.in_flight {
+                later.confirm(from, upto, ok);
             }
         }
         // Returns arrive before the ack of the same message: all are queued by now.
-        while let Ok(ret) = open.returns.try_recv() {
-            let id = ret.properties.message_id().clone().unwrap_or_default();
-            if let Some(i) = events.iter().position(|e| e.id.to_string() == id) {
-                results[i] = Some(Err(SendError::new(format!(
-                    "rabbitmq returned the message as unroutable: {} {} (exchange {:?}, routing key {:?})",
-                    ret.reply_code, ret.reply_text, ret.exchange, ret.routing_key
-                ))));
+        if let Some(open) = &self.open {
+            while let Ok(ret) = open.returns.try_recv() {
+                batch.returned(&ret);
+                for later in &mut self.in_flight {
+                    later.returned(&ret);
+                }
             }
         }
-        if let Some(why) = &broken {
-            self.drop_connection(why);
+        batch.into_results()
+    }
+}
+
+impl Sender for RabbitSender {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        let batch = self.publish(events);
+        self.collect(batch)
+    }
+
+    fn start(&mut self, events: &[Event]) -> Started {
+        let batch = self.publish(events);
+        self.in_flight.push_back(batch);
+        Started::InFlight
+    }
+
+    fn wait(&mut self) -> Vec<Result<(), SendError>> {
+        match self.in_flight.pop_front() {
+            Some(batch) => self.collect(batch),
+            None => Vec::new(),
         }
-        let why = broken.unwrap_or_default();
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(SendError::new(why.clone()))))
-            .collect()
     }
 }
 

@@ -7,13 +7,17 @@
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;
 use txbox::inbox::Inbox;
-use txbox::{Config, Dlq, DlqFilter, DlqStatus, Error, EventOptions, MemorySender, Outcome, Relay};
+use txbox::{
+    Config, Dlq, DlqFilter, DlqStatus, Error, Event, EventId, EventOptions, MemorySender, Outcome,
+    Relay, SendError, Sender, Started,
+};
 use uuid::Uuid;
 
 fn ms(n: u64) -> Duration {
@@ -459,6 +463,101 @@ fn failing_sender_ends_in_the_dlq_and_a_retry_delivers(b: Backend, p: &str) {
     assert_eq!(dlq.count(&DlqFilter::default()).unwrap(), 0);
 }
 
+/// A sender that keeps every started batch until the relay waits for it, fails one
+/// event once, and remembers what it acked.
+#[derive(Clone, Default)]
+struct Pipelined(Arc<Mutex<PipeState>>);
+
+#[derive(Default)]
+struct PipeState {
+    queue: VecDeque<Vec<Event>>,
+    most_in_flight: usize,
+    fail_once: Option<EventId>,
+    starts: HashMap<EventId, usize>,
+    acked: Vec<EventId>,
+    plain_sends: usize,
+}
+
+impl Sender for Pipelined {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        self.0.lock().unwrap().plain_sends += 1;
+        events
+            .iter()
+            .map(|_| Err(SendError::new("use start")))
+            .collect()
+    }
+    fn start(&mut self, events: &[Event]) -> Started {
+        let mut s = self.0.lock().unwrap();
+        for e in events {
+            *s.starts.entry(e.id).or_default() += 1;
+        }
+        s.queue.push_back(events.to_vec());
+        s.most_in_flight = s.most_in_flight.max(s.queue.len());
+        Started::InFlight
+    }
+    fn wait(&mut self) -> Vec<Result<(), SendError>> {
+        let mut s = self.0.lock().unwrap();
+        let batch = s.queue.pop_front().unwrap_or_default();
+        batch
+            .iter()
+            .map(|e| {
+                if s.fail_once == Some(e.id) {
+                    s.fail_once = None;
+                    return Err(SendError::new("refused once"));
+                }
+                s.acked.push(e.id);
+                Ok(())
+            })
+            .collect()
+    }
+}
+
+fn pipelined_batches_finish_in_order_and_retry(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event(
+            "e",
+            EventOptions::new()
+                .batch_size(100)
+                .in_flight(2)
+                .adaptive_polling(ms(10), ms(100), 1.5)
+                .backoff_delay(ms(50))
+                .backoff_jitter(0.0),
+        )
+        .build()
+        .unwrap();
+    let ids = fx.publish(&c, "e", 1000, true);
+    let sender = Pipelined::default();
+    let bad = ids[450]; // in the middle of a batch that another follows
+    sender.0.lock().unwrap().fail_once = Some(bad);
+    let s = sender.clone();
+    let relay = Relay::start(fx.store.clone(), &c, move || {
+        Ok(Box::new(s.clone()) as Box<dyn Sender>)
+    })
+    .unwrap();
+    wait_until("1,000 acks", Duration::from_secs(60), || {
+        sender.0.lock().unwrap().acked.len() >= 1000
+    });
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(fx.counts("e"), txbox::TypeStatus::default(), "all finished");
+    let s = sender.0.lock().unwrap();
+    assert_eq!(
+        s.most_in_flight, 2,
+        "the next batch started before the acks"
+    );
+    assert_eq!(s.plain_sends, 0);
+    let acked: HashSet<EventId> = s.acked.iter().copied().collect();
+    assert_eq!(acked.len(), s.acked.len(), "an event acked twice");
+    assert_eq!(acked, ids.iter().copied().collect::<HashSet<_>>());
+    assert_eq!(s.starts[&bad], 2, "the refused event was sent again");
+    assert_eq!(
+        s.starts.values().filter(|n| **n > 1).count(),
+        1,
+        "only the refused event was sent twice"
+    );
+}
+
 fn migrate_twice_is_fine(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     fx.store.migrate().unwrap();
@@ -530,6 +629,13 @@ macro_rules! suite {
                 super::failing_sender_ends_in_the_dlq_and_a_retry_delivers(
                     $backend,
                     concat!("c", $tag, "_relay_"),
+                );
+            }
+            #[test]
+            fn pipelined_batches_finish_in_order_and_retry() {
+                super::pipelined_batches_finish_in_order_and_retry(
+                    $backend,
+                    concat!("c", $tag, "_pipe_"),
                 );
             }
             #[test]

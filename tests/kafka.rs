@@ -275,3 +275,66 @@ fn a_subscribed_consumer_group_receives_and_commits() {
     h.join().unwrap();
     relay.shutdown(Duration::from_secs(10)).unwrap();
 }
+
+fn event(topic: &str, payload: String) -> txbox::Event {
+    txbox::Event {
+        id: txbox::EventId::new(),
+        event_type: "doc".into(),
+        destination: topic.into(),
+        routing_key: "doc".into(),
+        key: None,
+        headers: Default::default(),
+        payload,
+        attempts: 0,
+    }
+}
+
+#[test]
+fn two_batches_in_flight_get_their_own_reports() {
+    use txbox::{Sender, Started};
+    if !kafka_up() {
+        return;
+    }
+    let topic = format!("txbox-pipe-{}", unique());
+    create_topic(&topic, 1);
+    let mut sender = KafkaSender::builder(&kafka_brokers())
+        .property("message.max.bytes", "10000")
+        .build()
+        .unwrap();
+    let a: Vec<_> = (0..3)
+        .map(|i| event(&topic, format!("{{\"a\":{i}}}")))
+        .collect();
+    let b = vec![
+        event(&topic, "{\"b\":0}".into()),
+        event(&topic, format!("\"{}\"", "x".repeat(20_000))),
+        event(&topic, "{\"b\":2}".into()),
+    ];
+    assert!(matches!(sender.start(&a), Started::InFlight));
+    assert!(matches!(sender.start(&b), Started::InFlight));
+    let ra = sender.wait();
+    assert!(ra.iter().all(|r| r.is_ok()), "{ra:?}");
+    let rb = sender.wait();
+    assert_eq!(rb.len(), 3);
+    assert!(rb[0].is_ok() && rb[2].is_ok(), "{rb:?}");
+    let err = rb[1].as_ref().unwrap_err().message.to_lowercase();
+    assert!(err.contains("too large") || err.contains("size"), "{err}");
+    assert!(sender.wait().is_empty(), "nothing else in flight");
+
+    let got = Collected::default();
+    let sink = got.clone();
+    let (stop, h) = consume(&topic, move |e| {
+        sink.push(e);
+        Ok(())
+    });
+    wait_until("5 records consumed", Duration::from_secs(30), || {
+        got.all().len() == 5
+    });
+    stop.stop();
+    h.join().unwrap();
+    let order: Vec<_> = got.all().iter().map(|e| e.id.unwrap()).collect();
+    let expected: Vec<_> = [&a[0], &a[1], &a[2], &b[0], &b[2]]
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(order, expected, "one partition keeps the start order");
+}

@@ -256,3 +256,61 @@ fn a_handler_that_fails_once_sees_the_message_again() {
         "nacked with requeue, then handled again"
     );
 }
+
+#[test]
+fn two_batches_in_flight_get_their_own_confirms_and_returns() {
+    use txbox::{Sender, Started};
+    if !rabbit_up() {
+        return;
+    }
+    let u = unique();
+    let (exchange, queue) = (format!("txbox-ex-{u}"), format!("txbox-q-{u}"));
+    declare(
+        &exchange,
+        ExchangeType::Direct,
+        &queue,
+        "k",
+        FieldTable::new(),
+    );
+    let event = |n: &str, routing_key: &str| txbox::Event {
+        id: txbox::EventId::new(),
+        event_type: "doc".into(),
+        destination: exchange.clone(),
+        routing_key: routing_key.into(),
+        key: None,
+        headers: Default::default(),
+        payload: format!("{{\"n\":\"{n}\"}}"),
+        attempts: 0,
+    };
+    let a = vec![event("a0", "k"), event("a1", "k"), event("a2", "k")];
+    let b = vec![event("b0", "k"), event("b1", "nowhere"), event("b2", "k")];
+    let mut sender = txbox::rabbitmq::RabbitSender::new(&rabbit_url(), Duration::from_secs(10));
+    assert!(matches!(sender.start(&a), Started::InFlight));
+    assert!(matches!(sender.start(&b), Started::InFlight));
+    let ra = sender.wait();
+    assert!(ra.len() == 3 && ra.iter().all(|r| r.is_ok()), "{ra:?}");
+    let rb = sender.wait();
+    assert_eq!(rb.len(), 3);
+    assert!(rb[0].is_ok() && rb[2].is_ok(), "{rb:?}");
+    let err = &rb[1].as_ref().unwrap_err().message;
+    assert!(err.contains("unroutable"), "{err}");
+    assert!(sender.wait().is_empty(), "nothing else in flight");
+
+    let got = Collected::default();
+    let sink = got.clone();
+    let (stop, h) = consume(&queue, move |e| {
+        sink.push(e);
+        Ok(())
+    });
+    wait_until("5 messages consumed", Duration::from_secs(30), || {
+        got.all().len() == 5
+    });
+    stop.stop();
+    h.join().unwrap();
+    let order: Vec<_> = got.all().iter().map(|e| e.id.unwrap()).collect();
+    let expected: Vec<_> = [&a[0], &a[1], &a[2], &b[0], &b[2]]
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(order, expected, "one queue keeps the start order");
+}

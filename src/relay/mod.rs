@@ -3,7 +3,9 @@
 //!
 //! Threads (each named `txbox-...`):
 //! - one poller per configured event type: claim a batch (`FOR UPDATE SKIP LOCKED`),
-//!   send it, wait for the acks, finish the rows under the claim token;
+//!   send it, wait for the acks, finish the rows under the claim token. With a sender
+//!   that pipelines ([`Sender::start`]) the poller claims the next batch while the
+//!   broker acks the previous one, up to `in_flight` batches;
 //! - `txbox-recovery`: returns expired claims to PENDING (no attempt counted);
 //! - `txbox-cleanup`: deletes old PROCESSED rows, under a lease lock;
 //! - with the DLQ on: `txbox-dlq-move`, `txbox-dlq-retry`, `txbox-dlq-cleanup`.
@@ -11,7 +13,7 @@
 //! So 2 + n threads, or 5 + n with the DLQ. Every thread sleeps on a channel:
 //! [`Relay::shutdown`] and [`Relay::wake`] take effect at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,7 +27,7 @@ use crate::config::{Config, EventSettings};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::metrics::{self, Counter};
-use crate::sender::{SendError, Sender, SenderFactory};
+use crate::sender::{SendError, Sender, SenderFactory, Started};
 use crate::store::{Outcome, Store};
 
 mod polling;
@@ -164,6 +166,7 @@ impl Relay {
                 settings: settings.clone(),
                 factory: sender.clone(),
                 sender: None,
+                in_flight: VecDeque::new(),
             };
             spawn(
                 &mut relay,
@@ -453,6 +456,18 @@ struct Poller {
     settings: EventSettings,
     factory: Arc<dyn SenderFactory>,
     sender: Option<Box<dyn Sender>>,
+    /// Claimed batches handed to the sender, oldest first.
+    in_flight: VecDeque<Claimed>,
+}
+
+/// A claimed batch on its way to the broker.
+struct Claimed {
+    token: Uuid,
+    events: Vec<Event>,
+    lease_end: Instant,
+    started: Instant,
+    /// The results, when the sender gave them at once.
+    results: Option<Vec<Result<(), SendError>>>,
 }
 
 impl Poller {
@@ -460,8 +475,11 @@ impl Poller {
         let mut state = PollState::new(&self.settings.polling);
         let mut delay = self.settings.polling.initial_delay;
         loop {
+            // a poller sleeps only with nothing in flight, so only a full batch's
+            // successor (no delay) finds batches to finish at a stop
             if delay.is_zero() {
                 if self.ctx.stopped() {
+                    self.drain(0);
                     return;
                 }
             } else if let Wake::Stop = self.ctx.sleep(delay, Some(&wake)) {
@@ -475,7 +493,9 @@ impl Poller {
                     d
                 }
                 Err(_) => {
+                    // the sender's state is unknown: its batches return after the lease
                     self.sender = None;
+                    self.in_flight.clear();
                     let d = state.after_error();
                     log::error!(
                         "txbox: poller {} panicked; its batch returns after the lease; next try in {d:?}",
@@ -489,7 +509,8 @@ impl Poller {
         }
     }
 
-    /// Claims, sends and finishes one batch. Returns how many events it claimed.
+    /// Claims one batch and hands it to the sender; finishes the batches whose turn
+    /// has come. Returns how many events it claimed.
     fn poll_once(&mut self) -> Result<usize> {
         let sender = match &mut self.sender {
             Some(sender) => sender,
@@ -498,33 +519,74 @@ impl Poller {
         let s = &self.settings;
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
-        let mut events = self
+        let mut events = match self
             .ctx
             .store
-            .claim(&self.event_type, s.batch_size, s.lease, token)?;
-        if events.is_empty() {
-            return Ok(0);
-        }
-        for e in &mut events {
-            e.destination.clone_from(&self.destination);
-            e.routing_key.clone_from(&self.routing_key);
-        }
-        let started = Instant::now();
-        let results = sender.send(&events);
-        metrics::send_latency(started.elapsed());
-        let outcomes = outcomes(&events, results, s);
-        for (id, o) in &outcomes {
-            match o {
-                Outcome::Sent => {
-                    metrics::add(Counter::Sent, 1);
-                    metrics::acked(*id);
-                }
-                Outcome::Retry { .. } => metrics::add(Counter::Retried, 1),
-                Outcome::Failed { .. } => metrics::add(Counter::Failed, 1),
+            .claim(&self.event_type, s.batch_size, s.lease, token)
+        {
+            Ok(events) => events,
+            Err(e) => {
+                self.drain(0);
+                return Err(e);
             }
+        };
+        let claimed = events.len();
+        let mut pipelined = false;
+        if claimed > 0 {
+            for e in &mut events {
+                e.destination.clone_from(&self.destination);
+                e.routing_key.clone_from(&self.routing_key);
+            }
+            let started = Instant::now();
+            let results = match sender.start(&events) {
+                Started::Done(results) => Some(results),
+                Started::InFlight => None,
+            };
+            pipelined = results.is_none();
+            self.in_flight.push_back(Claimed {
+                token,
+                events,
+                lease_end: claimed_at + s.lease,
+                started,
+                results,
+            });
         }
-        self.finish(token, &outcomes, claimed_at + s.lease);
-        Ok(events.len())
+        // after a full batch the next claim follows at once: up to in_flight - 1
+        // batches stay with the broker meanwhile; otherwise all are finished now
+        let keep = if pipelined && claimed >= s.batch_size {
+            s.in_flight - 1
+        } else {
+            0
+        };
+        self.drain(keep);
+        Ok(claimed)
+    }
+
+    /// Waits for and finishes the oldest batches until `keep` are in flight.
+    fn drain(&mut self, keep: usize) {
+        while self.in_flight.len() > keep {
+            let Some(batch) = self.in_flight.pop_front() else {
+                return;
+            };
+            let results = match (batch.results, &mut self.sender) {
+                (Some(results), _) => results,
+                (None, Some(sender)) => sender.wait(),
+                (None, None) => Vec::new(),
+            };
+            metrics::send_latency(batch.started.elapsed());
+            let outcomes = outcomes(&batch.events, results, &self.settings);
+            for (id, o) in &outcomes {
+                match o {
+                    Outcome::Sent => {
+                        metrics::add(Counter::Sent, 1);
+                        metrics::acked(*id);
+                    }
+                    Outcome::Retry { .. } => metrics::add(Counter::Retried, 1),
+                    Outcome::Failed { .. } => metrics::add(Counter::Failed, 1),
+                }
+            }
+            self.finish(batch.token, &outcomes, batch.lease_end);
+        }
     }
 
     /// Finishes the batch, retrying a lost database until the lease runs out (after

@@ -35,13 +35,41 @@ impl std::fmt::Display for SendError {
 
 impl std::error::Error for SendError {}
 
+/// What [`Sender::start`] did with a batch.
+#[derive(Debug)]
+pub enum Started {
+    /// The batch is finished: one result per event (a sender that does not
+    /// pipeline sends and waits at once).
+    Done(Vec<Result<(), SendError>>),
+    /// The batch is with the client; [`Sender::wait`] returns its results.
+    InFlight,
+}
+
 /// Publishes batches of events to a broker and waits for its acks.
+///
+/// A sender that can have several batches in flight (Kafka, RabbitMQ) implements
+/// [`Sender::start`] and [`Sender::wait`] as well: the relay then claims its next
+/// batch from the database while the broker acks the previous one.
 pub trait Sender: Send {
     /// Sends `events` (all of one type, in id order) and returns one result per
     /// event, in the same order. `Ok` only once the broker acked that event; an
     /// event that fails fails alone. Must not panic; a panic is caught and the batch
     /// is left to lease recovery.
     fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>>;
+
+    /// Hands `events` to the broker without waiting for the acks when the sender
+    /// can; the default sends and waits ([`Started::Done`]).
+    fn start(&mut self, events: &[Event]) -> Started {
+        Started::Done(self.send(events))
+    }
+
+    /// The results of the oldest batch that [`Sender::start`] left
+    /// [`Started::InFlight`], one per event as in [`Sender::send`]. The relay calls it
+    /// once per such batch, in start order. Fewer results than events count as
+    /// failures of the missing ones (the default returns none).
+    fn wait(&mut self) -> Vec<Result<(), SendError>> {
+        Vec::new()
+    }
 }
 
 /// Makes a [`Sender`] for each relay thread.
@@ -63,5 +91,11 @@ where
 impl<S: Sender + ?Sized> Sender for Box<S> {
     fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
         (**self).send(events)
+    }
+    fn start(&mut self, events: &[Event]) -> Started {
+        (**self).start(events)
+    }
+    fn wait(&mut self) -> Vec<Result<(), SendError>> {
+        (**self).wait()
     }
 }

@@ -43,12 +43,13 @@ fn dialect(t: &Tables) -> Dialect {
         max_ids: 1000,
         common: sql::common(t, "now()", plus),
         claim_returning: Some(format!(
-            "WITH c AS (SELECT id FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
-               AND next_attempt_at <= now() ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
-             UPDATE {o} AS e SET status = 'IN_PROCESS', claim_token = $3, \
+            // the ids as an array, not a join: a join lets the planner hash the whole
+            // table, while `= ANY` looks each id up in the primary key
+            "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $3, \
                lease_until = now() + $4 * interval '1 millisecond' \
-             FROM c WHERE e.id = c.id \
-             RETURNING e.id, e.event_type, e.event_key, e.headers::text, e.payload, e.attempts"
+             WHERE id = ANY(ARRAY(SELECT id FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
+               AND next_attempt_at <= now() ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+             RETURNING id, event_type, event_key, headers::text, payload, attempts"
         )),
         claim_select: format!(
             "SELECT id, event_type, event_key, headers::text, payload, attempts FROM {o} \
