@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use txbox::{
     Config, Event, EventId, EventOptions, MemorySender, Outbox, PgStore, Relay, SendError, Sender,
-    Store,
+    Started, Store,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -206,58 +206,68 @@ fn fill(c: &mut postgres::Client, outbox: &Outbox, n: usize) -> Res<Vec<EventId>
 
 fn relay_floor(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_floor_";
-    let (store, mut c) = fresh(p)?;
     let cfg = config(p, EventOptions::new().batch_size(200));
     let outbox = Outbox::new(&cfg)?;
-    fill(&mut c, &outbox, s.floor)?;
-    let sender = MemorySender::new();
-    let t = Instant::now();
-    let relay = Relay::start(store, &cfg, sender.clone())?;
-    sender.wait_for(s.floor, Duration::from_secs(600));
-    let ours = s.floor as f64 / t.elapsed().as_secs_f64();
-    relay.shutdown(Duration::from_secs(10))?;
-
-    // the hand loop: the same claim and finish statements, no relay around them
-    let (_store, mut c) = fresh(p)?;
-    fill(&mut c, &outbox, s.floor)?;
+    // the relay's own statements, as the hand loop sends them
     let claim = format!(
-        "WITH c AS (SELECT id FROM {p}outbox_events WHERE event_type = $1 AND status = 'PENDING' \
-         AND next_attempt_at <= now() ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) \
-         UPDATE {p}outbox_events AS e SET status = 'IN_PROCESS', claim_token = $3, \
-         lease_until = now() + $4 * interval '1 millisecond' FROM c WHERE e.id = c.id \
-         RETURNING e.id, e.event_type, e.event_key, e.headers::text, e.payload, e.attempts"
+        "UPDATE {p}outbox_events SET status = 'IN_PROCESS', claim_token = $3, \
+           lease_until = now() + $4 * interval '1 millisecond' \
+         WHERE id = ANY(ARRAY(SELECT id FROM {p}outbox_events WHERE event_type = $1 \
+           AND status = 'PENDING' AND next_attempt_at <= now() ORDER BY id LIMIT $2 \
+           FOR UPDATE SKIP LOCKED)) \
+         RETURNING id, event_type, event_key, headers::text, payload, attempts"
     );
     let finish = format!(
         "UPDATE {p}outbox_events SET status = 'PROCESSED', processed_at = now(), claim_token = NULL, \
          lease_until = NULL WHERE claim_token = $1 AND status = 'IN_PROCESS' AND id = ANY($2)"
     );
-    let t = Instant::now();
-    let mut done = 0;
-    let mut sink = MemorySender::new();
-    while done < s.floor {
-        let token = uuid::Uuid::now_v7();
-        let rows = c.query(claim.as_str(), &[&"bench", &200i64, &token, &300_000f64])?;
-        let events: Vec<Event> = rows
-            .iter()
-            .map(|r| Event {
-                id: EventId::from_uuid(r.get(0)),
-                event_type: r.get(1),
-                destination: "bench".into(),
-                routing_key: "bench".into(),
-                key: r.get(2),
-                headers: Default::default(),
-                payload: r.get(4),
-                attempts: 0,
-            })
-            .collect();
-        let _ = sink.send(&events);
-        let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id.as_uuid()).collect();
-        c.execute(finish.as_str(), &[&token, &ids])?;
-        done += events.len();
+    // relay, hand, hand, relay: each on a freshly filled table, so neither profits
+    // from going first or second
+    let (mut ours, mut hand) = (Duration::ZERO, Duration::ZERO);
+    for turn in [true, false, false, true] {
+        let (store, mut c) = fresh(p)?;
+        fill(&mut c, &outbox, s.floor)?;
+        c.batch_execute(&format!("VACUUM ANALYZE {p}outbox_events"))?;
+        if turn {
+            let sender = MemorySender::new();
+            let t = Instant::now();
+            let relay = Relay::start(store, &cfg, sender.clone())?;
+            sender.wait_for(s.floor, Duration::from_secs(600));
+            relay.shutdown(Duration::from_secs(10))?;
+            ours += t.elapsed();
+            continue;
+        }
+        let t = Instant::now();
+        let mut done = 0;
+        let mut sink = MemorySender::new();
+        while done < s.floor {
+            let token = uuid::Uuid::now_v7();
+            let rows = c.query(claim.as_str(), &[&"bench", &200i64, &token, &300_000f64])?;
+            let mut events: Vec<Event> = rows
+                .iter()
+                .map(|r| Event {
+                    id: EventId::from_uuid(r.get(0)),
+                    event_type: r.get(1),
+                    destination: "bench".into(),
+                    routing_key: "bench".into(),
+                    key: r.get(2),
+                    headers: Default::default(),
+                    payload: r.get(4),
+                    attempts: 0,
+                })
+                .collect();
+            events.sort_by_key(|e| e.id);
+            let _ = sink.send(&events);
+            let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id.as_uuid()).collect();
+            c.execute(finish.as_str(), &[&token, &ids])?;
+            done += events.len();
+        }
+        hand += t.elapsed();
     }
-    let hand = s.floor as f64 / t.elapsed().as_secs_f64();
+    let n = 2.0 * s.floor as f64;
+    let (ours, hand) = (n / ours.as_secs_f64(), n / hand.as_secs_f64());
     out.push(row(
-        format!("relay floor, PG -> memory ({} events)", s.floor),
+        format!("relay floor, PG -> memory (2 x {} events)", s.floor),
         format!("{ours:.0} ev/s"),
         format!("{hand:.0} ev/s"),
         ours / hand,
@@ -282,6 +292,7 @@ fn broker_throughput(
             .routing_key("txbox-bench")
             .batch_size(200),
     );
+    let window = cfg.event("bench").map_or(1, |e| e.in_flight);
     let outbox = Outbox::new(&cfg)?;
     fill(&mut c, &outbox, s.brokers)?;
     // warm up: connections and metadata are not what is measured
@@ -305,14 +316,26 @@ fn broker_throughput(
     }
     let t = Instant::now();
     let f = factory.clone();
-    let relay = Relay::start(store.clone(), &cfg, move || f.create())?;
-    while store.status()?.iter().any(|x| x.pending + x.in_process > 0)
+    let acks = Acks::default();
+    let a = acks.clone();
+    let relay = Relay::start(
+        store.clone(),
+        &cfg,
+        move || -> txbox::Result<Box<dyn Sender>> {
+            Ok(Box::new(Timed::new(f.create()?, a.clone())))
+        },
+    )?;
+    // the acks are counted as they come; the rows are finished right after
+    while acks.count.load(Ordering::Relaxed) < s.brokers as u64
         && t.elapsed() < Duration::from_secs(600)
     {
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(2));
     }
-    let ours = s.brokers as f64 / t.elapsed().as_secs_f64();
     relay.shutdown(Duration::from_secs(10))?;
+    let ours = s.brokers as f64 / t.elapsed().as_secs_f64();
+    if store.status()?.iter().any(|x| x.pending + x.in_process > 0) {
+        return Err(format!("{name}: events left unfinished").into());
+    }
 
     // the same client, same settings, the same messages in batches of 200, directly
     let mut direct = warmup;
@@ -328,22 +351,62 @@ fn broker_throughput(
             attempts: 0,
         })
         .collect();
-    let t = Instant::now();
-    for chunk in events.chunks(200) {
-        let failed = direct.send(chunk).iter().filter(|r| r.is_err()).count();
-        if failed > 0 {
-            return Err(format!("{name}: {failed} direct sends failed").into());
-        }
-    }
-    let base = s.brokers as f64 / t.elapsed().as_secs_f64();
+    // the same client: one batch at a time, with the relay's window of batches in
+    // flight, and at its ceiling (every batch handed over before the first ack)
+    let single = direct_rate(name, &mut direct, &events, 1)?;
+    let windowed = direct_rate(name, &mut direct, &events, window)?;
+    let ceiling = direct_rate(name, &mut direct, &events, usize::MAX)?;
     out.push(row(
-        format!("relay to {name} ({} events)", s.brokers),
+        format!(
+            "relay to {name} ({} events), vs direct, {window} batches in flight",
+            s.brokers
+        ),
         format!("{ours:.0} ev/s"),
-        format!("{base:.0} ev/s"),
-        ours / base,
+        format!("{windowed:.0} ev/s"),
+        ours / windowed,
         ">= 0.8",
     ));
+    out.push(row(
+        format!("  {name}: vs direct, one batch at a time"),
+        format!("{ours:.0} ev/s"),
+        format!("{single:.0} ev/s"),
+        ours / single,
+        "-",
+    ));
+    out.push(row(
+        format!("  {name}: vs direct, all in flight (client ceiling)"),
+        format!("{ours:.0} ev/s"),
+        format!("{ceiling:.0} ev/s"),
+        ours / ceiling,
+        "-",
+    ));
     Ok(())
+}
+
+/// Events/s of `sender` publishing `events` in batches of 200 with at most
+/// `window` batches awaiting acks.
+fn direct_rate(name: &str, sender: &mut dyn Sender, events: &[Event], window: usize) -> Res<f64> {
+    let t = Instant::now();
+    let mut results = Vec::new();
+    let mut waiting = 0;
+    for chunk in events.chunks(200) {
+        match sender.start(chunk) {
+            Started::Done(r) => results.extend(r),
+            Started::InFlight => waiting += 1,
+        }
+        if waiting >= window {
+            results.extend(sender.wait());
+            waiting -= 1;
+        }
+    }
+    for _ in 0..waiting {
+        results.extend(sender.wait());
+    }
+    let failed = events.len() - results.iter().filter(|r| r.is_ok()).count();
+    if failed > 0 {
+        return Err(format!("{name}: {failed} direct sends failed").into());
+    }
+    Ok(events.len() as f64 / t.elapsed().as_secs_f64())
 }
 
 /// Counts the statements the relay sends through the store.
@@ -437,22 +500,71 @@ fn idle_cost(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     Ok(())
 }
 
-/// Records the time each event was acked by the wrapped sender.
+/// What a [`Timed`] sender saw acked.
+#[derive(Clone, Default)]
+struct Acks {
+    count: Arc<AtomicU64>,
+    /// The time of each event's first ack, when wanted.
+    times: Option<Arc<Mutex<HashMap<EventId, Instant>>>>,
+}
+
+/// Records what the wrapped sender acked, pipelining as the wrapped one does.
 struct Timed<S> {
     inner: S,
-    acked: Arc<Mutex<HashMap<EventId, Instant>>>,
+    acks: Acks,
+    in_flight: std::collections::VecDeque<Vec<EventId>>,
+}
+
+impl<S> Timed<S> {
+    fn new(inner: S, acks: Acks) -> Self {
+        Timed {
+            inner,
+            acks,
+            in_flight: Default::default(),
+        }
+    }
+
+    fn record(&self, ids: &[EventId], results: &[Result<(), SendError>]) {
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        if let Some(times) = &self.acks.times {
+            let now = Instant::now();
+            let mut times = times.lock().unwrap();
+            for (id, r) in ids.iter().zip(results) {
+                if r.is_ok() {
+                    times.entry(*id).or_insert(now);
+                }
+            }
+        }
+        self.acks.count.fetch_add(ok as u64, Ordering::Relaxed);
+    }
+}
+
+fn ids(events: &[Event]) -> Vec<EventId> {
+    events.iter().map(|e| e.id).collect()
 }
 
 impl<S: Sender> Sender for Timed<S> {
     fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
         let r = self.inner.send(events);
-        let now = Instant::now();
-        let mut acked = self.acked.lock().unwrap();
-        for (e, res) in events.iter().zip(&r) {
-            if res.is_ok() {
-                acked.entry(e.id).or_insert(now);
+        self.record(&ids(events), &r);
+        r
+    }
+    fn start(&mut self, events: &[Event]) -> Started {
+        match self.inner.start(events) {
+            Started::Done(r) => {
+                self.record(&ids(events), &r);
+                Started::Done(r)
+            }
+            Started::InFlight => {
+                self.in_flight.push_back(ids(events));
+                Started::InFlight
             }
         }
+    }
+    fn wait(&mut self) -> Vec<Result<(), SendError>> {
+        let r = self.inner.wait();
+        let ids = self.in_flight.pop_front().unwrap_or_default();
+        self.record(&ids, &r);
         r
     }
 }
@@ -474,12 +586,12 @@ fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
     let outbox = Outbox::new(&cfg)?;
     let acked = Arc::new(Mutex::new(HashMap::new()));
     let factory = RabbitSenderFactory::new(rabbit);
-    let a = acked.clone();
+    let acks = Acks {
+        times: Some(acked.clone()),
+        ..Acks::default()
+    };
     let relay = Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
-        Ok(Box::new(Timed {
-            inner: factory.create()?,
-            acked: a.clone(),
-        }))
+        Ok(Box::new(Timed::new(factory.create()?, acks.clone())))
     })?;
     let mut commit = |n: usize| -> Res<Vec<(EventId, Instant)>> {
         let mut tx = c.transaction()?;
@@ -686,12 +798,20 @@ fn main() -> Res<()> {
         }
     }
     let full = args.iter().any(|a| a == "--full");
+    // `--only floor,brokers`: just those parts (publish, batch, floor, brokers, idle,
+    // latency, instances)
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let part = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
     let s = if full {
         Size {
             txs: 5000,
             batches: 1000,
             floor: 100_000,
-            brokers: 20_000,
+            brokers: 100_000,
             idle: Duration::from_secs(300),
             rate_secs: 30,
             burst: 10_000,
@@ -703,7 +823,7 @@ fn main() -> Res<()> {
             txs: 500,
             batches: 100,
             floor: 20_000,
-            brokers: 5_000,
+            brokers: 20_000,
             idle: Duration::from_secs(10),
             rate_secs: 3,
             burst: 2_000,
@@ -720,35 +840,49 @@ fn main() -> Res<()> {
     let mut out = Vec::new();
     let t = Instant::now();
     let step = |what: &str| eprintln!("bench: {what} done at {:.1}s", t.elapsed().as_secs_f64());
-    publish_overhead(&s, &mut out)?;
-    step("publish overhead");
-    batch_publish(&s, &mut out)?;
-    step("batch publish");
-    relay_floor(&s, &mut out)?;
-    step("relay floor");
-    ensure_queue(&rabbit)?;
-    broker_throughput(
-        "RabbitMQ (confirms)",
-        &s,
-        Arc::new(txbox::rabbitmq::RabbitSenderFactory::new(&rabbit)),
-        "amq.direct",
-        &mut out,
-    )?;
-    txbox::kafka::ensure_topic(&brokers, "txbox-bench", 3)?;
-    broker_throughput(
-        "Kafka (acks=all)",
-        &s,
-        Arc::new(txbox::kafka::KafkaSender::builder(&brokers).build()?),
-        "txbox-bench",
-        &mut out,
-    )?;
-    step("brokers");
-    idle_cost(&s, &mut out)?;
-    step("idle cost");
-    pickup_latency(&s, &rabbit, &mut out)?;
-    step("pick-up latency");
-    many_instances(&s, &mut out)?;
-    step("many instances");
+    if part("publish") {
+        publish_overhead(&s, &mut out)?;
+        step("publish overhead");
+    }
+    if part("batch") {
+        batch_publish(&s, &mut out)?;
+        step("batch publish");
+    }
+    if part("floor") {
+        relay_floor(&s, &mut out)?;
+        step("relay floor");
+    }
+    if part("brokers") {
+        ensure_queue(&rabbit)?;
+        broker_throughput(
+            "RabbitMQ (confirms)",
+            &s,
+            Arc::new(txbox::rabbitmq::RabbitSenderFactory::new(&rabbit)),
+            "amq.direct",
+            &mut out,
+        )?;
+        txbox::kafka::ensure_topic(&brokers, "txbox-bench", 3)?;
+        broker_throughput(
+            "Kafka (acks=all)",
+            &s,
+            Arc::new(txbox::kafka::KafkaSender::builder(&brokers).build()?),
+            "txbox-bench",
+            &mut out,
+        )?;
+        step("brokers");
+    }
+    if part("idle") {
+        idle_cost(&s, &mut out)?;
+        step("idle cost");
+    }
+    if part("latency") {
+        pickup_latency(&s, &rabbit, &mut out)?;
+        step("pick-up latency");
+    }
+    if part("instances") {
+        many_instances(&s, &mut out)?;
+        step("many instances");
+    }
 
     println!("txbox bench ({})", if full { "full" } else { "quick" });
     let w = out.iter().map(|r| r.what.len()).max().unwrap_or(10);

@@ -99,9 +99,9 @@ pub struct EventSettings {
     pub routing_key: Option<String>,
     /// Most events one poll claims (default 200).
     pub batch_size: usize,
-    /// Most claimed batches one poller has with the broker at a time (default 2):
-    /// with 2, the next batch is claimed while the broker acks the previous one.
-    /// 1 sends one batch at a time. Senders that cannot pipeline behave as 1.
+    /// Most claimed batches one poller has with the broker at a time (default 3):
+    /// the next batches are claimed while the broker acks the previous ones. 1
+    /// sends one batch at a time. Senders that cannot pipeline behave as 1.
     pub in_flight: usize,
     /// Polling between claims.
     pub polling: Polling,
@@ -119,7 +119,7 @@ impl Default for EventSettings {
             destination: None,
             routing_key: None,
             batch_size: 200,
-            in_flight: 2,
+            in_flight: 3,
             polling: Polling {
                 strategy: PollingStrategy::Adaptive,
                 delay: Duration::from_secs(1),

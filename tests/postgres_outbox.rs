@@ -206,6 +206,10 @@ fn bad_config_values_name_their_key_path() {
             "events.a.backoff.jitter must be >= 0.0 and < 1.0",
         ),
         (
+            "[events.a]\nin_flight = 0",
+            "events.a.in_flight must be between 1 and 16",
+        ),
+        (
             "[events.a]\nlease = \"10ms\"",
             "events.a.lease must be >= 1s",
         ),
@@ -262,6 +266,7 @@ fn overrides_inherit_from_defaults() {
         [events.b]
         destination = "bees"
         batch_size = 10
+        in_flight = 1
         [events.b.polling]
         strategy = "fixed"
         delay = "300ms"
@@ -285,6 +290,7 @@ fn overrides_inherit_from_defaults() {
     let b = config.event("b").unwrap();
     assert_eq!(b.destination.as_deref(), Some("bees"));
     assert_eq!(b.batch_size, 10);
+    assert_eq!((a.in_flight, b.in_flight), (3, 1));
     assert_eq!(b.polling.strategy, txbox::config::PollingStrategy::Fixed);
     assert_eq!(b.polling.delay, Duration::from_millis(300));
     assert_eq!(b.polling.initial_delay, Duration::from_secs(1));
@@ -306,6 +312,7 @@ fn overrides_inherit_from_defaults() {
         (x.polling.min, x.polling.max, x.polling.multiplier),
         (Duration::from_millis(250), Duration::from_secs(60), 1.5)
     );
+    assert_eq!(x.in_flight, 3);
     assert_eq!(x.max_retries, 3);
     assert_eq!(
         (x.backoff.delay, x.backoff.multiplier),
