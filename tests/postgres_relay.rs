@@ -348,3 +348,92 @@ fn cleanup_deletes_old_processed_rows_under_the_lock() {
     std::thread::sleep(ms(20));
     assert_eq!(store.delete_processed(ms(10), 5).unwrap(), 5);
 }
+
+/// A pipelining sender whose acks wait for a gate the test opens.
+#[derive(Clone, Default)]
+struct Gated {
+    queue: Arc<Mutex<std::collections::VecDeque<Vec<txbox::Event>>>>,
+    starts: Arc<Mutex<usize>>,
+    open: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    acked: Arc<Mutex<Vec<EventId>>>,
+}
+
+impl txbox::Sender for Gated {
+    fn send(&mut self, events: &[txbox::Event]) -> Vec<Result<(), txbox::SendError>> {
+        events
+            .iter()
+            .map(|_| Err(txbox::SendError::new("use start")))
+            .collect()
+    }
+    fn start(&mut self, events: &[txbox::Event]) -> txbox::Started {
+        self.queue.lock().unwrap().push_back(events.to_vec());
+        *self.starts.lock().unwrap() += 1;
+        txbox::Started::InFlight
+    }
+    fn wait(&mut self) -> Vec<Result<(), txbox::SendError>> {
+        let (lock, cv) = &*self.open;
+        let mut open = lock.lock().unwrap();
+        while !*open {
+            open = cv.wait(open).unwrap();
+        }
+        drop(open);
+        let batch = self.queue.lock().unwrap().pop_front().unwrap_or_default();
+        self.acked
+            .lock()
+            .unwrap()
+            .extend(batch.iter().map(|e| e.id));
+        batch.iter().map(|_| Ok(())).collect()
+    }
+}
+
+#[test]
+fn shutdown_finishes_the_batches_in_flight() {
+    let p = "t_rel_drain_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(fast())
+        .event("e", EventOptions::new().batch_size(100).in_flight(3))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    outbox.publish_batch(&mut tx, "e", 0..2000).unwrap();
+    tx.commit().unwrap();
+
+    let sender = Gated::default();
+    let s = sender.clone();
+    let relay = Relay::start(store, &config, move || {
+        Ok(Box::new(s.clone()) as Box<dyn txbox::Sender>)
+    })
+    .unwrap();
+    // three batches with the broker, the poller waiting for the first one's acks
+    wait_until("three batches started", Duration::from_secs(10), || {
+        *sender.starts.lock().unwrap() >= 3
+    });
+    let stopping = std::thread::spawn(move || relay.shutdown(Duration::from_secs(20)));
+    {
+        let (lock, cv) = &*sender.open;
+        *lock.lock().unwrap() = true;
+        cv.notify_all();
+    }
+    stopping.join().unwrap().unwrap();
+
+    assert_eq!(
+        count(&mut client, p, "IN_PROCESS"),
+        0,
+        "nothing left claimed"
+    );
+    let acked = sender.acked.lock().unwrap().clone();
+    let unique: HashSet<EventId> = acked.iter().copied().collect();
+    assert_eq!(unique.len(), acked.len(), "an event acked twice");
+    assert!(acked.len() >= 300, "the batches in flight were acked");
+    assert_eq!(count(&mut client, p, "PROCESSED"), acked.len() as i64);
+    assert_eq!(
+        count(&mut client, p, "PENDING") + acked.len() as i64,
+        2000,
+        "the rest is still pending"
+    );
+}

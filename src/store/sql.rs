@@ -258,15 +258,19 @@ pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String) -> Common 
             "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
             plus("$2")
         ),
+        // A row holds a claim token exactly while it is IN_PROCESS (every way out
+        // clears it), so the token alone fences. Naming the status as well would let
+        // PostgreSQL pick the in-process partial index and step over every dead
+        // entry in it instead of looking the ids up in the primary key.
         finish_sent: format!(
             "UPDATE {o} SET status = 'PROCESSED', processed_at = {now}, claim_token = NULL, lease_until = NULL \
-             WHERE claim_token = $1 AND status = 'IN_PROCESS' AND id IN ({{ids}})"
+             WHERE claim_token = $1 AND id IN ({{ids}})"
         ),
         finish_failed: format!(
             "UPDATE {o} SET status = $1, attempts = attempts + 1, \
                next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
                last_error = $3, claim_token = NULL, lease_until = NULL \
-             WHERE id = $4 AND claim_token = $5 AND status = 'IN_PROCESS'",
+             WHERE id = $4 AND claim_token = $5",
             plus("$2")
         ),
         recover: format!(
