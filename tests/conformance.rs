@@ -94,6 +94,41 @@ fn claims_are_disjoint_and_bounded(b: Backend, p: &str) {
     assert_eq!((s.pending, s.in_process), (0, 10));
 }
 
+fn claims_after_an_id_skip_lower_ones_until_asked_without(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = config(p);
+    let ids = fx.publish(&c, "e", 10, true);
+    let lease = Duration::from_secs(60);
+    let claim = |after: Option<EventId>, n: usize| -> (Uuid, Vec<EventId>) {
+        let t = Uuid::now_v7();
+        let got = fx.store.claim_after("e", after, n, lease, t).unwrap();
+        (t, got.iter().map(|e| e.id).collect())
+    };
+    let (t0, first) = claim(None, 3);
+    assert_eq!(first, ids[0..3]);
+    let (_, second) = claim(Some(ids[2]), 3);
+    assert_eq!(second, ids[3..6], "starts after the given id");
+    // the first event fails and is due again at once: lower than the resume point
+    let retry = Outcome::Retry {
+        delay: Duration::ZERO,
+        error: "x".into(),
+    };
+    let outcomes = [
+        (ids[0], retry),
+        (ids[1], Outcome::Sent),
+        (ids[2], Outcome::Sent),
+    ];
+    assert_eq!(fx.store.finish(t0, &outcomes).unwrap(), 3);
+    let (_, third) = claim(Some(ids[5]), 10);
+    assert_eq!(
+        third,
+        ids[6..10],
+        "a lower id waits for a claim without a bound"
+    );
+    let (_, rescan) = claim(None, 10);
+    assert_eq!(rescan, vec![ids[0]]);
+}
+
 fn finish_checks_the_token_and_recovery_counts_no_attempt(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = config(p);
@@ -636,6 +671,13 @@ macro_rules! suite {
                 super::pipelined_batches_finish_in_order_and_retry(
                     $backend,
                     concat!("c", $tag, "_pipe_"),
+                );
+            }
+            #[test]
+            fn claims_after_an_id_skip_lower_ones_until_asked_without() {
+                super::claims_after_an_id_skip_lower_ones_until_asked_without(
+                    $backend,
+                    concat!("c", $tag, "_after_"),
                 );
             }
             #[test]

@@ -37,6 +37,12 @@ pub use polling::{PollState, MAX_ERROR_DELAY};
 /// Longest `last_error` kept with an event, in bytes (longer messages are cut).
 pub const MAX_ERROR_LEN: usize = 2000;
 
+/// While draining a backlog a poller claims each batch after the last id of the
+/// previous one ([`Store::claim_after`]); every this many batches it claims from the
+/// lowest pending id again, so events with lower ids that became due meanwhile
+/// (retries, recovered claims) wait at most this many batches.
+pub const RESCAN_EVERY: usize = 50;
+
 /// The running relay. Dropping it stops the threads without waiting; call
 /// [`Relay::shutdown`] to let in-flight batches finish.
 ///
@@ -167,6 +173,7 @@ impl Relay {
                 factory: sender.clone(),
                 sender: None,
                 in_flight: VecDeque::new(),
+                resume: None,
             };
             spawn(
                 &mut relay,
@@ -458,6 +465,9 @@ struct Poller {
     sender: Option<Box<dyn Sender>>,
     /// Claimed batches handed to the sender, oldest first.
     in_flight: VecDeque<Claimed>,
+    /// Where the next claim starts while a backlog drains: the last id of the
+    /// previous full batch, and how many batches ago the last full scan was.
+    resume: Option<(crate::EventId, usize)>,
 }
 
 /// A claimed batch on its way to the broker.
@@ -519,18 +529,30 @@ impl Poller {
         let s = &self.settings;
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
-        let mut events = match self
-            .ctx
-            .store
-            .claim(&self.event_type, s.batch_size, s.lease, token)
-        {
-            Ok(events) => events,
-            Err(e) => {
-                self.drain(0);
-                return Err(e);
-            }
-        };
+        let after = self.resume.map(|(id, _)| id);
+        let mut events =
+            match self
+                .ctx
+                .store
+                .claim_after(&self.event_type, after, s.batch_size, s.lease, token)
+            {
+                Ok(events) => events,
+                Err(e) => {
+                    self.resume = None;
+                    self.drain(0);
+                    return Err(e);
+                }
+            };
         let claimed = events.len();
+        // a full batch: more is waiting, and the next claim starts after this one;
+        // anything else (or every RESCAN_EVERY batches) scans from the lowest id
+        let scanned = self.resume.map_or(0, |(_, n)| n);
+        self.resume = match events.last() {
+            Some(last) if claimed >= s.batch_size && scanned + 1 < RESCAN_EVERY => {
+                Some((last.id, scanned + 1))
+            }
+            _ => None,
+        };
         let mut pipelined = false;
         if claimed > 0 {
             for e in &mut events {

@@ -37,6 +37,17 @@ macro_rules! delegate_store {
             ) -> $crate::Result<Vec<$crate::Event>> {
                 self.inner.claim(event_type, limit, lease, token)
             }
+            fn claim_after(
+                &self,
+                event_type: &str,
+                after: Option<$crate::EventId>,
+                limit: usize,
+                lease: std::time::Duration,
+                token: uuid::Uuid,
+            ) -> $crate::Result<Vec<$crate::Event>> {
+                self.inner
+                    .claim_after(event_type, after, limit, lease, token)
+            }
             fn finish(
                 &self,
                 token: uuid::Uuid,
@@ -176,6 +187,23 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
         token: Uuid,
     ) -> Result<Vec<Event>>;
+
+    /// Like [`Store::claim`], but only events whose id is greater than `after` (when
+    /// given). While a poller drains a backlog it passes the last id of its previous
+    /// full batch, so each claim starts where the last one ended instead of stepping
+    /// over every row already sent. The default ignores `after`, which is correct,
+    /// only slower.
+    fn claim_after(
+        &self,
+        event_type: &str,
+        after: Option<EventId>,
+        limit: usize,
+        lease: Duration,
+        token: Uuid,
+    ) -> Result<Vec<Event>> {
+        let _ = after;
+        self.claim(event_type, limit, lease, token)
+    }
 
     /// Finishes claimed events: only rows still IN_PROCESS under `token` change.
     /// Returns how many rows changed (fewer than given: the claim was lost).

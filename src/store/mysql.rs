@@ -45,8 +45,8 @@ fn dialect(t: &Tables) -> Dialect {
         claim_returning: None,
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
-             WHERE event_type = $1 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
-             ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
+             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
+             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
         ),
         select_expired: format!(
             "SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} LIMIT $1 FOR UPDATE SKIP LOCKED"

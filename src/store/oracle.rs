@@ -54,7 +54,7 @@ fn dialect(t: &Tables) -> Dialect {
         // no row limit in SQL: the fetch size limits it ($2 is not bound)
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
-             WHERE event_type = $1 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
+             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
              ORDER BY id FOR UPDATE SKIP LOCKED"
         ),
         select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} FOR UPDATE SKIP LOCKED"),

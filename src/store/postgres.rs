@@ -47,14 +47,15 @@ fn dialect(t: &Tables) -> Dialect {
             // table, while `= ANY` looks each id up in the primary key
             "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $3, \
                lease_until = now() + $4 * interval '1 millisecond' \
-             WHERE id = ANY(ARRAY(SELECT id FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
-               AND next_attempt_at <= now() ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+             WHERE id = ANY(ARRAY(SELECT id FROM {o} WHERE event_type = $1 AND id > $5 \
+               AND status = 'PENDING' AND next_attempt_at <= now() ORDER BY id LIMIT $2 \
+               FOR UPDATE SKIP LOCKED)) \
              RETURNING id, event_type, event_key, headers::text, payload, attempts"
         )),
         claim_select: format!(
             "SELECT id, event_type, event_key, headers::text, payload, attempts FROM {o} \
-             WHERE event_type = $1 AND status = 'PENDING' AND next_attempt_at <= now() \
-             ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
+             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= now() \
+             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
         ),
         select_expired: format!(
             "SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < now() LIMIT $1 FOR UPDATE SKIP LOCKED"

@@ -322,10 +322,12 @@ pub(crate) struct Dialect {
     pub max_ids: usize,
     /// The statements every dialect writes alike.
     pub common: Common,
-    /// One-statement claim with RETURNING ($1 type, $2 limit, $3 token, $4 lease ms);
-    /// without it: `claim_select` then `claim_update` in a transaction.
+    /// One-statement claim with RETURNING ($1 type, $2 limit, $3 token, $4 lease ms,
+    /// $5 only ids above this one); without it: `claim_select` then `claim_update` in
+    /// a transaction.
     pub claim_returning: Option<String>,
-    /// $1 type, $2 limit -> id, type, key, headers, payload, attempts
+    /// $1 type, $2 only ids above this one, $3 limit (Oracle limits by fetching)
+    /// -> id, type, key, headers, payload, attempts
     pub claim_select: String,
     /// $1 limit (and $2 TTL in ms for the cleanups) -> id, for each maintenance selection
     pub select_expired: String,
@@ -642,6 +644,19 @@ impl<P: Pool> Store for SqlStore<P> {
         lease: Duration,
         token: Uuid,
     ) -> Result<Vec<Event>> {
+        self.claim_after(event_type, None, limit, lease, token)
+    }
+
+    fn claim_after(
+        &self,
+        event_type: &str,
+        after: Option<EventId>,
+        limit: usize,
+        lease: Duration,
+        token: Uuid,
+    ) -> Result<Vec<Event>> {
+        // no lower bound: the nil id, below every UUIDv7
+        let after = Val::Id(after.map_or(Uuid::nil(), |id| id.as_uuid()));
         let d = &self.d;
         let rows = self.with_retry("claim", || {
             let mut conn = self.pool.get()?;
@@ -651,6 +666,7 @@ impl<P: Pool> Store for SqlStore<P> {
                     Val::Int(limit as i64),
                     Val::Id(token),
                     ms(lease),
+                    after.clone(),
                 ];
                 return run_query(&mut *conn, d, one, &fixed, &[]);
             }
@@ -659,7 +675,7 @@ impl<P: Pool> Store for SqlStore<P> {
                     c,
                     d,
                     &d.claim_select,
-                    &[event_type.into(), Val::Int(limit as i64)],
+                    &[event_type.into(), after.clone(), Val::Int(limit as i64)],
                     limit,
                 )?;
                 if !rows.is_empty() {
