@@ -600,90 +600,35 @@ fn migrate_twice_is_fine(b: Backend, p: &str) {
     assert!(fx.store.status().unwrap().is_empty());
 }
 
-/// The suite, instantiated per backend; each test gets its own table prefix.
+/// The suite, instantiated per backend; each test gets its own table prefix
+/// (`c<tag>_<short>_`).
 macro_rules! suite {
     ($module:ident, $backend:expr, $tag:literal) => {
+        suite!(@tests $module, $backend, $tag;
+            publish_commits_and_rollback_leaves_nothing => "pub",
+            claims_are_disjoint_and_bounded => "claim",
+            claims_after_an_id_skip_lower_ones_until_asked_without => "after",
+            finish_checks_the_token_and_recovery_counts_no_attempt => "fence",
+            retries_wait_for_their_backoff_then_fail => "retry",
+            dead_letters_move_list_retry_resolve_and_clean => "dlq",
+            cleanup_deletes_old_processed_rows_in_bounded_batches => "clean",
+            lease_locks_have_one_holder => "lock",
+            inbox_inserts_if_absent => "inbox",
+            four_relays_deliver_every_event_exactly_once => "four",
+            failing_sender_ends_in_the_dlq_and_a_retry_delivers => "relay",
+            pipelined_batches_finish_in_order_and_retry => "pipe",
+            migrate_twice_is_fine => "mig",
+        );
+    };
+    (@tests $module:ident, $backend:expr, $tag:literal; $($test:ident => $short:literal,)*) => {
         mod $module {
             use super::*;
-            #[test]
-            fn publish_commits_and_rollback_leaves_nothing() {
-                super::publish_commits_and_rollback_leaves_nothing(
-                    $backend,
-                    concat!("c", $tag, "_pub_"),
-                );
-            }
-            #[test]
-            fn claims_are_disjoint_and_bounded() {
-                super::claims_are_disjoint_and_bounded($backend, concat!("c", $tag, "_claim_"));
-            }
-            #[test]
-            fn finish_checks_the_token_and_recovery_counts_no_attempt() {
-                super::finish_checks_the_token_and_recovery_counts_no_attempt(
-                    $backend,
-                    concat!("c", $tag, "_fence_"),
-                );
-            }
-            #[test]
-            fn retries_wait_for_their_backoff_then_fail() {
-                super::retries_wait_for_their_backoff_then_fail(
-                    $backend,
-                    concat!("c", $tag, "_retry_"),
-                );
-            }
-            #[test]
-            fn dead_letters_move_list_retry_resolve_and_clean() {
-                super::dead_letters_move_list_retry_resolve_and_clean(
-                    $backend,
-                    concat!("c", $tag, "_dlq_"),
-                );
-            }
-            #[test]
-            fn cleanup_deletes_old_processed_rows_in_bounded_batches() {
-                super::cleanup_deletes_old_processed_rows_in_bounded_batches(
-                    $backend,
-                    concat!("c", $tag, "_clean_"),
-                );
-            }
-            #[test]
-            fn lease_locks_have_one_holder() {
-                super::lease_locks_have_one_holder($backend, concat!("c", $tag, "_lock_"));
-            }
-            #[test]
-            fn inbox_inserts_if_absent() {
-                super::inbox_inserts_if_absent($backend, concat!("c", $tag, "_inbox_"));
-            }
-            #[test]
-            fn four_relays_deliver_every_event_exactly_once() {
-                super::four_relays_deliver_every_event_exactly_once(
-                    $backend,
-                    concat!("c", $tag, "_four_"),
-                );
-            }
-            #[test]
-            fn failing_sender_ends_in_the_dlq_and_a_retry_delivers() {
-                super::failing_sender_ends_in_the_dlq_and_a_retry_delivers(
-                    $backend,
-                    concat!("c", $tag, "_relay_"),
-                );
-            }
-            #[test]
-            fn pipelined_batches_finish_in_order_and_retry() {
-                super::pipelined_batches_finish_in_order_and_retry(
-                    $backend,
-                    concat!("c", $tag, "_pipe_"),
-                );
-            }
-            #[test]
-            fn claims_after_an_id_skip_lower_ones_until_asked_without() {
-                super::claims_after_an_id_skip_lower_ones_until_asked_without(
-                    $backend,
-                    concat!("c", $tag, "_after_"),
-                );
-            }
-            #[test]
-            fn migrate_twice_is_fine() {
-                super::migrate_twice_is_fine($backend, concat!("c", $tag, "_mig_"));
-            }
+            $(
+                #[test]
+                fn $test() {
+                    super::$test($backend, concat!("c", $tag, "_", $short, "_"));
+                }
+            )*
         }
     };
 }

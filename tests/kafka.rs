@@ -320,18 +320,7 @@ fn two_batches_in_flight_get_their_own_reports() {
     assert!(err.contains("too large") || err.contains("size"), "{err}");
     assert!(sender.wait().is_empty(), "nothing else in flight");
 
-    let got = Collected::default();
-    let sink = got.clone();
-    let (stop, h) = consume(&topic, move |e| {
-        sink.push(e);
-        Ok(())
-    });
-    wait_until("5 records consumed", Duration::from_secs(30), || {
-        got.all().len() == 5
-    });
-    stop.stop();
-    h.join().unwrap();
-    let order: Vec<_> = got.all().iter().map(|e| e.id.unwrap()).collect();
+    let order = consume_ids(5, |h| consume(&topic, h));
     let expected: Vec<_> = [&a[0], &a[1], &a[2], &b[0], &b[2]]
         .iter()
         .map(|e| e.id)

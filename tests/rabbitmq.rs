@@ -35,6 +35,20 @@ fn declare(exchange: &str, kind: ExchangeType, queue: &str, routing_key: &str, a
     conn.close().unwrap();
 }
 
+/// A fresh direct exchange and a queue bound to it with `routing_key`.
+fn direct(routing_key: &str) -> (String, String) {
+    let u = unique();
+    let (exchange, queue) = (format!("txbox-ex-{u}"), format!("txbox-q-{u}"));
+    declare(
+        &exchange,
+        ExchangeType::Direct,
+        &queue,
+        routing_key,
+        FieldTable::new(),
+    );
+    (exchange, queue)
+}
+
 fn consume(
     queue: &str,
     handler: impl FnMut(&txbox::ReceivedEvent) -> Result<(), String> + Send + 'static,
@@ -53,15 +67,7 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     if !rabbit_up() {
         return;
     }
-    let u = unique();
-    let (exchange, queue) = (format!("txbox-ex-{u}"), format!("txbox-q-{u}"));
-    declare(
-        &exchange,
-        ExchangeType::Direct,
-        &queue,
-        "orders.created",
-        FieldTable::new(),
-    );
+    let (exchange, queue) = direct("orders.created");
     let p = "t_rabbit_rt_";
     let Some((store, mut client)) = fresh(p) else {
         return;
@@ -216,15 +222,7 @@ fn a_handler_that_fails_once_sees_the_message_again() {
     if !rabbit_up() {
         return;
     }
-    let u = unique();
-    let (exchange, queue) = (format!("txbox-rx-{u}"), format!("txbox-rq-{u}"));
-    declare(
-        &exchange,
-        ExchangeType::Direct,
-        &queue,
-        "e",
-        FieldTable::new(),
-    );
+    let (exchange, queue) = direct("e");
     let p = "t_rabbit_retry_";
     let Some((store, mut client)) = fresh(p) else {
         return;
@@ -263,15 +261,7 @@ fn two_batches_in_flight_get_their_own_confirms_and_returns() {
     if !rabbit_up() {
         return;
     }
-    let u = unique();
-    let (exchange, queue) = (format!("txbox-ex-{u}"), format!("txbox-q-{u}"));
-    declare(
-        &exchange,
-        ExchangeType::Direct,
-        &queue,
-        "k",
-        FieldTable::new(),
-    );
+    let (exchange, queue) = direct("k");
     let event = |n: &str, routing_key: &str| txbox::Event {
         id: txbox::EventId::new(),
         event_type: "doc".into(),
@@ -296,18 +286,7 @@ fn two_batches_in_flight_get_their_own_confirms_and_returns() {
     assert!(err.contains("unroutable"), "{err}");
     assert!(sender.wait().is_empty(), "nothing else in flight");
 
-    let got = Collected::default();
-    let sink = got.clone();
-    let (stop, h) = consume(&queue, move |e| {
-        sink.push(e);
-        Ok(())
-    });
-    wait_until("5 messages consumed", Duration::from_secs(30), || {
-        got.all().len() == 5
-    });
-    stop.stop();
-    h.join().unwrap();
-    let order: Vec<_> = got.all().iter().map(|e| e.id.unwrap()).collect();
+    let order = consume_ids(5, |h| consume(&queue, h));
     let expected: Vec<_> = [&a[0], &a[1], &a[2], &b[0], &b[2]]
         .iter()
         .map(|e| e.id)

@@ -158,6 +158,32 @@ impl Collected {
         self.all().iter().filter_map(|e| e.id).collect()
     }
 }
+
+/// A handler for a consumer loop, boxed so one helper serves both brokers.
+pub type Handler = Box<dyn FnMut(&txbox::ReceivedEvent) -> Result<(), String> + Send>;
+
+/// Runs the consumer loop that `start` starts with a collecting handler until `n`
+/// events arrived, stops it, and returns their ids in arrival order.
+pub fn consume_ids(
+    n: usize,
+    start: impl FnOnce(Handler) -> (txbox::StopSignal, std::thread::JoinHandle<()>),
+) -> Vec<txbox::EventId> {
+    let got = Collected::default();
+    let sink = got.clone();
+    let (stop, h) = start(Box::new(move |e| {
+        sink.push(e);
+        Ok(())
+    }));
+    wait_until(
+        &format!("{n} events consumed"),
+        Duration::from_secs(30),
+        || got.all().len() >= n,
+    );
+    stop.stop();
+    h.join().unwrap();
+    got.all().iter().filter_map(|e| e.id).collect()
+}
+
 pub mod backend;
 
 /// How often a handler saw each event id.
