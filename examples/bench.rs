@@ -36,6 +36,9 @@ struct Size {
     burst: usize,
     idle_single: Duration,
     instances: usize,
+    /// `--in-flight N`: the relay's window for the broker rows (default: the
+    /// configuration's default)
+    in_flight: Option<usize>,
 }
 
 fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
@@ -307,6 +310,7 @@ fn broker_throughput(
     s: &Size,
     factory: Arc<dyn txbox::SenderFactory>,
     destination: &str,
+    reset: &dyn Fn() -> Res<()>,
     out: &mut Vec<Row>,
 ) -> Res<()> {
     let p = "bench_broker_";
@@ -316,7 +320,11 @@ fn broker_throughput(
         EventOptions::new()
             .destination(destination)
             .routing_key("txbox-bench")
-            .batch_size(200),
+            .batch_size(200)
+            .in_flight(
+                s.in_flight
+                    .unwrap_or(txbox::EventSettings::default().in_flight),
+            ),
     );
     let window = cfg.event("bench").map_or(1, |e| e.in_flight);
     let outbox = Outbox::new(&cfg)?;
@@ -340,6 +348,7 @@ fn broker_throughput(
     {
         return Err(format!("{name}: warm-up send failed").into());
     }
+    reset()?;
     let t = Instant::now();
     let f = factory.clone();
     let acks = Acks::default();
@@ -379,8 +388,12 @@ fn broker_throughput(
         .collect();
     // the same client: one batch at a time, with the relay's window of batches in
     // flight, and at its ceiling (every batch handed over before the first ack)
+    // each from an empty queue, as the relay started
+    reset()?;
     let single = direct_rate(name, &mut direct, &events, 1)?;
+    reset()?;
     let windowed = direct_rate(name, &mut direct, &events, window)?;
+    reset()?;
     let ceiling = direct_rate(name, &mut direct, &events, usize::MAX)?;
     out.push(row(
         format!(
@@ -832,6 +845,11 @@ fn main() -> Res<()> {
         .position(|a| a == "--only")
         .and_then(|i| args.get(i + 1))
         .map(|v| v.split(',').map(str::to_string).collect());
+    let in_flight = args
+        .iter()
+        .position(|a| a == "--in-flight")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok());
     let part = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
     let s = if full {
         Size {
@@ -844,6 +862,7 @@ fn main() -> Res<()> {
             burst: 10_000,
             idle_single: Duration::from_secs(60),
             instances: 100_000,
+            in_flight,
         }
     } else {
         Size {
@@ -856,6 +875,7 @@ fn main() -> Res<()> {
             burst: 2_000,
             idle_single: Duration::from_secs(5),
             instances: 20_000,
+            in_flight,
         }
     };
     let _ = env_logger::builder()
@@ -887,6 +907,7 @@ fn main() -> Res<()> {
             &s,
             Arc::new(txbox::rabbitmq::RabbitSenderFactory::new(&rabbit)),
             "amq.direct",
+            &|| ensure_queue(&rabbit),
             &mut out,
         )?;
         txbox::kafka::ensure_topic(&brokers, "txbox-bench", 3)?;
@@ -895,6 +916,7 @@ fn main() -> Res<()> {
             &s,
             Arc::new(txbox::kafka::KafkaSender::builder(&brokers).build()?),
             "txbox-bench",
+            &|| Ok(()), // Tansu keeps no queue to empty
             &mut out,
         )?;
         step("brokers");
