@@ -41,22 +41,36 @@ fn worker_config(prefix: &str) -> Config {
         .unwrap()
 }
 
-/// Appends every acked id to a file, then acks.
-struct FileSender(std::fs::File);
+/// A pipelining sender whose "broker" acks a batch when the relay waits for it:
+/// it then appends the batch's ids to a file and reports the acks. Batches the
+/// relay has started but not waited for are in flight, as with a real broker.
+struct FileSender {
+    file: std::fs::File,
+    in_flight: std::collections::VecDeque<Vec<txbox::EventId>>,
+}
 
 impl Sender for FileSender {
     fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
-        let mut lines = String::new();
-        for e in events {
-            lines.push_str(&format!("{}\n", e.id));
-        }
-        match self.0.write_all(lines.as_bytes()) {
+        self.start(events);
+        self.wait()
+    }
+
+    fn start(&mut self, events: &[Event]) -> txbox::Started {
+        self.in_flight
+            .push_back(events.iter().map(|e| e.id).collect());
+        txbox::Started::InFlight
+    }
+
+    fn wait(&mut self) -> Vec<Result<(), SendError>> {
+        let ids = self.in_flight.pop_front().unwrap_or_default();
+        let lines: String = ids.iter().map(|id| format!("{id}\n")).collect();
+        match self.file.write_all(lines.as_bytes()) {
             Ok(()) => {
-                // the broker's ack takes a while: a kill lands here often
+                // the ack reaches the relay a while later: a kill lands here often
                 std::thread::sleep(Duration::from_millis(30));
-                events.iter().map(|_| Ok(())).collect()
+                ids.iter().map(|_| Ok(())).collect()
             }
-            Err(e) => events
+            Err(e) => ids
                 .iter()
                 .map(|_| Err(SendError::new(e.to_string())))
                 .collect(),
@@ -82,7 +96,10 @@ fn relay_worker_process() {
             .append(true)
             .open(&path)
             .map_err(|e| txbox::Error::Sender(e.to_string()))?;
-        Ok(Box::new(FileSender(file)))
+        Ok(Box::new(FileSender {
+            file,
+            in_flight: Default::default(),
+        }))
     };
     let _relay = Relay::start(store, &worker_config(&prefix), factory).unwrap();
     std::thread::sleep(Duration::from_secs(120)); // until killed
