@@ -142,29 +142,11 @@ fn my_execute(c: &mut impl Queryable, sql: &str, vals: &[Val]) -> Result<u64> {
     Ok(result.affected_rows())
 }
 
-impl Conn for mysql::PooledConn {
-    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
-        my_query(self, sql, params)
-    }
-    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
-        my_execute(self, sql, params)
-    }
-    fn batch(&mut self, sql: &str) -> Result<()> {
-        self.query_drop(sql).map_err(err)
-    }
+fn my_batch(c: &mut impl Queryable, sql: &str) -> Result<()> {
+    c.query_drop(sql).map_err(err)
 }
 
-impl Conn for mysql::Transaction<'_> {
-    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
-        my_query(self, sql, params)
-    }
-    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
-        my_execute(self, sql, params)
-    }
-    fn batch(&mut self, sql: &str) -> Result<()> {
-        self.query_drop(sql).map_err(err)
-    }
-}
+sql::conn_impls!(my_query, my_execute, my_batch; mysql::PooledConn, mysql::Transaction<'_>);
 
 pub(crate) struct Pool(mysql::Pool);
 

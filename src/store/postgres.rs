@@ -165,50 +165,18 @@ fn pg_execute(c: &mut impl GenericClient, sql: &str, params: &[Val]) -> Result<u
     typed(params, |p| c.execute_typed(sql, p))
 }
 
-impl Conn for postgres::Client {
-    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
-        pg_query(self, sql, params)
-    }
-    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
-        pg_execute(self, sql, params)
-    }
-    fn batch(&mut self, sql: &str) -> Result<()> {
-        Ok(self.batch_execute(sql)?)
-    }
+fn pg_batch(c: &mut impl GenericClient, sql: &str) -> Result<()> {
+    Ok(c.batch_execute(sql)?)
 }
 
-impl Conn for postgres::Transaction<'_> {
-    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
-        pg_query(self, sql, params)
-    }
-    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
-        pg_execute(self, sql, params)
-    }
-    fn batch(&mut self, sql: &str) -> Result<()> {
-        Ok(self.batch_execute(sql)?)
-    }
-}
+sql::conn_impls!(pg_query, pg_execute, pg_batch; postgres::Client, postgres::Transaction<'_>);
 
 /// The r2d2 pool as a [`sql::Pool`].
 pub(crate) struct Pool(PgPool);
 
-struct Pooled(r2d2::PooledConnection<PostgresConnectionManager<NoTls>>);
-
-impl Conn for Pooled {
-    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
-        Conn::query(&mut *self.0, sql, params)
-    }
-    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
-        Conn::execute(&mut *self.0, sql, params)
-    }
-    fn batch(&mut self, sql: &str) -> Result<()> {
-        Conn::batch(&mut *self.0, sql)
-    }
-}
-
 impl sql::Pool for Pool {
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
-        Ok(Box::new(Pooled(self.0.get()?)))
+        Ok(Box::new(sql::Held(self.0.get()?)))
     }
 }
 

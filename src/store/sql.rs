@@ -121,6 +121,47 @@ pub(crate) trait Conn {
     }
 }
 
+/// Implements [`Conn`] for driver types (a client and its transaction, say) whose
+/// query, execute and batch are the same three functions.
+macro_rules! conn_impls {
+    ($query:path, $execute:path, $batch:path; $($t:ty),+ $(,)?) => {
+        $(impl sql::Conn for $t {
+            fn query(&mut self, sql: &str, params: &[sql::Val]) -> Result<Vec<sql::Row>> {
+                $query(self, sql, params)
+            }
+            fn execute(&mut self, sql: &str, params: &[sql::Val]) -> Result<u64> {
+                $execute(self, sql, params)
+            }
+            fn batch(&mut self, sql: &str) -> Result<()> {
+                $batch(self, sql)
+            }
+        })+
+    };
+}
+pub(crate) use conn_impls;
+
+/// A pooled or locked connection, used through the connection it dereferences to.
+pub(crate) struct Held<T>(pub(crate) T);
+
+impl<T> Conn for Held<T>
+where
+    T: std::ops::DerefMut,
+    T::Target: Conn,
+{
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
+        self.0.query(sql, params)
+    }
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
+        self.0.execute(sql, params)
+    }
+    fn batch(&mut self, sql: &str) -> Result<()> {
+        self.0.batch(sql)
+    }
+    fn query_max(&mut self, sql: &str, params: &[Val], max: usize) -> Result<Vec<Row>> {
+        self.0.query_max(sql, params, max)
+    }
+}
+
 /// Hands out connections.
 pub(crate) trait Pool: Send + Sync + 'static {
     fn get(&self) -> Result<Box<dyn Conn + '_>>;
@@ -594,6 +635,29 @@ impl<P: Pool> SqlStore<P> {
         })
     }
 
+    /// Runs `stmt` (`fixed`, then one id as `{ids}`) on each dead letter of `ids` in
+    /// one transaction; returns those it changed. One statement per id: the affected
+    /// count tells which changed, on every dialect. A dead letter another instance
+    /// holds is skipped, not waited for.
+    fn each_dead_letter(&self, ids: &[EventId], stmt: &str, fixed: &[Val]) -> Result<Vec<EventId>> {
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        let mut changed = Vec::new();
+        transaction(&mut *conn, d, |c| {
+            for id in ids {
+                let one = ids_of(&[*id]);
+                if run_query(c, d, &d.dlq_lock, &one, &[])?.is_empty() {
+                    continue;
+                }
+                if run_execute(c, d, stmt, fixed, &one)? == 1 {
+                    changed.push(*id);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(changed)
+    }
+
     fn with_retry<T>(&self, what: &str, mut f: impl FnMut() -> Result<T>) -> Result<T> {
         let mut attempt = 0;
         loop {
@@ -868,49 +932,21 @@ impl<P: Pool> Store for SqlStore<P> {
         from: &[DlqStatus],
         to: DlqStatus,
     ) -> Result<Vec<EventId>> {
-        let d = &self.d;
-        let update = d
+        let update = self
+            .d
             .common
             .dlq_set_status
             .replace("{from}", &status_list(from));
-        let mut conn = self.pool.get()?;
-        let mut changed = Vec::new();
-        // one statement per id: the affected count tells which changed, on every dialect
-        transaction(&mut *conn, d, |c| {
-            for id in ids {
-                // a row another instance holds is skipped, not waited for
-                if run_query(c, d, &d.dlq_lock, &ids_of(&[*id]), &[])?.is_empty() {
-                    continue;
-                }
-                if run_execute(c, d, &update, &[to.as_str().into()], &ids_of(&[*id]))? == 1 {
-                    changed.push(*id);
-                }
-            }
-            Ok(())
-        })?;
-        Ok(changed)
+        self.each_dead_letter(ids, &update, &[to.as_str().into()])
     }
 
     fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> Result<Vec<EventId>> {
-        let d = &self.d;
-        let delete = d
+        let delete = self
+            .d
             .common
             .dlq_delete_status
             .replace("{from}", &status_list(from));
-        let mut conn = self.pool.get()?;
-        let mut gone = Vec::new();
-        transaction(&mut *conn, d, |c| {
-            for id in ids {
-                if run_query(c, d, &d.dlq_lock, &ids_of(&[*id]), &[])?.is_empty() {
-                    continue;
-                }
-                if run_execute(c, d, &delete, &[], &ids_of(&[*id]))? == 1 {
-                    gone.push(*id);
-                }
-            }
-            Ok(())
-        })?;
-        Ok(gone)
+        self.each_dead_letter(ids, &delete, &[])
     }
 
     fn status(&self) -> Result<Vec<TypeStatus>> {

@@ -9,7 +9,7 @@
 //! publishes beside it.
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rusqlite::types::{Value, ValueRef};
@@ -100,42 +100,21 @@ fn value(v: &Val) -> Value {
     }
 }
 
-impl Conn for rusqlite::Connection {
-    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
-        query_shared(self, sql, params)
-    }
-
-    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
-        let mut stmt = self.prepare_cached(sql).map_err(err)?;
-        Ok(stmt
-            .execute(rusqlite::params_from_iter(params.iter().map(value)))
-            .map_err(err)? as u64)
-    }
-
-    fn batch(&mut self, sql: &str) -> Result<()> {
-        self.execute_batch(sql).map_err(err)
-    }
+fn lite_execute(conn: &rusqlite::Connection, sql: &str, params: &[Val]) -> Result<u64> {
+    let mut stmt = conn.prepare_cached(sql).map_err(err)?;
+    Ok(stmt
+        .execute(rusqlite::params_from_iter(params.iter().map(value)))
+        .map_err(err)? as u64)
 }
 
-impl Conn for rusqlite::Transaction<'_> {
-    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
-        // a Transaction derefs to its Connection
-        let conn: &rusqlite::Connection = self;
-        query_shared(conn, sql, params)
-    }
-    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
-        let conn: &rusqlite::Connection = self;
-        let mut stmt = conn.prepare_cached(sql).map_err(err)?;
-        Ok(stmt
-            .execute(rusqlite::params_from_iter(params.iter().map(value)))
-            .map_err(err)? as u64)
-    }
-    fn batch(&mut self, sql: &str) -> Result<()> {
-        self.execute_batch(sql).map_err(err)
-    }
+fn lite_batch(conn: &rusqlite::Connection, sql: &str) -> Result<()> {
+    conn.execute_batch(sql).map_err(err)
 }
 
-fn query_shared(conn: &rusqlite::Connection, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
+// a Transaction derefs to its Connection
+sql::conn_impls!(lite_query, lite_execute, lite_batch; rusqlite::Connection, rusqlite::Transaction<'_>);
+
+fn lite_query(conn: &rusqlite::Connection, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
     let mut stmt = conn.prepare_cached(sql).map_err(err)?;
     let n = stmt.column_count();
     let rows = stmt
@@ -160,23 +139,9 @@ fn query_shared(conn: &rusqlite::Connection, sql: &str, params: &[Val]) -> Resul
 /// One connection behind a mutex: SQLite has one writer at a time anyway.
 pub(crate) struct Pool(Mutex<rusqlite::Connection>);
 
-struct Guard<'a>(MutexGuard<'a, rusqlite::Connection>);
-
-impl Conn for Guard<'_> {
-    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
-        query_shared(&self.0, sql, params)
-    }
-    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
-        Conn::execute(&mut *self.0, sql, params)
-    }
-    fn batch(&mut self, sql: &str) -> Result<()> {
-        Conn::batch(&mut *self.0, sql)
-    }
-}
-
 impl sql::Pool for Pool {
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
-        Ok(Box::new(Guard(
+        Ok(Box::new(sql::Held(
             self.0.lock().unwrap_or_else(|p| p.into_inner()),
         )))
     }
