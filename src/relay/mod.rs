@@ -183,85 +183,72 @@ impl Relay {
         }
 
         let m = config.maintenance.clone();
-        let (c, b) = (ctx.clone(), m.batch_size);
-        spawn(
-            &mut relay,
-            "txbox-recovery".into(),
-            Box::new(move || {
-                periodic(
-                    &c,
-                    "stuck recovery",
-                    m.recovery_interval,
-                    None,
-                    Some(Counter::Recovered),
-                    |s| {
-                        let n = s.recover_expired(b)?;
-                        // the outbox gauges ride along, once per recovery interval
-                        if let Err(e) = metrics::refresh(s) {
-                            log::debug!("txbox: refreshing outbox gauges: {e}");
-                        }
-                        Ok(n)
-                    },
-                )
-            }),
-        )?;
-        let c = ctx.clone();
-        spawn(
-            &mut relay,
-            "txbox-cleanup".into(),
-            Box::new(move || {
-                periodic(
-                    &c,
-                    "processed cleanup",
-                    m.cleanup_interval,
-                    Some("txbox-cleanup-processed"),
-                    Some(Counter::Cleaned),
-                    |s| s.delete_processed(m.processed_ttl, b),
-                )
-            }),
-        )?;
+        let b = m.batch_size;
+        let mut jobs = vec![
+            Periodic {
+                thread: "txbox-recovery",
+                what: "stuck recovery",
+                interval: m.recovery_interval,
+                lock: None,
+                counter: Some(Counter::Recovered),
+                limit: b,
+                job: Box::new(move |s| s.recover_expired(b)),
+                // the outbox gauges ride along, once per recovery run
+                after: Some(|s| {
+                    if let Err(e) = metrics::refresh(s) {
+                        log::debug!("txbox: refreshing outbox gauges: {e}");
+                    }
+                }),
+            },
+            Periodic {
+                thread: "txbox-cleanup",
+                what: "processed cleanup",
+                interval: m.cleanup_interval,
+                lock: Some("txbox-cleanup-processed"),
+                counter: Some(Counter::Cleaned),
+                limit: b,
+                job: Box::new(move |s| s.delete_processed(m.processed_ttl, b)),
+                after: None,
+            },
+        ];
         if config.dlq.enabled {
             let d = config.dlq.clone();
+            jobs.extend([
+                Periodic {
+                    thread: "txbox-dlq-move",
+                    what: "move to DLQ",
+                    interval: d.move_interval,
+                    lock: None,
+                    counter: Some(Counter::MovedToDlq),
+                    limit: b,
+                    job: Box::new(move |s| s.move_failed_to_dlq(b)),
+                    after: None,
+                },
+                Periodic {
+                    thread: "txbox-dlq-retry",
+                    what: "DLQ retry",
+                    interval: d.retry_interval,
+                    lock: None,
+                    counter: None,
+                    limit: b,
+                    job: Box::new(move |s| s.requeue_dlq_retries(b)),
+                    after: None,
+                },
+                Periodic {
+                    thread: "txbox-dlq-cleanup",
+                    what: "DLQ cleanup",
+                    interval: d.cleanup_interval,
+                    lock: Some("txbox-cleanup-dlq"),
+                    counter: Some(Counter::Cleaned),
+                    limit: b,
+                    job: Box::new(move |s| s.delete_resolved_dlq(d.resolved_ttl, b)),
+                    after: None,
+                },
+            ]);
+        }
+        for job in jobs {
             let c = ctx.clone();
-            spawn(
-                &mut relay,
-                "txbox-dlq-move".into(),
-                Box::new(move || {
-                    periodic(
-                        &c,
-                        "move to DLQ",
-                        d.move_interval,
-                        None,
-                        Some(Counter::MovedToDlq),
-                        |s| s.move_failed_to_dlq(b),
-                    )
-                }),
-            )?;
-            let c = ctx.clone();
-            spawn(
-                &mut relay,
-                "txbox-dlq-retry".into(),
-                Box::new(move || {
-                    periodic(&c, "DLQ retry", d.retry_interval, None, None, |s| {
-                        s.requeue_dlq_retries(b)
-                    })
-                }),
-            )?;
-            let c = ctx;
-            spawn(
-                &mut relay,
-                "txbox-dlq-cleanup".into(),
-                Box::new(move || {
-                    periodic(
-                        &c,
-                        "DLQ cleanup",
-                        d.cleanup_interval,
-                        Some("txbox-cleanup-dlq"),
-                        Some(Counter::Cleaned),
-                        |s| s.delete_resolved_dlq(d.resolved_ttl, b),
-                    )
-                }),
-            )?;
+            spawn(&mut relay, job.thread.into(), Box::new(move || job.run(&c)))?;
         }
         log::info!("txbox: relay started with {} threads", relay.workers.len());
         Ok(relay)
@@ -315,20 +302,21 @@ impl Relay {
         s: &crate::config::InboxSettings,
     ) -> Result<Relay> {
         let (mut relay, ctx, mut spawn) = Relay::launcher(store, 1);
-        let s = s.clone();
+        let (ttl, limit) = (s.ttl, s.batch_size);
+        let job = Periodic {
+            thread: "txbox-inbox-cleanup",
+            what: "inbox cleanup",
+            interval: s.cleanup_interval,
+            lock: Some("txbox-cleanup-inbox"),
+            counter: Some(Counter::Cleaned),
+            limit,
+            job: Box::new(move |st| st.delete_expired_inbox(ttl, limit)),
+            after: None,
+        };
         spawn(
             &mut relay,
-            "txbox-inbox-cleanup".into(),
-            Box::new(move || {
-                periodic(
-                    &ctx,
-                    "inbox cleanup",
-                    s.cleanup_interval,
-                    Some("txbox-cleanup-inbox"),
-                    Some(Counter::Cleaned),
-                    |st| st.delete_expired_inbox(s.ttl, s.batch_size),
-                )
-            }),
+            job.thread.into(),
+            Box::new(move || job.run(&ctx)),
         )?;
         Ok(relay)
     }
@@ -401,57 +389,82 @@ impl Drop for Relay {
     }
 }
 
-/// Runs `job` every `interval` until stopped: repeated while it returns a full
-/// batch, under the lease lock `lock` when given. Errors are logged and retried.
-fn periodic(
-    ctx: &Ctx,
-    what: &str,
+/// One call of a maintenance job: the rows it handled.
+type MaintenanceStep = Box<dyn FnMut(&dyn Store) -> Result<u64> + Send>;
+
+/// A maintenance job on its own thread: `job` handles up to `limit` rows per call.
+struct Periodic {
+    thread: &'static str,
+    what: &'static str,
     interval: Duration,
-    lock: Option<&str>,
+    /// The lease lock the job runs under, when one instance at a time should run it.
+    lock: Option<&'static str>,
     counter: Option<Counter>,
-    mut job: impl FnMut(&dyn Store) -> Result<u64>,
-) {
-    loop {
-        let run = catch_unwind(AssertUnwindSafe(|| -> Result<u64> {
-            if let Some(name) = lock {
-                let lease = interval.max(Duration::from_secs(60));
-                if !ctx.store.try_lock(name, ctx.instance, lease)? {
-                    log::debug!("txbox: {what}: another instance holds {name}");
-                    return Ok(0);
+    limit: usize,
+    job: MaintenanceStep,
+    /// Runs once after each run of the job (not per call).
+    after: Option<fn(&dyn Store)>,
+}
+
+impl Periodic {
+    /// Runs the job every `interval` until stopped: called again while it handles a
+    /// full batch, under the lease lock when given. Errors are logged and retried.
+    fn run(mut self, ctx: &Ctx) {
+        let (what, interval) = (self.what, self.interval);
+        loop {
+            let run = catch_unwind(AssertUnwindSafe(|| {
+                let run = self.once(ctx);
+                if let Some(after) = self.after {
+                    after(ctx.store.as_ref());
                 }
+                run
+            }));
+            match run {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => {
+                    if let Some(c) = self.counter {
+                        metrics::add(c, n);
+                    }
+                    log::info!("txbox: {what}: {n} rows");
+                }
+                Ok(Err(e)) => {
+                    log::warn!("txbox: {what} failed, will try again in {interval:?}: {e}")
+                }
+                Err(_) => log::error!("txbox: {what} panicked, will try again in {interval:?}"),
             }
-            let mut total = 0;
-            let result = loop {
-                match job(ctx.store.as_ref()) {
-                    Ok(0) => break Ok(total),
-                    Ok(n) => total += n,
-                    Err(e) => break Err(e),
-                }
-                if ctx.stopped() {
-                    break Ok(total);
-                }
-            };
-            if let Some(name) = lock {
-                if let Err(e) = ctx.store.unlock(name, ctx.instance) {
-                    log::warn!("txbox: {what}: releasing {name}: {e}");
-                }
+            if let Wake::Stop = ctx.sleep(interval, None) {
+                return;
             }
-            result
-        }));
-        match run {
-            Ok(Ok(0)) => {}
-            Ok(Ok(n)) => {
-                if let Some(c) = counter {
-                    metrics::add(c, n);
-                }
-                log::info!("txbox: {what}: {n} rows");
-            }
-            Ok(Err(e)) => log::warn!("txbox: {what} failed, will try again in {interval:?}: {e}"),
-            Err(_) => log::error!("txbox: {what} panicked, will try again in {interval:?}"),
         }
-        if let Wake::Stop = ctx.sleep(interval, None) {
-            return;
+    }
+
+    /// One run: the calls until a batch is not full. Returns the rows handled.
+    fn once(&mut self, ctx: &Ctx) -> Result<u64> {
+        if let Some(name) = self.lock {
+            let lease = self.interval.max(Duration::from_secs(60));
+            if !ctx.store.try_lock(name, ctx.instance, lease)? {
+                log::debug!("txbox: {}: another instance holds {name}", self.what);
+                return Ok(0);
+            }
         }
+        let mut total = 0;
+        let result = loop {
+            match (self.job)(ctx.store.as_ref()) {
+                Ok(n) => {
+                    total += n;
+                    if (n as usize) < self.limit || ctx.stopped() {
+                        break Ok(total);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        if let Some(name) = self.lock {
+            if let Err(e) = ctx.store.unlock(name, ctx.instance) {
+                log::warn!("txbox: {}: releasing {name}: {e}", self.what);
+            }
+        }
+        result
     }
 }
 
