@@ -4,6 +4,11 @@ use std::sync::Arc;
 
 use txbox::{Config, EventId, Outbox, Store};
 
+/// A business transaction that both publish and the inbox accept.
+pub trait BusinessTx: txbox::OutboxTransaction + txbox::inbox::InboxTransaction {}
+
+impl<T: txbox::OutboxTransaction + txbox::inbox::InboxTransaction + ?Sized> BusinessTx for T {}
+
 /// The dialects the suite runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -141,57 +146,10 @@ impl Fixture {
         commit: bool,
     ) -> Vec<EventId> {
         let outbox = Outbox::new(config).unwrap();
-        match self.backend {
-            Backend::Postgres => {
-                let mut c = super::client().unwrap();
-                let mut tx = c.transaction().unwrap();
-                let ids = outbox.publish_batch(&mut tx, event_type, 0..n).unwrap();
-                if commit {
-                    tx.commit().unwrap()
-                } else {
-                    tx.rollback().unwrap()
-                }
-                ids
-            }
-            #[cfg(feature = "mysql")]
-            Backend::MySql => {
-                let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
-                let mut c = pool.get_conn().unwrap();
-                let mut tx = c.start_transaction(mysql::TxOpts::default()).unwrap();
-                let ids = outbox.publish_batch(&mut tx, event_type, 0..n).unwrap();
-                if commit {
-                    tx.commit().unwrap()
-                } else {
-                    tx.rollback().unwrap()
-                }
-                ids
-            }
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite => {
-                let mut c = txbox::SqliteStore::connection(&self.sqlite_path).unwrap();
-                let mut tx = c
-                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-                    .unwrap();
-                let ids = outbox.publish_batch(&mut tx, event_type, 0..n).unwrap();
-                if commit {
-                    tx.commit().unwrap()
-                } else {
-                    tx.rollback().unwrap()
-                }
-                ids
-            }
-            #[cfg(feature = "oracle")]
-            Backend::Oracle => {
-                let mut c = oracle_connection();
-                let ids = outbox.publish_batch(&mut c, event_type, 0..n).unwrap();
-                if commit {
-                    c.commit().unwrap()
-                } else {
-                    c.rollback().unwrap()
-                }
-                ids
-            }
-        }
+        self.in_tx(
+            |tx| outbox.publish_batch(tx, event_type, 0..n).unwrap(),
+            |_| commit,
+        )
     }
 
     /// Runs `f` with the inbox on a business transaction of this backend, and commits
@@ -205,12 +163,22 @@ impl Fixture {
     where
         T: Default,
     {
+        self.in_tx(|tx| inbox.handle_in(tx, id, handler(ok)), |r| r.is_ok())
+    }
+
+    /// Runs `body` in a business transaction of this backend, as an application
+    /// would, and commits it when `commit` says so about the result (else rolls back).
+    fn in_tx<R>(
+        &self,
+        body: impl FnOnce(&mut dyn BusinessTx) -> R,
+        commit: impl FnOnce(&R) -> bool,
+    ) -> R {
         match self.backend {
             Backend::Postgres => {
                 let mut c = super::client().unwrap();
                 let mut tx = c.transaction().unwrap();
-                let r = inbox.handle_in(&mut tx, id, handler(ok));
-                if r.is_ok() {
+                let r = body(&mut tx);
+                if commit(&r) {
                     tx.commit().unwrap()
                 } else {
                     tx.rollback().unwrap()
@@ -222,8 +190,8 @@ impl Fixture {
                 let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
                 let mut c = pool.get_conn().unwrap();
                 let mut tx = c.start_transaction(mysql::TxOpts::default()).unwrap();
-                let r = inbox.handle_in(&mut tx, id, handler(ok));
-                if r.is_ok() {
+                let r = body(&mut tx);
+                if commit(&r) {
                     tx.commit().unwrap()
                 } else {
                     tx.rollback().unwrap()
@@ -236,8 +204,8 @@ impl Fixture {
                 let mut tx = c
                     .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                     .unwrap();
-                let r = inbox.handle_in(&mut tx, id, handler(ok));
-                if r.is_ok() {
+                let r = body(&mut tx);
+                if commit(&r) {
                     tx.commit().unwrap()
                 } else {
                     tx.rollback().unwrap()
@@ -247,8 +215,8 @@ impl Fixture {
             #[cfg(feature = "oracle")]
             Backend::Oracle => {
                 let mut c = oracle_connection();
-                let r = inbox.handle_in(&mut c, id, handler(ok));
-                if r.is_ok() {
+                let r = body(&mut c);
+                if commit(&r) {
                     c.commit().unwrap()
                 } else {
                     c.rollback().unwrap()
