@@ -69,20 +69,10 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     }
     tx.commit().unwrap();
 
-    let got = Collected::default();
-    let sink = got.clone();
-    let (stop, h) = consume(&topic, move |e| {
-        sink.push(e);
-        Ok(())
-    });
-    wait_until("50 events consumed", Duration::from_secs(60), || {
-        got.ids().len() == 50
-    });
-    stop.stop();
-    h.join().unwrap();
+    let got = consume_events(50, |h| consume(&topic, h));
     relay.shutdown(Duration::from_secs(10)).unwrap();
 
-    for e in got.all() {
+    for e in got {
         let id = e.id.expect("event id header");
         let i = published[&id];
         assert_eq!(e.event_type.as_deref(), Some("order-created"));
@@ -158,18 +148,11 @@ fn an_oversized_message_fails_alone_and_ends_in_the_dlq() {
         "the rest of the batch was delivered"
     );
 
-    let got = Collected::default();
-    let sink = got.clone();
-    let (stop, h) = consume(&topic, move |e| {
-        sink.push(e);
-        Ok(())
-    });
-    wait_until("6 small events consumed", Duration::from_secs(30), || {
-        got.ids().len() == 6
-    });
-    stop.stop();
-    h.join().unwrap();
-    assert_eq!(got.ids(), small.into_iter().collect());
+    let got = consume_ids(6, |h| consume(&topic, h));
+    assert_eq!(
+        got.into_iter().collect::<std::collections::HashSet<_>>(),
+        small.into_iter().collect()
+    );
     relay.shutdown(Duration::from_secs(10)).unwrap();
 }
 

@@ -99,20 +99,10 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     }
     tx.commit().unwrap();
 
-    let got = Collected::default();
-    let sink = got.clone();
-    let (stop, h) = consume(&queue, move |e| {
-        sink.push(e);
-        Ok(())
-    });
-    wait_until("50 events consumed", Duration::from_secs(30), || {
-        got.ids().len() == 50
-    });
-    stop.stop();
-    h.join().unwrap();
+    let got = consume_events(50, |h| consume(&queue, h));
     relay.shutdown(Duration::from_secs(10)).unwrap();
 
-    for e in got.all() {
+    for e in got {
         let i = published[&e.id.expect("event id")];
         assert_eq!(e.event_type.as_deref(), Some("order-created"));
         assert_eq!(e.key, (i % 2 == 0).then(|| format!("order-{i}")));
@@ -202,18 +192,11 @@ fn an_unroutable_message_fails_alone_and_ends_in_the_dlq() {
     );
     assert_eq!(count(&mut client, p, "PROCESSED"), 5);
 
-    let got = Collected::default();
-    let sink = got.clone();
-    let (stop, h) = consume(&queue, move |e| {
-        sink.push(e);
-        Ok(())
-    });
-    wait_until("5 routed events consumed", Duration::from_secs(30), || {
-        got.ids().len() == 5
-    });
-    stop.stop();
-    h.join().unwrap();
-    assert_eq!(got.ids(), routed.into_iter().collect());
+    let got = consume_ids(5, |h| consume(&queue, h));
+    assert_eq!(
+        got.into_iter().collect::<std::collections::HashSet<_>>(),
+        routed.into_iter().collect()
+    );
     relay.shutdown(Duration::from_secs(10)).unwrap();
 }
 

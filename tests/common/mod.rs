@@ -163,11 +163,12 @@ impl Collected {
 pub type Handler = Box<dyn FnMut(&txbox::ReceivedEvent) -> Result<(), String> + Send>;
 
 /// Runs the consumer loop that `start` starts with a collecting handler until `n`
-/// events arrived, stops it, and returns their ids in arrival order.
-pub fn consume_ids(
+/// distinct events arrived (within 60 s), stops it, and returns what it received,
+/// in arrival order.
+pub fn consume_events(
     n: usize,
     start: impl FnOnce(Handler) -> (txbox::StopSignal, std::thread::JoinHandle<()>),
-) -> Vec<txbox::EventId> {
+) -> Vec<txbox::ReceivedEvent> {
     let got = Collected::default();
     let sink = got.clone();
     let (stop, h) = start(Box::new(move |e| {
@@ -176,12 +177,23 @@ pub fn consume_ids(
     }));
     wait_until(
         &format!("{n} events consumed"),
-        Duration::from_secs(30),
-        || got.all().len() >= n,
+        Duration::from_secs(60),
+        || got.ids().len() >= n,
     );
     stop.stop();
     h.join().unwrap();
-    got.all().iter().filter_map(|e| e.id).collect()
+    got.all()
+}
+
+/// The ids of [`consume_events`], in arrival order.
+pub fn consume_ids(
+    n: usize,
+    start: impl FnOnce(Handler) -> (txbox::StopSignal, std::thread::JoinHandle<()>),
+) -> Vec<txbox::EventId> {
+    consume_events(n, start)
+        .iter()
+        .filter_map(|e| e.id)
+        .collect()
 }
 
 pub mod backend;
