@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 
-use txbox::{Config, EventId, EventOptions, Outbox, Relay, StopSignal};
+use txbox::{Config, EventId, EventOptions, Outbox, Relay};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -142,21 +142,12 @@ fn kafka_broker_stopped_mid_run_loses_nothing() {
     let relay = Relay::start(store, &config, sender).unwrap();
 
     let collected = Collected::default();
-    let sink = collected.clone();
+    let handler = collected.handler();
     let consumer = KafkaConsumer::builder(&kafka_brokers(), &format!("g-{topic}"))
         .build()
         .unwrap();
     consumer.assign(&topic, &[0]).unwrap();
-    let stop = StopSignal::new();
-    let s = stop.clone();
-    let h = std::thread::spawn(move || {
-        consumer
-            .run(&s, |e| {
-                sink.push(e);
-                Ok::<(), String>(())
-            })
-            .unwrap()
-    });
+    let (stop, h) = spawn_loop(move |s| consumer.run(s, handler).unwrap());
     // The broker is frozen (SIGSTOP), not killed: Tansu's memory storage would forget
     // its topics on a restart, which a real Kafka does not.
     let _resume = Restart(
@@ -224,18 +215,9 @@ fn rabbitmq_broker_stopped_mid_run_loses_nothing() {
     .unwrap();
 
     let collected = Collected::default();
-    let sink = collected.clone();
+    let handler = collected.handler();
     let consumer = RabbitConsumer::new(&rabbit_url(), &queue);
-    let stop = StopSignal::new();
-    let s = stop.clone();
-    let h = std::thread::spawn(move || {
-        consumer
-            .run(&s, |e| {
-                sink.push(e);
-                Ok::<(), String>(())
-            })
-            .unwrap()
-    });
+    let (stop, h) = spawn_loop(move |s| consumer.run(s, handler).unwrap());
     let _restart = Restart("rabbitmqctl", &["start_app"]);
     let ctl = |cmd: &str| {
         let ok = std::process::Command::new("rabbitmqctl")

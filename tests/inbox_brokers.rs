@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use txbox::inbox::{Inbox, MissingIdPolicy};
-use txbox::{Config, Error, EventOptions, Outbox, Relay, Sender, StopSignal};
+use txbox::{Config, Error, EventOptions, Outbox, Relay, Sender};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -96,9 +96,7 @@ fn kafka_a_duplicate_resent_raw_is_handled_once() {
         .build()
         .unwrap();
     consumer.assign(&topic, &[0]).unwrap();
-    let stop = StopSignal::new();
-    let s = stop.clone();
-    let h = std::thread::spawn(move || consumer.run_with(&s, handler));
+    let (stop, h) = spawn_loop(move |s| consumer.run_with(s, handler));
     wait_until(
         "21 messages seen, one a duplicate",
         Duration::from_secs(30),
@@ -212,9 +210,7 @@ fn rabbitmq_duplicate_handled_once_and_a_message_without_id_is_rejected_to_the_d
         },
     );
     let consumer = RabbitConsumer::new(&rabbit_url(), &queue);
-    let stop = StopSignal::new();
-    let s = stop.clone();
-    let h = std::thread::spawn(move || consumer.run_with(&s, handler));
+    let (stop, h) = spawn_loop(move |s| consumer.run_with(s, handler));
     let dead_letter = std::cell::RefCell::new(None);
     wait_until(
         "20 handled, 1 duplicate, 1 dead-lettered",

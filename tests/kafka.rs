@@ -31,10 +31,7 @@ fn consume(
     let parts = consumer.partitions(topic, Duration::from_secs(10)).unwrap();
     assert!(!parts.is_empty(), "topic {topic} has partitions");
     consumer.assign(topic, &parts).unwrap();
-    let stop = StopSignal::new();
-    let s = stop.clone();
-    let h = std::thread::spawn(move || consumer.run(&s, handler).unwrap());
-    (stop, h)
+    spawn_loop(move |s| consumer.run(s, handler).unwrap())
 }
 
 #[test]
@@ -238,17 +235,8 @@ fn a_subscribed_consumer_group_receives_and_commits() {
         .unwrap();
     consumer.subscribe(&[topic.as_str()]).unwrap();
     let got = Collected::default();
-    let sink = got.clone();
-    let stop = StopSignal::new();
-    let s = stop.clone();
-    let h = std::thread::spawn(move || {
-        consumer
-            .run(&s, move |e| {
-                sink.push(e);
-                Ok::<(), String>(())
-            })
-            .unwrap()
-    });
+    let handler = got.handler();
+    let (stop, h) = spawn_loop(move |s| consumer.run(s, handler).unwrap());
     wait_until(
         "the group consumer to receive all 20",
         Duration::from_secs(90),

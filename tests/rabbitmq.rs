@@ -56,10 +56,7 @@ fn consume(
     let consumer = RabbitConsumer::new(&rabbit_url(), queue)
         .prefetch(20)
         .retry_delay(ms(50));
-    let stop = StopSignal::new();
-    let s = stop.clone();
-    let h = std::thread::spawn(move || consumer.run(&s, handler).unwrap());
-    (stop, h)
+    spawn_loop(move |s| consumer.run(s, handler).unwrap())
 }
 
 #[test]

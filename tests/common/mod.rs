@@ -157,6 +157,23 @@ impl Collected {
     pub fn ids(&self) -> std::collections::HashSet<txbox::EventId> {
         self.all().iter().filter_map(|e| e.id).collect()
     }
+    /// A consumer-loop handler that collects here and acks.
+    pub fn handler(&self) -> Handler {
+        let sink = self.clone();
+        Box::new(move |e| {
+            sink.push(e);
+            Ok(())
+        })
+    }
+}
+
+/// Runs a consumer loop on its own thread until the returned signal stops it.
+pub fn spawn_loop<R: Send + 'static>(
+    run: impl FnOnce(&txbox::StopSignal) -> R + Send + 'static,
+) -> (txbox::StopSignal, std::thread::JoinHandle<R>) {
+    let stop = txbox::StopSignal::new();
+    let s = stop.clone();
+    (stop, std::thread::spawn(move || run(&s)))
 }
 
 /// A handler for a consumer loop, boxed so one helper serves both brokers.
@@ -170,11 +187,7 @@ pub fn consume_events(
     start: impl FnOnce(Handler) -> (txbox::StopSignal, std::thread::JoinHandle<()>),
 ) -> Vec<txbox::ReceivedEvent> {
     let got = Collected::default();
-    let sink = got.clone();
-    let (stop, h) = start(Box::new(move |e| {
-        sink.push(e);
-        Ok(())
-    }));
+    let (stop, h) = start(got.handler());
     wait_until(
         &format!("{n} events consumed"),
         Duration::from_secs(60),
