@@ -46,8 +46,9 @@ pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
-/// An open transaction the inbox can record ids in: `postgres::Transaction`.
-/// Sealed: txbox implements it per driver.
+/// An open transaction the inbox can record ids in: `postgres::Transaction`,
+/// `mysql::Transaction`, `rusqlite::Transaction` or an `oracle::Connection` (with
+/// their features). Sealed: txbox implements it per driver.
 pub trait InboxTransaction: sealed::Sealed {
     #[doc(hidden)]
     fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>>;

@@ -584,9 +584,11 @@ pub(crate) fn insert_inbox_ids(
     d: &Dialect,
     ids: &[EventId],
 ) -> Result<Vec<EventId>> {
+    // one statement per distinct id (the inbox counts them so)
+    let mut seen = std::collections::HashSet::new();
     let mut new = Vec::new();
     for id in ids {
-        if new.contains(id) {
+        if !seen.insert(*id) {
             continue;
         }
         match run_execute(conn, d, &d.inbox_insert, &[Val::Id(id.as_uuid())], &[]) {
