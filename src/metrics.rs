@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::store::TypeStatus;
 
-/// A counter txbox keeps.
+/// A counter txbox keeps; its discriminant is its row in [`COUNTERS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Counter {
     Published,
@@ -100,6 +100,7 @@ pub const BUCKETS: [f64; 14] = [
 ];
 
 struct Histogram {
+    /// Observations per bucket alone (not cumulative): one add per observation.
     buckets: [AtomicU64; 14],
     count: AtomicU64,
     sum_micros: AtomicU64,
@@ -115,10 +116,9 @@ impl Histogram {
     }
 
     fn record(&self, seconds: f64) {
-        for (b, bound) in self.buckets.iter().zip(BUCKETS) {
-            if seconds <= bound {
-                b.fetch_add(1, Ordering::Relaxed);
-            }
+        // above the last bound: only in +Inf, which is the count
+        if let Some(i) = BUCKETS.iter().position(|bound| seconds <= *bound) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
         self.sum_micros
@@ -130,7 +130,10 @@ impl Histogram {
             buckets: BUCKETS
                 .iter()
                 .zip(&self.buckets)
-                .map(|(b, c)| (*b, c.load(Ordering::Relaxed)))
+                .scan(0, |below, (b, c)| {
+                    *below += c.load(Ordering::Relaxed);
+                    Some((*b, *below))
+                })
                 .collect(),
             count: self.count.load(Ordering::Relaxed),
             sum_seconds: self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6,
@@ -155,7 +158,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
 });
 
 fn index(c: Counter) -> usize {
-    COUNTERS.iter().position(|(k, _, _)| *k == c).unwrap_or(0)
+    c as usize
 }
 
 pub(crate) fn add(c: Counter, n: u64) {
@@ -392,4 +395,32 @@ pub fn prometheus() -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_counter_is_its_own_row() {
+        for (i, (c, _, _)) in COUNTERS.iter().enumerate() {
+            assert_eq!(index(*c), i, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::new();
+        for s in [0.0005, 0.003, 0.003, 0.7, 120.0] {
+            h.record(s);
+        }
+        let snap = h.snapshot();
+        let at = |bound: f64| snap.buckets.iter().find(|(b, _)| *b == bound).unwrap().1;
+        assert_eq!(at(0.001), 1);
+        assert_eq!(at(0.005), 3);
+        assert_eq!(at(0.5), 3);
+        assert_eq!(at(1.0), 4);
+        assert_eq!(at(60.0), 4, "120 s is only in +Inf");
+        assert_eq!(snap.count, 5);
+    }
 }

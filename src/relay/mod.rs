@@ -610,16 +610,20 @@ impl Poller {
             };
             metrics::send_latency(batch.started.elapsed());
             let outcomes = outcomes(&batch.events, results, &self.settings);
+            let (mut sent, mut retried, mut failed) = (0, 0, 0);
             for (id, o) in &outcomes {
                 match o {
                     Outcome::Sent => {
-                        metrics::add(Counter::Sent, 1);
+                        sent += 1;
                         metrics::acked(*id);
                     }
-                    Outcome::Retry { .. } => metrics::add(Counter::Retried, 1),
-                    Outcome::Failed { .. } => metrics::add(Counter::Failed, 1),
+                    Outcome::Retry { .. } => retried += 1,
+                    Outcome::Failed { .. } => failed += 1,
                 }
             }
+            metrics::add(Counter::Sent, sent);
+            metrics::add(Counter::Retried, retried);
+            metrics::add(Counter::Failed, failed);
             self.finish(batch.token, &outcomes, batch.lease_end);
         }
     }
