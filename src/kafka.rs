@@ -569,15 +569,12 @@ impl KafkaConsumer {
                     offset: msg.offset(),
                 },
             );
-            let commit = match handler(&event) {
-                Verdict::Ack => true,
-                Verdict::Reject(why) => {
-                    log::error!(
-                        "txbox: kafka message at {} rejected and skipped: {why}",
-                        event.position
-                    );
-                    true
-                }
+            match handler(&event) {
+                Verdict::Ack => {}
+                Verdict::Reject(why) => log::error!(
+                    "txbox: kafka message at {} rejected and skipped: {why}",
+                    event.position
+                ),
                 Verdict::Stop(why) => return Err(Error::ConsumerStopped(why)),
                 Verdict::Retry(why) => {
                     log::warn!(
@@ -598,14 +595,12 @@ impl KafkaConsumer {
                     stop.sleep(self.retry_delay);
                     continue;
                 }
-            };
-            if commit {
-                if let Err(e) = self.consumer.commit_message(&msg, CommitMode::Sync) {
-                    log::warn!(
-                        "txbox: kafka commit at {}: {e} (the message may be seen again)",
-                        event.position
-                    );
-                }
+            }
+            if let Err(e) = self.consumer.commit_message(&msg, CommitMode::Sync) {
+                log::warn!(
+                    "txbox: kafka commit at {}: {e} (the message may be seen again)",
+                    event.position
+                );
             }
         }
         Ok(())

@@ -17,7 +17,7 @@
 //! the unconfirmed messages of every batch in flight and is opened again on a later
 //! batch, with backoff.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt::Display;
 use std::time::{Duration, Instant};
 
@@ -475,20 +475,19 @@ impl RabbitConsumer {
                 recv(stop.receiver()) -> _ => return Ok(()),
                 recv(consumer.receiver()) -> m => m,
             };
-            let delivery = match message {
+            let mut delivery = match message {
                 Ok(ConsumerMessage::Delivery(d)) => d,
                 Ok(other) => {
                     return Err(Error::Broker(format!("rabbitmq consumer ended: {other:?}")))
                 }
                 Err(_) => return Err(Error::Broker("rabbitmq consumer channel closed".into())),
             };
-            let headers: BTreeMap<String, String> = delivery
+            let mut raw: Vec<(String, String)> = delivery
                 .properties
                 .headers()
                 .as_ref()
                 .map(|h| h.iter().map(|(k, v)| (k.clone(), text(v))).collect())
                 .unwrap_or_default();
-            let mut raw: Vec<(String, String)> = headers.into_iter().collect();
             if !raw.iter().any(|(k, _)| k == HEADER_EVENT_ID) {
                 if let Some(id) = delivery.properties.message_id() {
                     raw.push((HEADER_EVENT_ID.to_string(), id.clone()));
@@ -497,7 +496,7 @@ impl RabbitConsumer {
             let event = ReceivedEvent::from_parts(
                 raw,
                 None,
-                delivery.body.clone(),
+                std::mem::take(&mut delivery.body), // the ack needs only the tag
                 Position::RabbitMq {
                     queue: self.queue.clone(),
                     delivery_tag: delivery.delivery_tag(),
