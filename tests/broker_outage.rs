@@ -112,8 +112,10 @@ fn outage(
         processed = common::count(&mut client, prefix, "PROCESSED");
         processed == total as i64
     });
-    let duplicates = collected.all().len() - total;
-    eprintln!("{prefix}: broker down 20 s under load: published={total} delivered={total} duplicates={duplicates} lost=0");
+    let delivered = collected.ids();
+    let duplicates = collected.all().len() - delivered.len();
+    let lost = all.difference(&delivered).count();
+    eprintln!("{prefix}: broker down 20 s under load: published={total} delivered={} duplicates={duplicates} lost={lost}", delivered.len());
     relay.shutdown(Duration::from_secs(10)).unwrap();
 }
 
