@@ -614,8 +614,6 @@ fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
     use txbox::SenderFactory;
     let p = "bench_latency_";
     let (store, mut c) = fresh(p)?;
-    let exchange = "amq.fanout"; // exists on every broker; no queue needed to measure acks
-    let _ = exchange;
     let cfg = config(
         p,
         EventOptions::new()
