@@ -23,10 +23,6 @@ fn plus(ms_param: &str) -> String {
     format!("{NOW} + INTERVAL ROUND({ms_param} * 1000) MICROSECOND")
 }
 
-fn minus(ms_param: &str) -> String {
-    format!("{NOW} - INTERVAL ROUND({ms_param} * 1000) MICROSECOND")
-}
-
 fn dialect(t: &Tables) -> Dialect {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
@@ -53,17 +49,17 @@ fn dialect(t: &Tables) -> Dialect {
         ),
         select_processed: format!(
             "SELECT id FROM {o} WHERE status = 'PROCESSED' AND processed_at < {} LIMIT $1 FOR UPDATE SKIP LOCKED",
-            minus("$2")
+            sql::ago(plus, "$2")
         ),
         select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"),
         select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"),
         select_resolved: format!(
             "SELECT id FROM {d} WHERE status = 'RESOLVED' AND updated_at < {} LIMIT $1 FOR UPDATE SKIP LOCKED",
-            minus("$2")
+            sql::ago(plus, "$2")
         ),
         select_inbox_expired: format!(
             "SELECT event_id FROM {i} WHERE consumed_at < {} LIMIT $1 FOR UPDATE SKIP LOCKED",
-            minus("$2")
+            sql::ago(plus, "$2")
         ),
         lock_insert: format!(
             "INSERT IGNORE INTO {l} (name, owner, locked_at, locked_until) \

@@ -30,10 +30,6 @@ fn plus(ms_param: &str) -> String {
     format!("SYSTIMESTAMP + NUMTODSINTERVAL({ms_param} / 1000, 'SECOND')")
 }
 
-fn minus(ms_param: &str) -> String {
-    format!("SYSTIMESTAMP - NUMTODSINTERVAL({ms_param} / 1000, 'SECOND')")
-}
-
 fn dialect(t: &Tables) -> Dialect {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
@@ -60,15 +56,15 @@ fn dialect(t: &Tables) -> Dialect {
         select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} FOR UPDATE SKIP LOCKED"),
         select_processed: format!(
             "SELECT id FROM {o} WHERE status = 'PROCESSED' AND processed_at < {} FOR UPDATE SKIP LOCKED",
-            minus("$2")
+            sql::ago(plus, "$2")
         ),
         select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id FOR UPDATE SKIP LOCKED"),
         select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id FOR UPDATE SKIP LOCKED"),
         select_resolved: format!(
             "SELECT id FROM {d} WHERE status = 'RESOLVED' AND updated_at < {} FOR UPDATE SKIP LOCKED",
-            minus("$2")
+            sql::ago(plus, "$2")
         ),
-        select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} FOR UPDATE SKIP LOCKED", minus("$2")),
+        select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} FOR UPDATE SKIP LOCKED", sql::ago(plus, "$2")),
         lock_insert: format!(
             "MERGE INTO {l} t USING (SELECT $1 AS name FROM dual) s ON (t.name = s.name) \
              WHEN NOT MATCHED THEN INSERT (name, owner, locked_at, locked_until) \

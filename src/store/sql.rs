@@ -266,6 +266,11 @@ fn shift(template: &str, by: usize) -> String {
     out
 }
 
+/// "now - `ms_param` milliseconds" in a dialect whose "now + n ms" is `plus`.
+pub(crate) fn ago(plus: fn(&str) -> String, ms_param: &str) -> String {
+    plus(&format!("-{ms_param}"))
+}
+
 /// The statements every dialect writes alike but for its clock: `now` is its
 /// "current time" expression and `plus("$n")` its "now + $n milliseconds".
 pub(crate) struct Common {

@@ -25,11 +25,8 @@ pub const SCHEMA: &str = include_str!("../../sql/sqlite/001_schema.sql");
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 fn plus(ms_param: &str) -> String {
-    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '+' || ({ms_param} / 1000.0) || ' seconds')")
-}
-
-fn minus(ms_param: &str) -> String {
-    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || ({ms_param} / 1000.0) || ' seconds')")
+    // a signed number of seconds is a modifier of its own
+    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ({ms_param} / 1000.0) || ' seconds')")
 }
 
 fn dialect(t: &Tables) -> Dialect {
@@ -53,15 +50,15 @@ fn dialect(t: &Tables) -> Dialect {
         select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} LIMIT $1"),
         select_processed: format!(
             "SELECT id FROM {o} WHERE status = 'PROCESSED' AND processed_at < {} LIMIT $1",
-            minus("$2")
+            sql::ago(plus, "$2")
         ),
         select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id LIMIT $1"),
         select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id LIMIT $1"),
         select_resolved: format!(
             "SELECT id FROM {d} WHERE status = 'RESOLVED' AND updated_at < {} LIMIT $1",
-            minus("$2")
+            sql::ago(plus, "$2")
         ),
-        select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} LIMIT $1", minus("$2")),
+        select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} LIMIT $1", sql::ago(plus, "$2")),
         lock_insert: format!(
             "INSERT OR IGNORE INTO {l} (name, owner, locked_at, locked_until) \
              VALUES ($1, $2, {NOW}, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 seconds'))"
