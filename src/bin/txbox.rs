@@ -127,6 +127,20 @@ fn json<T: serde::Serialize>(v: &T) -> Result<String, Fail> {
     serde_json::to_string_pretty(v).map_err(|e| Fail::Run(e.to_string()))
 }
 
+/// `rows` as JSON, or as a table with `headers` and one line of `cells` per row.
+fn listing<T: serde::Serialize>(
+    as_json: bool,
+    rows: &[T],
+    headers: &[&str],
+    cells: impl Fn(&T) -> Vec<String>,
+) -> Result<String, Fail> {
+    if as_json {
+        json(&rows)
+    } else {
+        Ok(table(headers, &rows.iter().map(cells).collect::<Vec<_>>()))
+    }
+}
+
 fn run(args: Args) -> Result<String, Fail> {
     let cmd: Vec<&str> = args.words.iter().map(String::as_str).collect();
     // usage errors before touching the database
@@ -182,35 +196,29 @@ fn run(args: Args) -> Result<String, Fail> {
         }
         ["status"] => {
             let rows = store.status()?;
-            if args.json {
-                json(&rows)?
-            } else {
-                let cells: Vec<Vec<String>> = rows
-                    .iter()
-                    .map(|s| {
-                        let lag = s
-                            .oldest_pending_age
-                            .map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64()));
-                        vec![
-                            s.event_type.clone(),
-                            s.pending.to_string(),
-                            s.in_process.to_string(),
-                            s.failed.to_string(),
-                            lag,
-                        ]
-                    })
-                    .collect();
-                table(
-                    &[
-                        "EVENT TYPE",
-                        "PENDING",
-                        "IN PROCESS",
-                        "FAILED",
-                        "OLDEST PENDING",
-                    ],
-                    &cells,
-                )
-            }
+            listing(
+                args.json,
+                &rows,
+                &[
+                    "EVENT TYPE",
+                    "PENDING",
+                    "IN PROCESS",
+                    "FAILED",
+                    "OLDEST PENDING",
+                ],
+                |s| {
+                    let lag = s
+                        .oldest_pending_age
+                        .map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64()));
+                    vec![
+                        s.event_type.clone(),
+                        s.pending.to_string(),
+                        s.in_process.to_string(),
+                        s.failed.to_string(),
+                        lag,
+                    ]
+                },
+            )?
         }
         ["dlq", "list"] => {
             let filter = DlqFilter {
@@ -220,41 +228,35 @@ fn run(args: Args) -> Result<String, Fail> {
                 limit,
             };
             let rows = dlq.list(&filter)?;
-            if args.json {
-                json(&rows)?
-            } else {
-                let cells: Vec<Vec<String>> = rows
-                    .iter()
-                    .map(|d| {
-                        let err: String = d
-                            .last_error
-                            .clone()
-                            .unwrap_or_default()
-                            .chars()
-                            .take(60)
-                            .collect();
-                        vec![
-                            d.id.to_string(),
-                            d.event_type.clone(),
-                            d.status.to_string(),
-                            d.attempts.to_string(),
-                            d.moved_at.clone(),
-                            err,
-                        ]
-                    })
-                    .collect();
-                table(
-                    &[
-                        "ID",
-                        "EVENT TYPE",
-                        "STATUS",
-                        "ATTEMPTS",
-                        "MOVED AT",
-                        "LAST ERROR",
-                    ],
-                    &cells,
-                )
-            }
+            listing(
+                args.json,
+                &rows,
+                &[
+                    "ID",
+                    "EVENT TYPE",
+                    "STATUS",
+                    "ATTEMPTS",
+                    "MOVED AT",
+                    "LAST ERROR",
+                ],
+                |d| {
+                    let err: String = d
+                        .last_error
+                        .clone()
+                        .unwrap_or_default()
+                        .chars()
+                        .take(60)
+                        .collect();
+                    vec![
+                        d.id.to_string(),
+                        d.event_type.clone(),
+                        d.status.to_string(),
+                        d.attempts.to_string(),
+                        d.moved_at.clone(),
+                        err,
+                    ]
+                },
+            )?
         }
         ["dlq", "show", id] => {
             let d = dlq.get(
