@@ -187,17 +187,23 @@ pub(crate) fn send_latency(d: Duration) {
     metrics::histogram!("txbox_send_latency_seconds").record(d.as_secs_f64());
 }
 
-/// Records commit-to-ack latency from the UUIDv7 timestamp of the event id.
-pub(crate) fn acked(id: crate::EventId) {
-    let Some(ts) = id.as_uuid().get_timestamp() else {
-        return;
-    };
-    let (secs, nanos) = ts.to_unix();
-    let created = std::time::UNIX_EPOCH + Duration::new(secs, nanos);
-    if let Ok(age) = std::time::SystemTime::now().duration_since(created) {
-        REGISTRY.commit_to_ack.record(age.as_secs_f64());
-        #[cfg(feature = "metrics")]
-        metrics::histogram!("txbox_commit_to_ack_seconds").record(age.as_secs_f64());
+/// Records the commit-to-ack age of events the broker acked just now (an event id
+/// is a UUIDv7: its timestamp is the publish time).
+pub(crate) fn acked(ids: impl IntoIterator<Item = crate::EventId>) {
+    let now = std::time::SystemTime::now();
+    #[cfg(feature = "metrics")]
+    let facade = metrics::histogram!("txbox_commit_to_ack_seconds");
+    for id in ids {
+        let Some(ts) = id.as_uuid().get_timestamp() else {
+            continue;
+        };
+        let (secs, nanos) = ts.to_unix();
+        let created = std::time::UNIX_EPOCH + Duration::new(secs, nanos);
+        if let Ok(age) = now.duration_since(created) {
+            REGISTRY.commit_to_ack.record(age.as_secs_f64());
+            #[cfg(feature = "metrics")]
+            facade.record(age.as_secs_f64());
+        }
     }
 }
 

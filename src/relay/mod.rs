@@ -611,16 +611,18 @@ impl Poller {
             metrics::send_latency(batch.started.elapsed());
             let outcomes = outcomes(&batch.events, results, &self.settings);
             let (mut sent, mut retried, mut failed) = (0, 0, 0);
-            for (id, o) in &outcomes {
+            for (_, o) in &outcomes {
                 match o {
-                    Outcome::Sent => {
-                        sent += 1;
-                        metrics::acked(*id);
-                    }
+                    Outcome::Sent => sent += 1,
                     Outcome::Retry { .. } => retried += 1,
                     Outcome::Failed { .. } => failed += 1,
                 }
             }
+            metrics::acked(
+                outcomes
+                    .iter()
+                    .filter_map(|(id, o)| matches!(o, Outcome::Sent).then_some(*id)),
+            );
             metrics::add(Counter::Sent, sent);
             metrics::add(Counter::Retried, retried);
             metrics::add(Counter::Failed, failed);
