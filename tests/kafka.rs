@@ -34,6 +34,28 @@ fn consume(
     spawn_loop(move |s| consumer.run(s, handler).unwrap())
 }
 
+/// A relay from a fresh outbox to a new topic `txbox-<name>-...` with `partitions`,
+/// and `n` committed events of type `e` on their way; `None` when skipped.
+fn relayed(name: &str, partitions: u32, n: usize) -> Option<(String, Relay, Vec<txbox::EventId>)> {
+    let topic = format!("txbox-{name}-{}", unique());
+    create_topic(&topic, partitions);
+    let p = format!("t_kafka_{name}_");
+    let (store, mut client) = fresh(&p)?;
+    let config = Config::builder()
+        .table_prefix(&p)
+        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
+        .event("e", EventOptions::new().destination(&topic))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
+    let relay = Relay::start(store, &config, sender).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox.publish_batch(&mut tx, "e", 0..n).unwrap();
+    tx.commit().unwrap();
+    Some((topic, relay, ids))
+}
+
 #[test]
 fn events_arrive_with_id_type_key_headers_and_payload() {
     if !kafka_up() {
@@ -158,28 +180,9 @@ fn a_handler_that_fails_once_sees_the_message_again() {
     if !kafka_up() {
         return;
     }
-    let topic = format!("txbox-retry-{}", unique());
-    create_topic(&topic, 1);
-    let p = "t_kafka_retry_";
-    let Some((store, mut client)) = fresh(p) else {
+    let Some((topic, relay, ids)) = relayed("retry", 1, 10) else {
         return;
     };
-    let config = Config::builder()
-        .table_prefix(p)
-        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
-        .event("e", EventOptions::new().destination(&topic))
-        .build()
-        .unwrap();
-    let outbox = Outbox::new(&config).unwrap();
-    let relay = Relay::start(
-        store,
-        &config,
-        KafkaSender::builder(&kafka_brokers()).build().unwrap(),
-    )
-    .unwrap();
-    let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "e", 0..10).unwrap();
-    tx.commit().unwrap();
 
     let victim = ids[4];
     let calls = Calls::default();
@@ -202,32 +205,10 @@ fn a_subscribed_consumer_group_receives_and_commits() {
     if !kafka_up() {
         return;
     }
-    let topic = format!("txbox-sub-{}", unique());
-    create_topic(&topic, 2);
-    let p = "t_kafka_sub_";
-    let Some((store, mut client)) = fresh(p) else {
+    let Some((topic, relay, ids)) = relayed("sub", 2, 20) else {
         return;
     };
-    let config = Config::builder()
-        .table_prefix(p)
-        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
-        .event("e", EventOptions::new().destination(&topic))
-        .build()
-        .unwrap();
-    let outbox = Outbox::new(&config).unwrap();
-    let relay = Relay::start(
-        store,
-        &config,
-        KafkaSender::builder(&kafka_brokers()).build().unwrap(),
-    )
-    .unwrap();
-    let mut tx = client.transaction().unwrap();
-    let ids: std::collections::HashSet<_> = outbox
-        .publish_batch(&mut tx, "e", 0..20)
-        .unwrap()
-        .into_iter()
-        .collect();
-    tx.commit().unwrap();
+    let ids: std::collections::HashSet<_> = ids.into_iter().collect();
 
     // group membership (Tansu takes up to ~30 s to settle a join)
     let consumer = KafkaConsumer::builder(&kafka_brokers(), &format!("g-{topic}"))
