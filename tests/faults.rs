@@ -218,12 +218,15 @@ fn a_relay_process_killed_again_and_again_loses_nothing() {
 struct Hanging {
     first: bool,
     hang: Duration,
+    /// Set when the hung batch's late results are handed back.
+    late: Arc<AtomicBool>,
 }
 
 impl Sender for Hanging {
     fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
         if std::mem::take(&mut self.first) {
             std::thread::sleep(self.hang);
+            self.late.store(true, Ordering::Relaxed);
         }
         events
             .iter()
@@ -250,13 +253,13 @@ fn a_sender_hanging_past_the_lease_is_fenced_out() {
         .build()
         .unwrap();
     let ids: HashSet<EventId> = fx.publish(&config, "h", 10, true).into_iter().collect();
-    let hung = Arc::new(AtomicBool::new(false));
-    let h = hung.clone();
+    let late = Arc::new(AtomicBool::new(false));
+    let l = late.clone();
     let factory = move || -> txbox::Result<Box<dyn Sender>> {
-        h.store(true, Ordering::Relaxed);
         Ok(Box::new(Hanging {
             first: true,
             hang: Duration::from_secs(3),
+            late: l.clone(),
         }))
     };
     let slow = Relay::start(fx.store.clone(), &config, factory).unwrap();
@@ -281,9 +284,13 @@ fn a_sender_hanging_past_the_lease_is_fenced_out() {
         started.elapsed() < Duration::from_secs(3),
         "recovered while the first sender still hung"
     );
-    // the first relay now finishes late, claiming failure: fenced out, nothing changes
-    std::thread::sleep(Duration::from_secs(3));
+    // the first relay finishes late, claiming failure: fenced out, nothing changes
+    // (its shutdown waits for that batch to be finished)
     slow.shutdown(Duration::from_secs(10)).unwrap();
+    assert!(
+        late.load(Ordering::Relaxed),
+        "the hung batch came back late"
+    );
     other.shutdown(Duration::from_secs(10)).unwrap();
     assert_eq!(
         fx.counts("h"),
@@ -296,7 +303,6 @@ fn a_sender_hanging_past_the_lease_is_fenced_out() {
         .unwrap()
         .get(0);
     assert_eq!(changed, 0, "the late failure counted no attempt");
-    assert!(hung.load(Ordering::Relaxed));
     eprintln!(
         "hanging sender: published={} delivered={} duplicates={duplicates} lost={} late_finish_changed={changed}",
         ids.len(),
