@@ -31,7 +31,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
-use crate::sender::{SendError, Sender, SenderFactory, Started};
+use crate::sender::{SendError, Sender, SenderFactory};
 
 /// Default `message.timeout.ms`: how long librdkafka tries one record.
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -303,7 +303,7 @@ impl KafkaSender {
 
 impl KafkaSender {
     /// Enqueues every record of `events`; their reports fill the returned batch.
-    fn enqueue_batch(&self, events: &[Event]) -> Pending {
+    fn publish(&self, events: &[Event]) -> Pending {
         let batch = Arc::new(Batch {
             results: Mutex::new((vec![None; events.len()], 0)),
             done: Condvar::new(),
@@ -376,25 +376,7 @@ impl KafkaSender {
     }
 }
 
-impl Sender for KafkaSender {
-    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
-        let p = self.enqueue_batch(events);
-        self.collect(p)
-    }
-
-    fn start(&mut self, events: &[Event]) -> Started {
-        let p = self.enqueue_batch(events);
-        self.in_flight.push_back(p);
-        Started::InFlight
-    }
-
-    fn wait(&mut self) -> Vec<Result<(), SendError>> {
-        match self.in_flight.pop_front() {
-            Some(p) => self.collect(p),
-            None => Vec::new(),
-        }
-    }
-}
+crate::sender::pipelined_sender!(KafkaSender);
 
 impl SenderFactory for KafkaSender {
     fn create(&self) -> Result<Box<dyn Sender>> {

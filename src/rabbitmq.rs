@@ -30,7 +30,7 @@ use crossbeam_channel::{select, Receiver};
 use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE};
-use crate::sender::{SendError, Sender, SenderFactory, Started};
+use crate::sender::{SendError, Sender, SenderFactory};
 
 /// Opens a plain-TCP AMQP connection (`amqp://`; TLS is not built in).
 fn open(url: &str) -> std::result::Result<Connection, amiquip::Error> {
@@ -338,25 +338,7 @@ impl RabbitSender {
     }
 }
 
-impl Sender for RabbitSender {
-    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
-        let batch = self.publish(events);
-        self.collect(batch)
-    }
-
-    fn start(&mut self, events: &[Event]) -> Started {
-        let batch = self.publish(events);
-        self.in_flight.push_back(batch);
-        Started::InFlight
-    }
-
-    fn wait(&mut self) -> Vec<Result<(), SendError>> {
-        match self.in_flight.pop_front() {
-            Some(batch) => self.collect(batch),
-            None => Vec::new(),
-        }
-    }
-}
+crate::sender::pipelined_sender!(RabbitSender);
 
 /// What the consumer loop does with a message whose handler failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

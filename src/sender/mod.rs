@@ -72,6 +72,46 @@ pub trait Sender: Send {
     }
 }
 
+/// Implements [`Sender`] for a pipelining sender with a field `in_flight` (a queue
+/// of its batches) and two methods: `publish(&events) -> batch`, which hands a batch
+/// to the client without waiting, and `collect(batch) -> results`, which waits for
+/// its acks.
+#[cfg_attr(
+    not(any(feature = "kafka", feature = "rabbitmq")),
+    allow(unused_macros)
+)]
+macro_rules! pipelined_sender {
+    ($t:ty) => {
+        impl $crate::sender::Sender for $t {
+            fn send(
+                &mut self,
+                events: &[$crate::Event],
+            ) -> Vec<Result<(), $crate::sender::SendError>> {
+                let batch = self.publish(events);
+                self.collect(batch)
+            }
+
+            fn start(&mut self, events: &[$crate::Event]) -> $crate::sender::Started {
+                let batch = self.publish(events);
+                self.in_flight.push_back(batch);
+                $crate::sender::Started::InFlight
+            }
+
+            fn wait(&mut self) -> Vec<Result<(), $crate::sender::SendError>> {
+                match self.in_flight.pop_front() {
+                    Some(batch) => self.collect(batch),
+                    None => Vec::new(),
+                }
+            }
+        }
+    };
+}
+#[cfg_attr(
+    not(any(feature = "kafka", feature = "rabbitmq")),
+    allow(unused_imports)
+)]
+pub(crate) use pipelined_sender;
+
 /// Makes a [`Sender`] for each relay thread.
 pub trait SenderFactory: Send + Sync + 'static {
     /// A sender for one thread. An error here (broker unreachable) is logged and
