@@ -470,7 +470,6 @@ macro_rules! counted {
 
 counted! {
     migrate() -> ();
-    claim(event_type: &str, limit: usize, lease: Duration, token: uuid::Uuid) -> Vec<Event>;
     claim_after(event_type: &str, after: Option<EventId>, limit: usize, lease: Duration, token: uuid::Uuid) -> Vec<Event>;
     finish(token: uuid::Uuid, outcomes: &[(EventId, txbox::Outcome)]) -> u64;
     recover_expired(limit: usize) -> u64;

@@ -28,15 +28,6 @@ macro_rules! delegate_store {
             fn migrate(&self) -> $crate::Result<()> {
                 self.inner.migrate()
             }
-            fn claim(
-                &self,
-                event_type: &str,
-                limit: usize,
-                lease: std::time::Duration,
-                token: uuid::Uuid,
-            ) -> $crate::Result<Vec<$crate::Event>> {
-                self.inner.claim(event_type, limit, lease, token)
-            }
             fn claim_after(
                 &self,
                 event_type: &str,
@@ -177,22 +168,13 @@ pub trait Store: Send + Sync + 'static {
     /// Creates the tables and indexes if missing (idempotent).
     fn migrate(&self) -> Result<()>;
 
-    /// Claims up to `limit` due PENDING events of `event_type`, oldest first, in one
-    /// statement with `FOR UPDATE SKIP LOCKED`: they become IN_PROCESS, stamped with
-    /// `token` and a lease of `lease`. Returned sorted by id (with `destination` empty).
-    fn claim(
-        &self,
-        event_type: &str,
-        limit: usize,
-        lease: Duration,
-        token: Uuid,
-    ) -> Result<Vec<Event>>;
-
-    /// Like [`Store::claim`], but only events whose id is greater than `after` (when
-    /// given). While a poller drains a backlog it passes the last id of its previous
-    /// full batch, so each claim starts where the last one ended instead of stepping
-    /// over every row already sent. The default ignores `after`, which is correct,
-    /// only slower.
+    /// Claims up to `limit` due PENDING events of `event_type` whose id is greater
+    /// than `after` (when given), oldest first, in one statement with `FOR UPDATE
+    /// SKIP LOCKED`: they become IN_PROCESS, stamped with `token` and a lease of
+    /// `lease`. Returned sorted by id (with `destination` empty). While a poller
+    /// drains a backlog it passes the last id of its previous full batch, so each
+    /// claim starts where the last one ended instead of stepping over every row
+    /// already sent.
     fn claim_after(
         &self,
         event_type: &str,
@@ -200,9 +182,17 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
         lease: Duration,
         token: Uuid,
+    ) -> Result<Vec<Event>>;
+
+    /// [`Store::claim_after`] from the lowest id.
+    fn claim(
+        &self,
+        event_type: &str,
+        limit: usize,
+        lease: Duration,
+        token: Uuid,
     ) -> Result<Vec<Event>> {
-        let _ = after;
-        self.claim(event_type, limit, lease, token)
+        self.claim_after(event_type, None, limit, lease, token)
     }
 
     /// Finishes claimed events: only rows still IN_PROCESS under `token` change.

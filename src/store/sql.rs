@@ -708,16 +708,6 @@ impl<P: Pool> Store for SqlStore<P> {
         }
     }
 
-    fn claim(
-        &self,
-        event_type: &str,
-        limit: usize,
-        lease: Duration,
-        token: Uuid,
-    ) -> Result<Vec<Event>> {
-        self.claim_after(event_type, None, limit, lease, token)
-    }
-
     fn claim_after(
         &self,
         event_type: &str,
