@@ -47,6 +47,26 @@ fn publish<T: OutboxTransaction>(outbox: &Outbox, tx: &mut T, i: i64) -> txbox::
 
 type Ids = (HashSet<EventId>, HashSet<EventId>);
 
+/// Ends order `i`'s transaction: a declined order rolls back with its event, any
+/// other commits with it. Records the event id as committed or rolled back.
+fn end<T, E: Into<Box<dyn std::error::Error>>>(
+    ids: &mut Ids,
+    i: i64,
+    id: EventId,
+    tx: T,
+    commit: impl FnOnce(T) -> Result<(), E>,
+    rollback: impl FnOnce(T) -> Result<(), E>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if declined(i) {
+        rollback(tx).map_err(Into::into)?;
+        ids.1.insert(id);
+    } else {
+        commit(tx).map_err(Into::into)?;
+        ids.0.insert(id);
+    }
+    Ok(())
+}
+
 fn sqlite(path: &std::path::Path, outbox: &Outbox) -> Result<Ids, Box<dyn std::error::Error>> {
     let mut conn = txbox::SqliteStore::connection(path)?;
     conn.execute_batch("CREATE TABLE IF NOT EXISTS quickstart_orders (id INTEGER PRIMARY KEY, total_cents INTEGER)")?;
@@ -58,13 +78,7 @@ fn sqlite(path: &std::path::Path, outbox: &Outbox) -> Result<Ids, Box<dyn std::e
             [order(i).total_cents],
         )?;
         let id = publish(outbox, &mut tx, i)?;
-        if declined(i) {
-            tx.rollback()?;
-            ids.1.insert(id)
-        } else {
-            tx.commit()?;
-            ids.0.insert(id)
-        };
+        end(&mut ids, i, id, tx, |tx| tx.commit(), |tx| tx.rollback())?;
     }
     Ok(ids)
 }
@@ -80,13 +94,7 @@ fn postgres(url: &str, outbox: &Outbox) -> Result<Ids, Box<dyn std::error::Error
             &[&order(i).total_cents],
         )?;
         let id = publish(outbox, &mut tx, i)?;
-        if declined(i) {
-            tx.rollback()?;
-            ids.1.insert(id)
-        } else {
-            tx.commit()?;
-            ids.0.insert(id)
-        };
+        end(&mut ids, i, id, tx, |tx| tx.commit(), |tx| tx.rollback())?;
     }
     Ok(ids)
 }
@@ -108,13 +116,7 @@ fn mysql(url: &str, outbox: &Outbox) -> Result<Ids, Box<dyn std::error::Error>> 
             (order(i).total_cents,),
         )?;
         let id = publish(outbox, &mut tx, i)?;
-        if declined(i) {
-            tx.rollback()?;
-            ids.1.insert(id)
-        } else {
-            tx.commit()?;
-            ids.0.insert(id)
-        };
+        end(&mut ids, i, id, tx, |tx| tx.commit(), |tx| tx.rollback())?;
     }
     Ok(ids)
 }
