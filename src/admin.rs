@@ -253,10 +253,7 @@ fn json<T: serde::Serialize>(code: u16, v: &T) -> Resp {
 }
 
 fn health(store: &Arc<dyn Store>, options: &AdminOptions) -> Resp {
-    let database = match store.dlq_count(&DlqFilter {
-        limit: 1,
-        ..Default::default()
-    }) {
+    let database = match store.ping() {
         Ok(_) => "ok".to_string(),
         Err(e) => e.to_string(),
     };

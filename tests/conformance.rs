@@ -600,6 +600,11 @@ fn migrate_twice_is_fine(b: Backend, p: &str) {
     assert!(fx.store.status().unwrap().is_empty());
 }
 
+fn ping_answers(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    fx.store.ping().unwrap();
+}
+
 /// The suite, instantiated per backend; each test gets its own table prefix
 /// (`c<tag>_<short>_`).
 macro_rules! suite {
@@ -618,6 +623,7 @@ macro_rules! suite {
             failing_sender_ends_in_the_dlq_and_a_retry_delivers => "relay",
             pipelined_batches_finish_in_order_and_retry => "pipe",
             migrate_twice_is_fine => "mig",
+            ping_answers => "ping",
         );
     };
     (@tests $module:ident, $backend:expr, $tag:literal; $($test:ident => $short:literal,)*) => {

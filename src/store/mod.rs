@@ -28,6 +28,9 @@ macro_rules! delegate_store {
             fn migrate(&self) -> $crate::Result<()> {
                 self.inner.migrate()
             }
+            fn ping(&self) -> $crate::Result<()> {
+                self.inner.ping()
+            }
             fn claim_after(
                 &self,
                 event_type: &str,
@@ -167,6 +170,13 @@ pub struct TypeStatus {
 pub trait Store: Send + Sync + 'static {
     /// Creates the tables and indexes if missing (idempotent).
     fn migrate(&self) -> Result<()>;
+
+    /// Checks that the database answers (the admin endpoint's `/health`). The SQL
+    /// stores send one trivial statement; the default counts dead letters, which
+    /// reads a table.
+    fn ping(&self) -> Result<()> {
+        self.dlq_count(&DlqFilter::default()).map(|_| ())
+    }
 
     /// Claims up to `limit` due PENDING events of `event_type` whose id is greater
     /// than `after` (when given), oldest first, in one statement with `FOR UPDATE

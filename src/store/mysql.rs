@@ -36,6 +36,7 @@ fn dialect(t: &Tables) -> Dialect {
         schema: SCHEMA,
         migrate_lock: None,
         exists_errors: &["1061", "Duplicate key name"],
+        ping: "SELECT 1",
         max_ids: 1000,
         common: sql::common(t, NOW, plus),
         claim_returning: None,

@@ -44,6 +44,7 @@ fn dialect(t: &Tables) -> Dialect {
         schema: SCHEMA,
         migrate_lock: None,
         exists_errors: &["ORA-00955", "ORA-01408"],
+        ping: "SELECT 1 FROM DUAL",
         max_ids: 1000,
         common: sql::common(t, NOW, plus),
         claim_returning: None,

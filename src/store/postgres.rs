@@ -40,6 +40,7 @@ fn dialect(t: &Tables) -> Dialect {
         schema: SCHEMA,
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
         exists_errors: &[],
+        ping: "SELECT 1",
         max_ids: 1000,
         common: sql::common(t, "now()", plus),
         claim_returning: Some(format!(

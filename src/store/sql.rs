@@ -364,6 +364,8 @@ pub(crate) struct Dialect {
     pub migrate_lock: Option<&'static str>,
     /// DDL errors meaning "already exists", for dialects without IF NOT EXISTS.
     pub exists_errors: &'static [&'static str],
+    /// A statement that touches no table, for [`crate::Store::ping`].
+    pub ping: &'static str,
     /// Largest `{ids}` list per statement.
     pub max_ids: usize,
     /// The statements every dialect writes alike.
@@ -899,6 +901,11 @@ impl<P: Pool> Store for SqlStore<P> {
             .iter()
             .map(dead_letter)
             .collect()
+    }
+
+    fn ping(&self) -> Result<()> {
+        let mut conn = self.pool.get()?;
+        run_query(&mut *conn, &self.d, self.d.ping, &[], &[]).map(|_| ())
     }
 
     fn dlq_count(&self, f: &DlqFilter) -> Result<u64> {

@@ -39,6 +39,7 @@ fn dialect(t: &Tables) -> Dialect {
         schema: SCHEMA,
         migrate_lock: None,
         exists_errors: &[],
+        ping: "SELECT 1",
         max_ids: 500,
         common: sql::common(t, NOW, plus),
         claim_returning: None,
