@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release --all-features --example bench            # quick (< 1 minute)
 //! cargo run --release --all-features --example bench -- --full  # the full sizes
+//! cargo run --release --all-features --example bench -- --help  # parts, window
 //! ```
 //! Needs PostgreSQL (`TXBOX_PG_URL`), RabbitMQ and Kafka (as in the tests). Prints one
 //! table; docs/BENCHMARKS.md keeps a run.
@@ -827,6 +828,70 @@ fn many_instances(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     Ok(())
 }
 
+const PARTS: [&str; 7] = [
+    "publish",
+    "batch",
+    "floor",
+    "brokers",
+    "idle",
+    "latency",
+    "instances",
+];
+
+const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
+
+  --full           the full sizes (100,000 events, 5 minutes idle; about 15 minutes)
+                   instead of the quick run (under a minute)
+  --only PARTS     run only these parts: publish, batch, floor, brokers, idle,
+                   latency, instances
+  --in-flight N    batches the relay keeps with the broker (1..=16; default: the
+                   relay's default, 3)
+  --help           this text";
+
+/// The command line, checked: an unknown flag or a bad value is an error, not a
+/// silently ignored word that runs everything.
+struct Args {
+    full: bool,
+    help: bool,
+    only: Option<Vec<String>>,
+    in_flight: Option<usize>,
+}
+
+impl Args {
+    fn parse(args: &[String]) -> Result<Args, String> {
+        let mut a = Args {
+            full: false,
+            help: false,
+            only: None,
+            in_flight: None,
+        };
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            match arg.as_str() {
+                "--full" => a.full = true,
+                "--help" | "-h" => a.help = true,
+                "--only" => {
+                    let v = it.next().ok_or("--only needs a list of parts")?;
+                    let parts: Vec<String> = v.split(',').map(str::to_string).collect();
+                    if let Some(bad) = parts.iter().find(|p| !PARTS.contains(&p.as_str())) {
+                        return Err(format!("--only: unknown part `{bad}`"));
+                    }
+                    a.only = Some(parts);
+                }
+                "--in-flight" => {
+                    let v = it.next().ok_or("--in-flight needs a number")?;
+                    match v.parse() {
+                        Ok(n @ 1..=16) => a.in_flight = Some(n),
+                        _ => return Err(format!("--in-flight: `{v}` is not a number in 1..=16")),
+                    }
+                }
+                other => return Err(format!("unknown argument `{other}`")),
+            }
+        }
+        Ok(a)
+    }
+}
+
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let [flag, prefix, file] = args.as_slice() {
@@ -834,19 +899,18 @@ fn main() -> Res<()> {
             return worker(prefix, file);
         }
     }
-    let full = args.iter().any(|a| a == "--full");
-    // `--only floor,brokers`: just those parts (publish, batch, floor, brokers, idle,
-    // latency, instances)
-    let only: Option<Vec<String>> = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.split(',').map(str::to_string).collect());
-    let in_flight = args
-        .iter()
-        .position(|a| a == "--in-flight")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok());
+    let args = match Args::parse(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bench: {e}\n\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if args.help {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let (full, only, in_flight) = (args.full, args.only, args.in_flight);
     let part = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
     let s = if full {
         Size {
