@@ -840,7 +840,7 @@ const PARTS: [&str; 7] = [
 
 const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
 
-  --full           the full sizes (100,000 events, 5 minutes idle; about 15 minutes)
+  --full           the full sizes (100,000 events, 5 minutes idle; about 9 minutes)
                    instead of the quick run (under a minute)
   --only PARTS     run only these parts: publish, batch, floor, brokers, idle,
                    latency, instances
