@@ -24,12 +24,25 @@
 //! costs database look-ups; an inbox TTL shorter than the redelivery window lets a
 //! late duplicate through.
 
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "oracle"
+))]
 use std::fmt::Display;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::consumer::{ReceivedEvent, Verdict};
+use crate::consumer::ReceivedEvent;
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "oracle"
+))]
+use crate::consumer::Verdict;
 use crate::error::{Error, Result};
 use crate::event::EventId;
 use crate::store::{Store, Tables};
@@ -388,6 +401,12 @@ impl Inbox {
     }
 
     /// The verdict for a consumer loop on a message without a valid event id.
+    #[cfg(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "oracle"
+    ))]
     pub(crate) fn missing_id(policy: MissingIdPolicy, event: &ReceivedEvent) -> Verdict {
         let what = format!(
             "message at {} has no valid txbox-event-id header",
@@ -410,6 +429,12 @@ impl Inbox {
     }
 
     /// The verdict for a consumer loop after the inbox handled a message.
+    #[cfg(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "oracle"
+    ))]
     pub(crate) fn verdict<T, E: Display>(result: Result<Handled<T>, E>) -> Verdict {
         match result {
             Ok(_) => Verdict::Ack,

@@ -16,10 +16,22 @@ pub mod mysql;
 pub mod oracle;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "oracle"
+))]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "oracle"
+))]
 /// Implements [`Store`] for a dialect's store type by delegating to its `inner`
 /// [`sql::SqlStore`], where the shared logic lives.
 macro_rules! delegate_store {
@@ -129,6 +141,12 @@ macro_rules! delegate_store {
         }
     };
 }
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "oracle"
+))]
 pub(crate) use delegate_store;
 
 /// What became of one claimed event after the send.
@@ -276,6 +294,7 @@ pub trait Store: Send + Sync + 'static {
 /// ```
 #[allow(clippy::needless_return)] // each arm returns from a feature-gated block
 pub fn connect(url: &str, table_prefix: &str) -> Result<std::sync::Arc<dyn Store>> {
+    let _ = table_prefix; // unused when txbox is built without any SQL dialect
     let scheme = url.split(':').next().unwrap_or_default();
     #[allow(unused_variables)]
     let missing = |feature: &str| {
@@ -391,31 +410,6 @@ pub fn validate_prefix(prefix: &str) -> Result<()> {
     }
 }
 
-/// Splits a migration file into statements (on `;` at line ends, comments dropped).
-pub(crate) fn split_statements(sql: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    for line in sql.lines() {
-        let line = match line.find("--") {
-            Some(i) => &line[..i],
-            None => line,
-        };
-        if line.trim().is_empty() {
-            continue;
-        }
-        cur.push_str(line);
-        cur.push('\n');
-        if line.trim_end().ends_with(';') {
-            out.push(cur.trim().trim_end_matches(';').to_owned());
-            cur.clear();
-        }
-    }
-    if !cur.trim().is_empty() {
-        out.push(cur.trim().to_owned());
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,15 +423,5 @@ mod tests {
             let err = validate_prefix(bad).unwrap_err().to_string();
             assert!(err.contains("invalid table prefix"), "{err}");
         }
-    }
-
-    #[test]
-    fn splits_statements() {
-        let s =
-            split_statements("-- c\nCREATE TABLE a (x int); -- t\n\nCREATE INDEX i\n ON a (x);\n");
-        assert_eq!(
-            s,
-            vec!["CREATE TABLE a (x int)", "CREATE INDEX i\n ON a (x)"]
-        );
     }
 }

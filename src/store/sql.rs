@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::{split_statements, Outcome, Store, Tables, TypeStatus};
+use super::{Outcome, Store, Tables, TypeStatus};
 use crate::dlq::{DeadLetter, DlqFilter, DlqStatus};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId, NewEvent};
@@ -561,6 +561,31 @@ fn dead_letter(r: &Row) -> Result<DeadLetter> {
     })
 }
 
+/// Splits a migration file into statements (on `;` at line ends, comments dropped).
+pub(crate) fn split_statements(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in sql.lines() {
+        let line = match line.find("--") {
+            Some(i) => &line[..i],
+            None => line,
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        cur.push_str(line);
+        cur.push('\n');
+        if line.trim_end().ends_with(';') {
+            out.push(cur.trim().trim_end_matches(';').to_owned());
+            cur.clear();
+        }
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_owned());
+    }
+    out
+}
+
 /// Inserts new events: one multi-row `INSERT` (one round trip) per chunk.
 pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Dialect, events: &[NewEvent]) -> Result<()> {
     for chunk in events.chunks((d.max_ids / 5).max(1)) {
@@ -1013,6 +1038,16 @@ pub(crate) use transaction_impls;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn splits_statements() {
+        let s =
+            split_statements("-- c\nCREATE TABLE a (x int); -- t\n\nCREATE INDEX i\n ON a (x);\n");
+        assert_eq!(
+            s,
+            vec!["CREATE TABLE a (x int)", "CREATE INDEX i\n ON a (x)"]
+        );
+    }
 
     #[test]
     fn shifts_placeholders() {
