@@ -839,9 +839,18 @@ const PARTS: [&str; 7] = [
 ];
 
 const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
+             [--events N] [--txs N] [--idle SECS] [--rate-secs SECS]
 
   --full           the full sizes (100,000 events, 5 minutes idle; about 9 minutes)
                    instead of the quick run (under a minute)
+  --events N       pending events for the relay floor, the brokers and the many
+                   instances (quick 20,000; full 100,000)
+  --txs N          transactions for the publish overhead (quick 500; full 5,000);
+                   batch publish runs N/5 batches
+  --idle SECS      how long the idle cost is observed, and the idle time before the
+                   single-event pick-up (quick 10 and 5; full 300 and 60)
+  --rate-secs SECS how long events arrive at 100/s for the pick-up latency
+                   (quick 3; full 30)
   --only PARTS     run only these parts: publish, batch, floor, brokers, idle,
                    latency, instances
   --in-flight N    batches the relay keeps with the broker (1..=16; default: the
@@ -855,6 +864,10 @@ struct Args {
     help: bool,
     only: Option<Vec<String>>,
     in_flight: Option<usize>,
+    events: Option<usize>,
+    txs: Option<usize>,
+    idle: Option<u64>,
+    rate_secs: Option<u64>,
 }
 
 impl Args {
@@ -864,7 +877,21 @@ impl Args {
             help: false,
             only: None,
             in_flight: None,
+            events: None,
+            txs: None,
+            idle: None,
+            rate_secs: None,
         };
+        fn positive<T: std::str::FromStr + PartialOrd + Default>(
+            flag: &str,
+            v: Option<&String>,
+        ) -> Result<Option<T>, String> {
+            let v = v.ok_or(format!("{flag} needs a number"))?;
+            match v.parse::<T>() {
+                Ok(n) if n > T::default() => Ok(Some(n)),
+                _ => Err(format!("{flag}: `{v}` is not a positive whole number")),
+            }
+        }
         let mut it = args.iter();
         while let Some(arg) = it.next() {
             match arg.as_str() {
@@ -885,6 +912,10 @@ impl Args {
                         _ => return Err(format!("--in-flight: `{v}` is not a number in 1..=16")),
                     }
                 }
+                "--events" => a.events = positive(arg, it.next())?,
+                "--txs" => a.txs = positive(arg, it.next())?,
+                "--idle" => a.idle = positive(arg, it.next())?,
+                "--rate-secs" => a.rate_secs = positive(arg, it.next())?,
                 other => return Err(format!("unknown argument `{other}`")),
             }
         }
@@ -910,7 +941,7 @@ fn main() -> Res<()> {
         println!("{USAGE}");
         return Ok(());
     }
-    let (full, only, in_flight) = (args.full, args.only, args.in_flight);
+    let (full, only, in_flight) = (args.full, args.only.clone(), args.in_flight);
     let part = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
     let s = if full {
         Size {
@@ -938,6 +969,17 @@ fn main() -> Res<()> {
             instances: 20_000,
             in_flight,
         }
+    };
+    let s = Size {
+        txs: args.txs.unwrap_or(s.txs),
+        batches: args.txs.map_or(s.batches, |n| (n / 5).max(1)),
+        floor: args.events.unwrap_or(s.floor),
+        brokers: args.events.unwrap_or(s.brokers),
+        instances: args.events.unwrap_or(s.instances),
+        idle: args.idle.map_or(s.idle, Duration::from_secs),
+        idle_single: args.idle.map_or(s.idle_single, Duration::from_secs),
+        rate_secs: args.rate_secs.unwrap_or(s.rate_secs),
+        ..s
     };
     let _ = env_logger::builder()
         .filter_level(log::LevelFilter::Error)
