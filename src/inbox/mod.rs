@@ -280,9 +280,10 @@ impl Inbox {
         ids: &[EventId],
     ) -> Result<Vec<EventId>> {
         // one insert per distinct id
-        let distinct: std::collections::HashSet<&EventId> = ids.iter().collect();
+        let mut seen = std::collections::HashSet::new();
+        let distinct: Vec<EventId> = ids.iter().copied().filter(|id| seen.insert(*id)).collect();
         self.count(Stat::Statements, distinct.len() as u64);
-        tx.insert_new_ids(&self.inner.tables, ids)
+        tx.insert_new_ids(&self.inner.tables, &distinct)
     }
 
     /// Transactional: records `id` in `tx` and runs `handler` in the same
@@ -363,11 +364,12 @@ impl Inbox {
         if new.is_empty() {
             return Ok(Handled::Duplicate);
         }
-        let fresh_ids: std::collections::HashSet<&EventId> = new.iter().collect();
+        // each new id once: a second copy of it in the batch is a duplicate too
+        let mut fresh_ids: std::collections::HashSet<EventId> = new.into_iter().collect();
         let fresh: Vec<&ReceivedEvent> = events
             .iter()
             .zip(&ids)
-            .filter(|(_, id)| fresh_ids.contains(id))
+            .filter(|(_, id)| fresh_ids.remove(id))
             .map(|(e, _)| e)
             .collect();
         let n = fresh.len() as u64;

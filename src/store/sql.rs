@@ -616,13 +616,8 @@ pub(crate) fn insert_inbox_ids(
     d: &Dialect,
     ids: &[EventId],
 ) -> Result<Vec<EventId>> {
-    // one statement per distinct id (the inbox counts them so)
-    let mut seen = std::collections::HashSet::new();
     let mut new = Vec::new();
     for id in ids {
-        if !seen.insert(*id) {
-            continue;
-        }
         match run_execute(conn, d, &d.inbox_insert, &[Val::Id(id.as_uuid())], &[]) {
             Ok(1) => new.push(*id),
             Ok(_) => {}
