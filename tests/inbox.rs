@@ -200,7 +200,10 @@ fn a_batch_calls_the_handler_once_with_only_new_events() {
     );
     match handled {
         Handled::Consumed(ids) => {
-            assert_eq!(ids, fresh_ids, "each new id once, though the batch repeats one");
+            assert_eq!(
+                ids, fresh_ids,
+                "each new id once, though the batch repeats one"
+            );
         }
         Handled::Duplicate => panic!("two events were new"),
     }

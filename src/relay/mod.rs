@@ -192,7 +192,7 @@ impl Relay {
                 lock: None,
                 counter: Some(Counter::Recovered),
                 limit: b,
-                job: Box::new(move |s| s.recover_expired(b)),
+                job: Box::new(|s, n| s.recover_expired(n)),
                 // the outbox gauges ride along, once per recovery run
                 after: Some(|s| {
                     if let Err(e) = metrics::refresh(s) {
@@ -207,7 +207,7 @@ impl Relay {
                 lock: Some("txbox-cleanup-processed"),
                 counter: Some(Counter::Cleaned),
                 limit: b,
-                job: Box::new(move |s| s.delete_processed(m.processed_ttl, b)),
+                job: Box::new(move |s, n| s.delete_processed(m.processed_ttl, n)),
                 after: None,
             },
         ];
@@ -221,7 +221,7 @@ impl Relay {
                     lock: None,
                     counter: Some(Counter::MovedToDlq),
                     limit: b,
-                    job: Box::new(move |s| s.move_failed_to_dlq(b)),
+                    job: Box::new(|s, n| s.move_failed_to_dlq(n)),
                     after: None,
                 },
                 Periodic {
@@ -231,7 +231,7 @@ impl Relay {
                     lock: None,
                     counter: None,
                     limit: b,
-                    job: Box::new(move |s| s.requeue_dlq_retries(b)),
+                    job: Box::new(|s, n| s.requeue_dlq_retries(n)),
                     after: None,
                 },
                 Periodic {
@@ -241,7 +241,7 @@ impl Relay {
                     lock: Some("txbox-cleanup-dlq"),
                     counter: Some(Counter::Cleaned),
                     limit: b,
-                    job: Box::new(move |s| s.delete_resolved_dlq(d.resolved_ttl, b)),
+                    job: Box::new(move |s, n| s.delete_resolved_dlq(d.resolved_ttl, n)),
                     after: None,
                 },
             ]);
@@ -302,15 +302,15 @@ impl Relay {
         s: &crate::config::InboxSettings,
     ) -> Result<Relay> {
         let (mut relay, ctx, mut spawn) = Relay::launcher(store, 1);
-        let (ttl, limit) = (s.ttl, s.batch_size);
+        let ttl = s.ttl;
         let job = Periodic {
             thread: "txbox-inbox-cleanup",
             what: "inbox cleanup",
             interval: s.cleanup_interval,
             lock: Some("txbox-cleanup-inbox"),
             counter: Some(Counter::Cleaned),
-            limit,
-            job: Box::new(move |st| st.delete_expired_inbox(ttl, limit)),
+            limit: s.batch_size,
+            job: Box::new(move |st, n| st.delete_expired_inbox(ttl, n)),
             after: None,
         };
         spawn(
@@ -389,10 +389,11 @@ impl Drop for Relay {
     }
 }
 
-/// One call of a maintenance job: the rows it handled.
-type MaintenanceStep = Box<dyn FnMut(&dyn Store) -> Result<u64> + Send>;
+/// One call of a maintenance job with its row limit: the rows it handled.
+type MaintenanceStep = Box<dyn FnMut(&dyn Store, usize) -> Result<u64> + Send>;
 
-/// A maintenance job on its own thread: `job` handles up to `limit` rows per call.
+/// A maintenance job on its own thread: `job` is called with `limit` and handles
+/// up to that many rows per call.
 struct Periodic {
     thread: &'static str,
     what: &'static str,
@@ -449,7 +450,7 @@ impl Periodic {
         }
         let mut total = 0;
         let result = loop {
-            match (self.job)(ctx.store.as_ref()) {
+            match (self.job)(ctx.store.as_ref(), self.limit) {
                 Ok(n) => {
                     total += n;
                     if (n as usize) < self.limit || ctx.stopped() {
