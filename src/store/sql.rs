@@ -417,11 +417,16 @@ pub(crate) fn cached(
 ) -> std::sync::Arc<Dialect> {
     use std::collections::HashMap;
     use std::sync::{Arc, LazyLock, Mutex};
-    type Cache = Mutex<HashMap<(&'static str, String), Arc<Dialect>>>;
+    // dialect -> table prefix -> statements; a hit allocates nothing
+    type Cache = Mutex<HashMap<&'static str, HashMap<String, Arc<Dialect>>>>;
     static CACHE: LazyLock<Cache> = LazyLock::new(Default::default);
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    cache
-        .entry((dialect, t.prefix.clone()))
+    let by_prefix = cache.entry(dialect).or_default();
+    if let Some(d) = by_prefix.get(t.prefix.as_str()) {
+        return d.clone();
+    }
+    by_prefix
+        .entry(t.prefix.clone())
         .or_insert_with(|| Arc::new(build(t)))
         .clone()
 }
