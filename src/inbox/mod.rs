@@ -24,25 +24,11 @@
 //! costs database look-ups; an inbox TTL shorter than the redelivery window lets a
 //! late duplicate through.
 
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
-use std::fmt::Display;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::consumer::ReceivedEvent;
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
-use crate::consumer::Verdict;
 use crate::error::{Error, Result};
 use crate::event::EventId;
 use crate::store::{Store, Tables};
@@ -401,46 +387,51 @@ impl Inbox {
         self.count(Stat::Consumed, 1);
         handler().map(Handled::Consumed)
     }
+}
 
-    /// The verdict for a consumer loop on a message without a valid event id.
-    #[cfg(any(
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "oracle"
-    ))]
-    pub(crate) fn missing_id(policy: MissingIdPolicy, event: &ReceivedEvent) -> Verdict {
-        let what = format!(
-            "message at {} has no valid txbox-event-id header",
-            event.position
-        );
-        match policy {
-            MissingIdPolicy::Reject => {
-                log::error!("txbox: inbox: {what}; rejected");
-                Verdict::Reject(what)
-            }
-            MissingIdPolicy::Skip => {
-                log::error!("txbox: inbox: {what}; skipped");
-                Verdict::Ack
-            }
-            MissingIdPolicy::Stop => {
-                log::error!("txbox: inbox: {what}; stopping the consumer");
-                Verdict::Stop(what)
+/// What the dialects' inbox handlers tell a consumer loop.
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "oracle"
+))]
+mod verdicts {
+    use std::fmt::Display;
+
+    use super::{Handled, Inbox, MissingIdPolicy};
+    use crate::consumer::{ReceivedEvent, Verdict};
+    use crate::error::Result;
+
+    impl Inbox {
+        /// The verdict for a consumer loop on a message without a valid event id.
+        pub(crate) fn missing_id(policy: MissingIdPolicy, event: &ReceivedEvent) -> Verdict {
+            let what = format!(
+                "message at {} has no valid txbox-event-id header",
+                event.position
+            );
+            match policy {
+                MissingIdPolicy::Reject => {
+                    log::error!("txbox: inbox: {what}; rejected");
+                    Verdict::Reject(what)
+                }
+                MissingIdPolicy::Skip => {
+                    log::error!("txbox: inbox: {what}; skipped");
+                    Verdict::Ack
+                }
+                MissingIdPolicy::Stop => {
+                    log::error!("txbox: inbox: {what}; stopping the consumer");
+                    Verdict::Stop(what)
+                }
             }
         }
-    }
 
-    /// The verdict for a consumer loop after the inbox handled a message.
-    #[cfg(any(
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "oracle"
-    ))]
-    pub(crate) fn verdict<T, E: Display>(result: Result<Handled<T>, E>) -> Verdict {
-        match result {
-            Ok(_) => Verdict::Ack,
-            Err(e) => Verdict::Retry(e.to_string()),
+        /// The verdict for a consumer loop after the inbox handled a message.
+        pub(crate) fn verdict<T, E: Display>(result: Result<Handled<T>, E>) -> Verdict {
+            match result {
+                Ok(_) => Verdict::Ack,
+                Err(e) => Verdict::Retry(e.to_string()),
+            }
         }
     }
 }

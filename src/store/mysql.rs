@@ -9,7 +9,7 @@ use mysql::prelude::Queryable;
 use mysql::{Params, Value};
 
 use super::sql::{self, Conn, Dialect, Retryable, Row, SqlStore, Style, Val};
-use super::{delegate_store, Tables};
+use super::Tables;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
 
@@ -165,7 +165,7 @@ pub struct MySqlStore {
     inner: SqlStore<Pool>,
 }
 
-delegate_store!(MySqlStore);
+sql::delegate_store!(MySqlStore);
 
 impl MySqlStore {
     /// Connects a pool (up to 16 connections) to `url` (`mysql://user:pass@host:port/db`).

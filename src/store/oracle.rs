@@ -16,7 +16,7 @@
 use oracle::sql_type::{OracleType, ToSql};
 
 use super::sql::{self, Conn, Dialect, Retryable, Row, SqlStore, Style, UniqueViolation, Val};
-use super::{delegate_store, Tables};
+use super::Tables;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
 
@@ -224,7 +224,7 @@ pub struct OracleStore {
     inner: SqlStore<Pool>,
 }
 
-delegate_store!(OracleStore);
+sql::delegate_store!(OracleStore);
 
 impl OracleStore {
     /// A pool of up to 16 sessions.

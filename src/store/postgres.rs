@@ -11,7 +11,7 @@ use postgres::{GenericClient, NoTls};
 use r2d2_postgres::PostgresConnectionManager;
 
 use super::sql::{self, Conn, Dialect, Row, SqlStore, Style, Val};
-use super::{delegate_store, Tables};
+use super::Tables;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
 
@@ -193,7 +193,7 @@ pub struct PgStore {
     inner: SqlStore<Pool>,
 }
 
-delegate_store!(PgStore);
+sql::delegate_store!(PgStore);
 
 #[derive(Debug)]
 struct LogErrors;

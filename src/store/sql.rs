@@ -140,6 +140,117 @@ macro_rules! conn_impls {
 }
 pub(crate) use conn_impls;
 
+/// Implements [`Store`] for a dialect's store type by delegating to its `inner`
+/// [`SqlStore`], where the shared logic lives.
+macro_rules! delegate_store {
+    ($t:ty) => {
+        impl $crate::store::Store for $t {
+            fn migrate(&self) -> $crate::Result<()> {
+                self.inner.migrate()
+            }
+            fn ping(&self) -> $crate::Result<()> {
+                self.inner.ping()
+            }
+            fn claim_after(
+                &self,
+                event_type: &str,
+                after: Option<$crate::EventId>,
+                limit: usize,
+                lease: std::time::Duration,
+                token: uuid::Uuid,
+            ) -> $crate::Result<Vec<$crate::Event>> {
+                self.inner
+                    .claim_after(event_type, after, limit, lease, token)
+            }
+            fn finish(
+                &self,
+                token: uuid::Uuid,
+                outcomes: &[($crate::EventId, $crate::store::Outcome)],
+            ) -> $crate::Result<u64> {
+                self.inner.finish(token, outcomes)
+            }
+            fn recover_expired(&self, limit: usize) -> $crate::Result<u64> {
+                self.inner.recover_expired(limit)
+            }
+            fn delete_processed(
+                &self,
+                ttl: std::time::Duration,
+                limit: usize,
+            ) -> $crate::Result<u64> {
+                self.inner.delete_processed(ttl, limit)
+            }
+            fn move_failed_to_dlq(&self, limit: usize) -> $crate::Result<u64> {
+                self.inner.move_failed_to_dlq(limit)
+            }
+            fn requeue_dlq_retries(&self, limit: usize) -> $crate::Result<u64> {
+                self.inner.requeue_dlq_retries(limit)
+            }
+            fn delete_resolved_dlq(
+                &self,
+                ttl: std::time::Duration,
+                limit: usize,
+            ) -> $crate::Result<u64> {
+                self.inner.delete_resolved_dlq(ttl, limit)
+            }
+            fn try_lock(
+                &self,
+                name: &str,
+                owner: uuid::Uuid,
+                lease: std::time::Duration,
+            ) -> $crate::Result<bool> {
+                self.inner.try_lock(name, owner, lease)
+            }
+            fn unlock(&self, name: &str, owner: uuid::Uuid) -> $crate::Result<()> {
+                self.inner.unlock(name, owner)
+            }
+            fn dlq_list(
+                &self,
+                filter: &$crate::DlqFilter,
+            ) -> $crate::Result<Vec<$crate::DeadLetter>> {
+                self.inner.dlq_list(filter)
+            }
+            fn dlq_count(&self, filter: &$crate::DlqFilter) -> $crate::Result<u64> {
+                self.inner.dlq_count(filter)
+            }
+            fn dlq_get(&self, id: $crate::EventId) -> $crate::Result<Option<$crate::DeadLetter>> {
+                self.inner.dlq_get(id)
+            }
+            fn dlq_set_status(
+                &self,
+                ids: &[$crate::EventId],
+                from: &[$crate::DlqStatus],
+                to: $crate::DlqStatus,
+            ) -> $crate::Result<Vec<$crate::EventId>> {
+                self.inner.dlq_set_status(ids, from, to)
+            }
+            fn dlq_delete(
+                &self,
+                ids: &[$crate::EventId],
+                from: &[$crate::DlqStatus],
+            ) -> $crate::Result<Vec<$crate::EventId>> {
+                self.inner.dlq_delete(ids, from)
+            }
+            fn status(&self) -> $crate::Result<Vec<$crate::store::TypeStatus>> {
+                self.inner.status()
+            }
+            fn inbox_insert(
+                &self,
+                ids: &[$crate::EventId],
+            ) -> $crate::Result<Vec<$crate::EventId>> {
+                self.inner.inbox_insert(ids)
+            }
+            fn delete_expired_inbox(
+                &self,
+                ttl: std::time::Duration,
+                limit: usize,
+            ) -> $crate::Result<u64> {
+                self.inner.delete_expired_inbox(ttl, limit)
+            }
+        }
+    };
+}
+pub(crate) use delegate_store;
+
 /// A pooled or locked connection, used through the connection it dereferences to.
 pub(crate) struct Held<T>(pub(crate) T);
 

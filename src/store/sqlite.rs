@@ -15,7 +15,7 @@ use std::time::Duration;
 use rusqlite::types::{Value, ValueRef};
 
 use super::sql::{self, Conn, Dialect, Row, SqlStore, Style, Val};
-use super::{delegate_store, Tables};
+use super::Tables;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
 
@@ -158,7 +158,7 @@ pub struct SqliteStore {
     inner: SqlStore<Pool>,
 }
 
-delegate_store!(SqliteStore);
+sql::delegate_store!(SqliteStore);
 
 impl SqliteStore {
     /// Opens (or creates) the database file at `path`.
