@@ -206,8 +206,8 @@ struct Unconfirmed {
     first: u64,
     /// Messages published (tags `first..first + published`).
     published: u64,
-    /// Message ids, to match returns.
-    ids: Vec<String>,
+    /// Event ids (each message's id), to match returns.
+    ids: Vec<crate::EventId>,
     results: Vec<Option<Result<(), SendError>>>,
     deadline: Instant,
     /// Why the batch's unsettled messages failed (channel lost, no confirm).
@@ -240,8 +240,12 @@ impl Unconfirmed {
 
     /// A returned (unroutable) message fails, whatever its confirm said.
     fn returned(&mut self, ret: &Return) {
-        let id = ret.properties.message_id().clone().unwrap_or_default();
-        if let Some(i) = self.ids.iter().position(|x| *x == id) {
+        let id: Option<crate::EventId> = ret
+            .properties
+            .message_id()
+            .as_deref()
+            .and_then(|m| m.parse().ok());
+        if let Some(i) = self.ids.iter().position(|x| Some(*x) == id) {
             self.results[i] = Some(Err(SendError::new(format!(
                 "rabbitmq returned the message as unroutable: {} {} (exchange {:?}, routing key {:?})",
                 ret.reply_code, ret.reply_text, ret.exchange, ret.routing_key
@@ -264,7 +268,7 @@ impl RabbitSender {
         let mut batch = Unconfirmed {
             first: 0,
             published: 0,
-            ids: events.iter().map(|e| e.id.to_string()).collect(),
+            ids: events.iter().map(|e| e.id).collect(),
             results: vec![None; events.len()],
             deadline: Instant::now() + self.confirm_timeout,
             broken: None,
