@@ -228,19 +228,6 @@ fn a_subscribed_consumer_group_receives_and_commits() {
     relay.shutdown(Duration::from_secs(10)).unwrap();
 }
 
-fn event(topic: &str, payload: String) -> txbox::Event {
-    txbox::Event {
-        id: txbox::EventId::new(),
-        event_type: "doc".into(),
-        destination: topic.into(),
-        routing_key: "doc".into(),
-        key: None,
-        headers: Default::default(),
-        payload,
-        attempts: 0,
-    }
-}
-
 #[test]
 fn two_batches_in_flight_get_their_own_reports() {
     use txbox::{Sender, Started};
@@ -254,12 +241,12 @@ fn two_batches_in_flight_get_their_own_reports() {
         .build()
         .unwrap();
     let a: Vec<_> = (0..3)
-        .map(|i| event(&topic, format!("{{\"a\":{i}}}")))
+        .map(|i| claimed(&topic, "doc", format!("{{\"a\":{i}}}")))
         .collect();
     let b = vec![
-        event(&topic, "{\"b\":0}".into()),
-        event(&topic, format!("\"{}\"", "x".repeat(20_000))),
-        event(&topic, "{\"b\":2}".into()),
+        claimed(&topic, "doc", "{\"b\":0}".into()),
+        claimed(&topic, "doc", format!("\"{}\"", "x".repeat(20_000))),
+        claimed(&topic, "doc", "{\"b\":2}".into()),
     ];
     assert!(matches!(sender.start(&a), Started::InFlight));
     assert!(matches!(sender.start(&b), Started::InFlight));

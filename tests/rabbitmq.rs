@@ -242,16 +242,8 @@ fn two_batches_in_flight_get_their_own_confirms_and_returns() {
         return;
     }
     let (exchange, queue) = direct("k");
-    let event = |n: &str, routing_key: &str| txbox::Event {
-        id: txbox::EventId::new(),
-        event_type: "doc".into(),
-        destination: exchange.clone(),
-        routing_key: routing_key.into(),
-        key: None,
-        headers: Default::default(),
-        payload: format!("{{\"n\":\"{n}\"}}"),
-        attempts: 0,
-    };
+    let event =
+        |n: &str, routing_key: &str| claimed(&exchange, routing_key, format!("{{\"n\":\"{n}\"}}"));
     let a = vec![event("a0", "k"), event("a1", "k"), event("a2", "k")];
     let b = vec![event("b0", "k"), event("b1", "nowhere"), event("b2", "k")];
     let mut sender = txbox::rabbitmq::RabbitSender::new(&rabbit_url(), Duration::from_secs(10));

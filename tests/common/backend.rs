@@ -61,15 +61,13 @@ impl Fixture {
             "inbox_consumed",
             "job_locks",
         ];
-        let sqlite_path = std::env::temp_dir().join(format!("txbox-test-{prefix}.db"));
-        let store: Arc<dyn Store> = match backend {
+        match backend {
             Backend::Postgres => {
                 let mut c = super::client()?;
                 for t in tables {
                     c.batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))
                         .unwrap();
                 }
-                Arc::new(txbox::PgStore::connect(&super::pg_url(), prefix).unwrap())
             }
             #[cfg(feature = "mysql")]
             Backend::MySql => {
@@ -83,22 +81,21 @@ impl Fixture {
                     c.query_drop(format!("DROP TABLE IF EXISTS {prefix}{t}"))
                         .unwrap();
                 }
-                Arc::new(txbox::MySqlStore::connect(&mysql_url(), prefix).unwrap())
             }
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
                 for suffix in ["", "-wal", "-shm"] {
-                    let _ = std::fs::remove_file(format!("{}{suffix}", sqlite_path.display()));
+                    let path = sqlite_path(prefix).display().to_string();
+                    let _ = std::fs::remove_file(format!("{path}{suffix}"));
                 }
-                Arc::new(txbox::SqliteStore::open(&sqlite_path, prefix).unwrap())
             }
             #[cfg(feature = "oracle")]
             Backend::Oracle => {
-                let Some(url) = oracle_url() else {
+                if oracle_url().is_none() {
                     // Oracle cannot run on the project's machines: skipped even in CI
                     eprintln!("SKIPPED: Oracle: TXBOX_ORACLE_URL is not set");
                     return None;
-                };
+                }
                 let c = oracle_connection();
                 for t in tables {
                     c.execute(
@@ -107,21 +104,16 @@ impl Fixture {
                     )
                     .unwrap();
                 }
-                Arc::new(txbox::OracleStore::connect_url(&url, prefix).unwrap())
             }
-        };
-        store.migrate().unwrap();
-        Some(Fixture {
-            backend,
-            prefix: prefix.to_string(),
-            store,
-            sqlite_path,
-        })
+        }
+        let fx = Fixture::new_existing(backend, prefix);
+        fx.store.migrate().unwrap();
+        Some(fx)
     }
 
     /// A fixture on tables that already exist (no drop, no migrate).
     pub fn new_existing(backend: Backend, prefix: &str) -> Fixture {
-        let sqlite_path = std::env::temp_dir().join(format!("txbox-test-{prefix}.db"));
+        let sqlite_path = sqlite_path(prefix);
         let store = open_store(backend, prefix, &sqlite_path);
         Fixture {
             backend,
@@ -245,6 +237,11 @@ fn handler<Tx: ?Sized, T: Default>(ok: bool) -> impl FnOnce(&mut Tx) -> txbox::R
             Err(txbox::Error::InvalidInput("handler failed".into()))
         }
     }
+}
+
+/// The SQLite database file of `prefix`'s tables.
+fn sqlite_path(prefix: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("txbox-test-{prefix}.db"))
 }
 
 fn open_store(backend: Backend, prefix: &str, sqlite_path: &std::path::Path) -> Arc<dyn Store> {

@@ -143,6 +143,20 @@ pub fn unique() -> String {
     uuid::Uuid::now_v7().simple().to_string()[20..].to_string()
 }
 
+/// An event of type `doc` as the relay hands it to a sender, for sender tests.
+pub fn claimed(destination: &str, routing_key: &str, payload: String) -> txbox::Event {
+    txbox::Event {
+        id: txbox::EventId::new(),
+        event_type: "doc".into(),
+        destination: destination.into(),
+        routing_key: routing_key.into(),
+        key: None,
+        headers: Default::default(),
+        payload,
+        attempts: 0,
+    }
+}
+
 /// Collects what a consumer loop hands to its handler.
 #[derive(Clone, Default)]
 pub struct Collected(pub Arc<std::sync::Mutex<Vec<txbox::ReceivedEvent>>>);
@@ -155,7 +169,7 @@ impl Collected {
         self.0.lock().unwrap().clone()
     }
     pub fn ids(&self) -> std::collections::HashSet<txbox::EventId> {
-        self.all().iter().filter_map(|e| e.id).collect()
+        self.0.lock().unwrap().iter().filter_map(|e| e.id).collect()
     }
     /// A consumer-loop handler that collects here and acks.
     pub fn handler(&self) -> Handler {
