@@ -242,7 +242,7 @@ fn run(args: Args) -> Result<String, Fail> {
                 |d| {
                     let err: String = d
                         .last_error
-                        .clone()
+                        .as_deref()
                         .unwrap_or_default()
                         .chars()
                         .take(60)
