@@ -333,17 +333,19 @@ fn broker_throughput(
     let window = cfg.event("bench").map_or(1, |e| e.in_flight);
     let outbox = Outbox::new(&cfg)?;
     fill(&mut c, &outbox, s.brokers)?;
-    // warm up: connections and metadata are not what is measured
-    let warm = Event {
+    // a message as the relay hands it to the sender
+    let event = |payload: String| Event {
         id: EventId::new(),
         event_type: "bench".into(),
         destination: destination.into(),
         routing_key: "txbox-bench".into(),
         key: None,
         headers: Default::default(),
-        payload: "{}".into(),
+        payload,
         attempts: 0,
     };
+    // warm up: connections and metadata are not what is measured
+    let warm = event("{}".into());
     let mut warmup = factory.create()?;
     if warmup
         .send(std::slice::from_ref(&warm))
@@ -379,16 +381,7 @@ fn broker_throughput(
     // the same client, same settings, the same messages in batches of 200, directly
     let mut direct = warmup;
     let events: Vec<Event> = (0..s.brokers)
-        .map(|i| Event {
-            id: EventId::new(),
-            event_type: "bench".into(),
-            destination: destination.into(),
-            routing_key: "txbox-bench".into(),
-            key: None,
-            headers: Default::default(),
-            payload: serde_json::json!({"n": i}).to_string(),
-            attempts: 0,
-        })
+        .map(|i| event(serde_json::json!({"n": i}).to_string()))
         .collect();
     // the same client: one batch at a time, with the relay's window of batches in
     // flight, and at its ceiling (every batch handed over before the first ack)
