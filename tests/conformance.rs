@@ -185,6 +185,66 @@ fn finish_checks_the_token_and_recovery_counts_no_attempt(b: Backend, p: &str) {
     );
 }
 
+fn acked_rows_are_deleted_under_the_token_when_none_are_kept(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = config(p);
+    let ids = fx.publish(&c, "e", 4, true);
+    let old = Uuid::now_v7();
+    assert_eq!(fx.store.claim("e", 10, ms(300), old).unwrap().len(), 4);
+    let mut recovered = 0;
+    wait_until("the lease to expire", Duration::from_secs(10), || {
+        recovered += fx.store.recover_expired(100).unwrap();
+        recovered == 4
+    });
+    let new = Uuid::now_v7();
+    assert_eq!(
+        fx.store
+            .claim("e", 10, Duration::from_secs(60), new)
+            .unwrap()
+            .len(),
+        4
+    );
+    // the first relay comes back late: it deletes nothing
+    let late: Vec<_> = ids.iter().map(|id| (*id, Outcome::SentDelete)).collect();
+    assert_eq!(fx.store.finish(old, &late).unwrap(), 0);
+    assert_eq!(fx.counts("e").in_process, 4);
+    // acked and failed outcomes of one batch, together
+    let outcomes = [
+        (ids[0], Outcome::SentDelete),
+        (ids[1], Outcome::SentDelete),
+        (
+            ids[2],
+            Outcome::Retry {
+                delay: Duration::from_secs(3600),
+                error: "later".into(),
+            },
+        ),
+        (
+            ids[3],
+            Outcome::Failed {
+                error: "too large".into(),
+            },
+        ),
+    ];
+    assert_eq!(fx.store.finish(new, &outcomes).unwrap(), 4);
+    let s = fx.counts("e");
+    assert_eq!((s.pending, s.in_process, s.failed), (1, 0, 1));
+    assert_eq!(
+        fx.store.delete_processed(Duration::ZERO, 100).unwrap(),
+        0,
+        "the acked rows were deleted, not marked PROCESSED"
+    );
+    assert_eq!(fx.store.move_failed_to_dlq(10).unwrap(), 1);
+    assert_eq!(
+        Dlq::new(fx.store.clone())
+            .get(ids[3])
+            .unwrap()
+            .last_error
+            .as_deref(),
+        Some("too large")
+    );
+}
+
 fn retries_wait_for_their_backoff_then_fail(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = config(p);
@@ -618,6 +678,7 @@ macro_rules! suite {
             claims_are_disjoint_and_bounded => "claim",
             claims_after_an_id_skip_lower_ones_until_asked_without => "after",
             finish_checks_the_token_and_recovery_counts_no_attempt => "fence",
+            acked_rows_are_deleted_under_the_token_when_none_are_kept => "del",
             retries_wait_for_their_backoff_then_fail => "retry",
             dead_letters_move_list_retry_resolve_and_clean => "dlq",
             cleanup_deletes_old_processed_rows_in_bounded_batches => "clean",

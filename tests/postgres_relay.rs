@@ -396,6 +396,72 @@ impl txbox::Sender for Gated {
 }
 
 #[test]
+fn with_no_processed_ttl_acked_rows_are_deleted_and_failed_ones_stay() {
+    let p = "t_rel_del_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(
+            fast()
+                .batch_size(40)
+                .max_retries(5)
+                .backoff_delay(ms(3_600_000)),
+        )
+        .event("d", EventOptions::new())
+        .processed_ttl(Duration::ZERO)
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = MemorySender::new();
+    // one event of every ten is refused by the broker
+    sender.fail_when(|e| e.payload.ends_with('7').then(|| "refused".to_string()));
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox.publish_batch(&mut tx, "d", 0..100).unwrap();
+    tx.commit().unwrap();
+
+    let rows = |c: &mut postgres::Client| -> i64 {
+        c.query_one(&format!("SELECT count(*) FROM {p}outbox_events"), &[])
+            .unwrap()
+            .get(0)
+    };
+    wait_until("the acked rows deleted", Duration::from_secs(10), || {
+        rows(&mut client) == 10
+    });
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    let acked: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
+    assert_eq!(acked.len(), 90, "every acked event was sent");
+    assert_eq!(
+        count(&mut client, p, "PROCESSED"),
+        0,
+        "none marked PROCESSED"
+    );
+    // the refused ones wait for their retry, attempts counted; none of them was acked
+    assert_eq!(count(&mut client, p, "PENDING"), 10);
+    let left: Vec<uuid::Uuid> = client
+        .query(
+            &format!("SELECT id FROM {p}outbox_events WHERE attempts = 1 ORDER BY id"),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let refused: Vec<uuid::Uuid> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 10 == 7)
+        .map(|(_, id)| id.as_uuid())
+        .collect();
+    assert_eq!(left, refused);
+    assert!(refused
+        .iter()
+        .all(|id| !acked.contains(&EventId::from(*id))));
+}
+
+#[test]
 fn shutdown_finishes_the_batches_in_flight() {
     let p = "t_rel_drain_";
     let Some((store, mut client)) = fresh(p) else {

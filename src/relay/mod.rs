@@ -174,6 +174,7 @@ impl Relay {
                 sender: None,
                 in_flight: VecDeque::new(),
                 resume: None,
+                delete_acked: config.maintenance.processed_ttl.is_zero(),
             };
             spawn(
                 &mut relay,
@@ -482,6 +483,8 @@ struct Poller {
     /// Where the next claim starts while a backlog drains: the last id of the
     /// previous full batch, and how many batches ago the last full scan was.
     resume: Option<(crate::EventId, usize)>,
+    /// `processed_ttl` is zero: acked rows are deleted, not marked PROCESSED.
+    delete_acked: bool,
 }
 
 /// A claimed batch on its way to the broker.
@@ -610,11 +613,11 @@ impl Poller {
                 (None, None) => Vec::new(),
             };
             metrics::send_latency(batch.started.elapsed());
-            let outcomes = outcomes(&batch.events, results, &self.settings);
+            let outcomes = outcomes(&batch.events, results, &self.settings, self.delete_acked);
             let (mut sent, mut retried, mut failed) = (0, 0, 0);
             for (_, o) in &outcomes {
                 match o {
-                    Outcome::Sent => sent += 1,
+                    Outcome::Sent | Outcome::SentDelete => sent += 1,
                     Outcome::Retry { .. } => retried += 1,
                     Outcome::Failed { .. } => failed += 1,
                 }
@@ -622,7 +625,7 @@ impl Poller {
             metrics::acked(
                 outcomes
                     .iter()
-                    .filter_map(|(id, o)| matches!(o, Outcome::Sent).then_some(*id)),
+                    .filter_map(|(id, o)| o.is_sent().then_some(*id)),
             );
             metrics::add(Counter::Sent, sent);
             metrics::add(Counter::Retried, retried);
@@ -676,12 +679,13 @@ impl Poller {
     }
 }
 
-/// Turns the sender's per-event results into row outcomes: retry with backoff while
-/// retries are left, FAILED after.
+/// Turns the sender's per-event results into row outcomes: acked (PROCESSED, or
+/// deleted when `delete_acked`), retry with backoff while retries are left, FAILED after.
 fn outcomes(
     events: &[Event],
     results: Vec<Result<(), SendError>>,
     s: &EventSettings,
+    delete_acked: bool,
 ) -> Vec<(crate::EventId, Outcome)> {
     let got = results.len();
     let mut results = results.into_iter();
@@ -695,6 +699,7 @@ fn outcomes(
                 )))
             });
             let outcome = match result {
+                Ok(()) if delete_acked => Outcome::SentDelete,
                 Ok(()) => Outcome::Sent,
                 Err(err) => {
                     let error = truncate(&err.message, MAX_ERROR_LEN);
@@ -749,8 +754,12 @@ mod tests {
         s.backoff.jitter = 0.0;
         let events = vec![event(0), event(2), event(3), event(0)];
         let results = vec![Ok(()), Err(SendError::new("x")), Err(SendError::new("y"))];
-        let o = outcomes(&events, results, &s);
+        let o = outcomes(&events, results.clone(), &s, false);
         assert_eq!(o[0].1, Outcome::Sent);
+        // processed rows not kept: the acked one is deleted, the failures are the same
+        let deleting = outcomes(&events, results, &s, true);
+        assert_eq!(deleting[0].1, Outcome::SentDelete);
+        assert_eq!(deleting[1..], o[1..]);
         assert_eq!(
             o[1].1,
             Outcome::Retry {

@@ -29,8 +29,11 @@ pub mod sqlite;
 /// What became of one claimed event after the send.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// The broker acked it: PROCESSED.
+    /// The broker acked it: PROCESSED (kept for `processed_ttl`, then cleaned up).
     Sent,
+    /// The broker acked it and processed rows are not kept (`processed_ttl` zero):
+    /// the row is deleted at once, one statement less of work per event later.
+    SentDelete,
     /// The send failed and a retry is left: back to PENDING after `delay`, attempts + 1.
     Retry {
         /// Wait before the next attempt.
@@ -43,6 +46,13 @@ pub enum Outcome {
         /// Why it failed.
         error: String,
     },
+}
+
+impl Outcome {
+    /// The broker acked the event ([`Outcome::Sent`] or [`Outcome::SentDelete`]).
+    pub fn is_sent(&self) -> bool {
+        matches!(self, Outcome::Sent | Outcome::SentDelete)
+    }
 }
 
 /// Counts of outbox rows of one event type by status.

@@ -389,6 +389,8 @@ pub(crate) struct Common {
     pub claim_update: String,
     /// $1 token, {ids}
     pub finish_sent: String,
+    /// $1 token, {ids}
+    pub finish_delete: String,
     /// $1 status, $2 delay ms, $3 error, $4 id, $5 token
     pub finish_failed: String,
     /// {ids}
@@ -423,6 +425,7 @@ pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String) -> Common 
             "UPDATE {o} SET status = 'PROCESSED', processed_at = {now}, claim_token = NULL, lease_until = NULL \
              WHERE claim_token = $1 AND id IN ({{ids}})"
         ),
+        finish_delete: format!("DELETE FROM {o} WHERE claim_token = $1 AND id IN ({{ids}})"),
         finish_failed: format!(
             "UPDATE {o} SET status = $1, attempts = attempts + 1, \
                next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
@@ -897,28 +900,40 @@ impl<P: Pool> Store for SqlStore<P> {
 
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
         let d = &self.d;
-        let sent: Vec<Val> = outcomes
-            .iter()
-            .filter(|(_, o)| matches!(o, Outcome::Sent))
-            .map(|(id, _)| Val::Id(id.as_uuid()))
-            .collect();
-        let failed: Vec<&(EventId, Outcome)> = outcomes
-            .iter()
-            .filter(|(_, o)| !matches!(o, Outcome::Sent))
-            .collect();
+        let ids = |want: &Outcome| -> Vec<Val> {
+            outcomes
+                .iter()
+                .filter(|(_, o)| o == want)
+                .map(|(id, _)| Val::Id(id.as_uuid()))
+                .collect()
+        };
+        // acked rows are marked PROCESSED or deleted, in chunks; the others one by one
+        let acked = [
+            (&d.common.finish_sent, ids(&Outcome::Sent)),
+            (&d.common.finish_delete, ids(&Outcome::SentDelete)),
+        ];
+        let failed: Vec<&(EventId, Outcome)> =
+            outcomes.iter().filter(|(_, o)| !o.is_sent()).collect();
+        let statements = failed.len()
+            + acked
+                .iter()
+                .map(|(_, ids)| ids.len().div_ceil(d.max_ids))
+                .sum::<usize>();
         // sent rows and failed rows change together, so a retried deadlock cannot
         // count rows finished by the first try as lost; the all-sent batch (the common
         // case) is one statement without a transaction around it
         let apply = |c: &mut dyn Conn| -> Result<u64> {
             let mut changed = 0;
-            for chunk in sent.chunks(d.max_ids) {
-                changed += run_execute(c, d, &d.common.finish_sent, &[Val::Id(token)], chunk)?;
+            for (template, ids) in &acked {
+                for chunk in ids.chunks(d.max_ids) {
+                    changed += run_execute(c, d, template, &[Val::Id(token)], chunk)?;
+                }
             }
             for (id, outcome) in &failed {
                 let (status, delay, error) = match outcome {
                     Outcome::Retry { delay, error } => ("PENDING", *delay, error),
                     Outcome::Failed { error } => ("FAILED", Duration::ZERO, error),
-                    Outcome::Sent => continue,
+                    Outcome::Sent | Outcome::SentDelete => continue,
                 };
                 let fixed = [
                     status.into(),
@@ -933,7 +948,7 @@ impl<P: Pool> Store for SqlStore<P> {
         };
         self.with_retry("finish", || {
             let mut conn = self.pool.get()?;
-            if failed.is_empty() && sent.len() <= d.max_ids {
+            if statements <= 1 {
                 apply(&mut *conn)
             } else {
                 transaction(&mut *conn, d, apply)
