@@ -40,6 +40,30 @@ struct Size {
     /// `--in-flight N`: the relay's window for the broker rows (default: the
     /// configuration's default)
     in_flight: Option<usize>,
+    /// `--delete-acked`: the relay floor and the brokers with `processed_ttl` zero
+    delete_acked: bool,
+}
+
+impl Size {
+    /// What the rows' labels add when acked rows are deleted.
+    fn mode(&self) -> &'static str {
+        if self.delete_acked {
+            ", acked rows deleted"
+        } else {
+            ""
+        }
+    }
+
+    /// The configuration of the relay parts: one type, processed rows kept or not.
+    fn relay_config(&self, prefix: &str, options: EventOptions) -> Config {
+        let mut b = Config::builder()
+            .table_prefix(prefix)
+            .event("bench", options);
+        if self.delete_acked {
+            b = b.processed_ttl(Duration::ZERO);
+        }
+        b.build().expect("config")
+    }
 }
 
 fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
@@ -215,7 +239,7 @@ fn fill(c: &mut postgres::Client, outbox: &Outbox, n: usize) -> Res<Vec<EventId>
 /// `VACUUM ANALYZE`d while the whole backlog was pending, as autovacuum may leave it.
 fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_floor_";
-    let cfg = config(p, EventOptions::new().batch_size(200));
+    let cfg = s.relay_config(p, EventOptions::new().batch_size(200));
     let outbox = Outbox::new(&cfg)?;
     // the relay's own statements, as the hand loop sends them
     let claim = format!(
@@ -226,10 +250,14 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
            FOR UPDATE SKIP LOCKED)) \
          RETURNING id, event_type, event_key, headers::text, payload, attempts"
     );
-    let finish = format!(
-        "UPDATE {p}outbox_events SET status = 'PROCESSED', processed_at = now(), claim_token = NULL, \
-         lease_until = NULL WHERE claim_token = $1 AND id = ANY($2)"
-    );
+    let finish = if s.delete_acked {
+        format!("DELETE FROM {p}outbox_events WHERE claim_token = $1 AND id = ANY($2)")
+    } else {
+        format!(
+            "UPDATE {p}outbox_events SET status = 'PROCESSED', processed_at = now(), claim_token = NULL, \
+             lease_until = NULL WHERE claim_token = $1 AND id = ANY($2)"
+        )
+    };
     // relay, hand, hand, relay: each on a freshly filled table, so neither profits
     // from going first or second
     let (mut ours, mut hand) = (Duration::ZERO, Duration::ZERO);
@@ -293,8 +321,9 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
     let (ours, hand) = (n / ours.as_secs_f64(), n / hand.as_secs_f64());
     out.push(row(
         format!(
-            "relay floor, PG -> memory (2 x {} events){}",
+            "relay floor, PG -> memory (2 x {} events){}{}",
             s.floor,
+            s.mode(),
             if analyzed {
                 ", after VACUUM ANALYZE"
             } else {
@@ -319,7 +348,7 @@ fn broker_throughput(
 ) -> Res<()> {
     let p = "bench_broker_";
     let (store, mut c) = fresh(p)?;
-    let cfg = config(
+    let cfg = s.relay_config(
         p,
         EventOptions::new()
             .destination(destination)
@@ -394,8 +423,9 @@ fn broker_throughput(
     let ceiling = direct_rate(name, &mut direct, &events, usize::MAX)?;
     out.push(row(
         format!(
-            "relay to {name} ({} events), vs direct, {window} batches in flight",
-            s.brokers
+            "relay to {name} ({} events{}), vs direct, {window} batches in flight",
+            s.brokers,
+            s.mode()
         ),
         format!("{ours:.0} ev/s"),
         format!("{windowed:.0} ev/s"),
@@ -833,7 +863,7 @@ const PARTS: [&str; 7] = [
     "instances",
 ];
 
-const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
+const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N] [--delete-acked]
              [--events N] [--txs N] [--idle SECS] [--rate-secs SECS]
 
   --full           the full sizes (100,000 events, 5 minutes idle; about 9 minutes)
@@ -850,6 +880,8 @@ const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
                    latency, instances
   --in-flight N    batches the relay keeps with the broker (1..=16; default: the
                    relay's default, 3)
+  --delete-acked   the relay floor and the brokers with processed_ttl zero: acked
+                   rows are deleted instead of marked PROCESSED (the hand loop too)
   --help           this text";
 
 /// The command line, checked: an unknown flag or a bad value is an error, not a
@@ -859,6 +891,7 @@ struct Args {
     help: bool,
     only: Option<Vec<String>>,
     in_flight: Option<usize>,
+    delete_acked: bool,
     events: Option<usize>,
     txs: Option<usize>,
     idle: Option<u64>,
@@ -872,6 +905,7 @@ impl Args {
             help: false,
             only: None,
             in_flight: None,
+            delete_acked: false,
             events: None,
             txs: None,
             idle: None,
@@ -891,6 +925,7 @@ impl Args {
         while let Some(arg) = it.next() {
             match arg.as_str() {
                 "--full" => a.full = true,
+                "--delete-acked" => a.delete_acked = true,
                 "--help" | "-h" => a.help = true,
                 "--only" => {
                     let v = it.next().ok_or("--only needs a list of parts")?;
@@ -950,6 +985,7 @@ fn main() -> Res<()> {
             idle_single: Duration::from_secs(60),
             instances: 100_000,
             in_flight,
+            delete_acked: args.delete_acked,
         }
     } else {
         Size {
@@ -963,6 +999,7 @@ fn main() -> Res<()> {
             idle_single: Duration::from_secs(5),
             instances: 20_000,
             in_flight,
+            delete_acked: args.delete_acked,
         }
     };
     let s = Size {

@@ -54,9 +54,9 @@
 //! - `publish` joins the caller's transaction ([`OutboxTransaction`]); it never
 //!   begins, commits or rolls back.
 //! - Event ids are UUIDv7 and travel in the [`HEADER_EVENT_ID`] header.
-//! - A row is marked PROCESSED only after the sender reported the broker's ack. Every
-//!   error path leaves it PENDING, IN_PROCESS (recovered after its lease) or FAILED
-//!   (moved to the dead letters).
+//! - A row is marked PROCESSED (or, with `processed_ttl` zero, deleted) only after the
+//!   sender reported the broker's ack. Every error path leaves it PENDING, IN_PROCESS
+//!   (recovered after its lease) or FAILED (moved to the dead letters).
 //! - Finishing a batch checks its claim token: a relay whose lease expired cannot
 //!   overwrite what another relay did since.
 //! - Time comes from the database clock.

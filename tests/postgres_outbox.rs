@@ -277,9 +277,16 @@ fn overrides_inherit_from_defaults() {
         "bootstrap.servers" = "broker:9092"
         "linger.ms" = 10
         "enable.idempotence" = true
+        [maintenance]
+        processed_ttl = "0s"
         "#,
     )
     .unwrap();
+    assert_eq!(
+        config.maintenance.processed_ttl,
+        Duration::ZERO,
+        "zero: acked rows are deleted at once"
+    );
     let a = config.event("a").unwrap();
     assert_eq!(
         (a.batch_size, a.max_retries, a.lease),
@@ -307,6 +314,7 @@ fn overrides_inherit_from_defaults() {
         .build()
         .unwrap();
     let x = d.event("x").unwrap();
+    assert_eq!(d.maintenance.processed_ttl, Duration::from_secs(86_400));
     assert_eq!(x.batch_size, 200);
     assert_eq!(
         (x.polling.min, x.polling.max, x.polling.multiplier),

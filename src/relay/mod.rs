@@ -7,7 +7,8 @@
 //!   that pipelines ([`Sender::start`]) the poller claims the next batch while the
 //!   broker acks the previous one, up to `in_flight` batches;
 //! - `txbox-recovery`: returns expired claims to PENDING (no attempt counted);
-//! - `txbox-cleanup`: deletes old PROCESSED rows, under a lease lock;
+//! - `txbox-cleanup`: deletes old PROCESSED rows, under a lease lock (with
+//!   `processed_ttl` zero the pollers delete acked rows themselves);
 //! - with the DLQ on: `txbox-dlq-move`, `txbox-dlq-retry`, `txbox-dlq-cleanup`.
 //!
 //! So 2 + n threads, or 5 + n with the DLQ. Every thread sleeps on a channel:
