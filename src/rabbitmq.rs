@@ -37,6 +37,22 @@ fn open(url: &str) -> std::result::Result<Connection, amiquip::Error> {
     Connection::insecure_open(url)
 }
 
+/// Frames a sender hands to amiquip's I/O thread without waiting for it (a message
+/// is three: method, header, body). With amiquip's default of 16 the relay thread
+/// waited on the I/O thread every five messages, so publishing a batch of 200 took
+/// as long as claiming it; with room for a whole batch the thread hands it over and
+/// goes back to the database. The I/O thread's own 16 MiB high-water mark still
+/// bounds what it buffers.
+const PUBLISH_FRAMES: usize = 1024;
+
+/// Opens a connection for publishing.
+fn open_publisher(url: &str) -> std::result::Result<Connection, amiquip::Error> {
+    Connection::insecure_open_tuned(
+        url,
+        amiquip::ConnectionTuning::default().mem_channel_bound(PUBLISH_FRAMES),
+    )
+}
+
 fn text(v: &AmqpValue) -> String {
     match v {
         AmqpValue::LongString(s) => s.clone(),
@@ -146,7 +162,7 @@ impl RabbitSender {
     }
 
     fn open_channel(url: &str) -> std::result::Result<Open, amiquip::Error> {
-        let mut connection = open(url)?;
+        let mut connection = open_publisher(url)?;
         let channel = connection.open_channel(None)?;
         let confirms = channel.listen_for_publisher_confirms()?;
         let returns = channel.listen_for_returns()?;
