@@ -41,8 +41,9 @@ fn open(url: &str) -> std::result::Result<Connection, amiquip::Error> {
 /// is three: method, header, body). With amiquip's default of 16 the relay thread
 /// waited on the I/O thread every five messages, so publishing a batch of 200 took
 /// as long as claiming it; with room for a whole batch the thread hands it over and
-/// goes back to the database. The I/O thread's own 16 MiB high-water mark still
-/// bounds what it buffers.
+/// goes back to the database. The queue holds copies of at most about 340 messages
+/// (the relay holds the batches in flight anyway); past it, and past the I/O
+/// thread's 16 MiB of unwritten data, publishing waits as before.
 const PUBLISH_FRAMES: usize = 1024;
 
 /// Opens a connection for publishing.

@@ -32,7 +32,7 @@ pub enum Outcome {
     /// The broker acked it: PROCESSED (kept for `processed_ttl`, then cleaned up).
     Sent,
     /// The broker acked it and processed rows are not kept (`processed_ttl` zero):
-    /// the row is deleted at once, one statement less of work per event later.
+    /// the row is deleted at once, and nothing is left for the cleanup.
     SentDelete,
     /// The send failed and a retry is left: back to PENDING after `delay`, attempts + 1.
     Retry {
