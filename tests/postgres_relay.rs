@@ -298,6 +298,52 @@ fn killed_database_connections_lose_nothing() {
 }
 
 #[test]
+fn pooled_connections_killed_while_idle_are_replaced_without_an_error() {
+    let p = "t_rel_pool_";
+    let app = "txbox_pool_test";
+    let url = format!("{}?application_name={app}", pg_url());
+    let Some((store, mut client)) = fresh_with_url(p, &url) else {
+        return;
+    };
+    let backends = |c: &mut postgres::Client| -> i64 {
+        c.query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .unwrap()
+        .get(0)
+    };
+    // every backend of the store's pool, until none is left (the pool may be opening
+    // one in the background)
+    let kill_all = |c: &mut postgres::Client| {
+        wait_until("the store's backends gone", Duration::from_secs(10), || {
+            c.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                &[&app],
+            )
+            .unwrap();
+            backends(c) == 0
+        });
+    };
+    store.ping().unwrap();
+    // killed after sitting unused past the bypass window: the check-out test finds
+    // the dead connection, and the call goes through on a new one
+    kill_all(&mut client);
+    std::thread::sleep(ms(600)); // longer than the pool's 500 ms bypass window
+    store
+        .ping()
+        .expect("a connection idle past the window is tested");
+    assert!(store.status().unwrap().is_empty());
+
+    // killed right after use: the next call may fail once, and the pool drops the
+    // dead connection, so the call after it works
+    store.ping().unwrap();
+    kill_all(&mut client);
+    let _ = store.ping();
+    store.ping().expect("the dead connection was dropped");
+}
+
+#[test]
 fn cleanup_deletes_old_processed_rows_under_the_lock() {
     let p = "t_rel_clean_";
     let Some((store, mut client)) = fresh(p) else {

@@ -175,9 +175,77 @@ sql::conn_impls!(pg_query, pg_execute, pg_batch; postgres::Client, postgres::Tra
 /// The r2d2 pool as a [`sql::Pool`].
 pub(crate) struct Pool(PgPool);
 
+/// A pooled connection checked out this recently is handed out again without a
+/// test. r2d2 tests every check-out with a round trip of its own, which doubled the
+/// round trips of every store call (a poller's claim and finish among them); like
+/// HikariCP's "alive bypass", txbox tests only a connection that sat unused longer
+/// than this. One that died within the window fails its next statement once, and
+/// the pool drops it.
+const TESTED_WITHIN: Duration = Duration::from_millis(500);
+
+/// When this pooled connection was last handed out (r2d2 connection extension).
+struct CheckedOut(std::time::Instant);
+
+/// A pooled connection that forgets when it was handed out as soon as a statement
+/// fails on it: its next check-out tests it, and a dead one is dropped then, not
+/// handed out again for the rest of the window.
+struct Checked(r2d2::PooledConnection<PostgresConnectionManager<NoTls>>);
+
+impl Checked {
+    fn watch<T>(&mut self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            r2d2::PooledConnection::extensions_mut(&mut self.0).remove::<CheckedOut>();
+        }
+        r
+    }
+}
+
+impl Conn for Checked {
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
+        let r = pg_query(&mut *self.0, sql, params);
+        self.watch(r)
+    }
+    fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
+        let r = pg_execute(&mut *self.0, sql, params);
+        self.watch(r)
+    }
+    fn batch(&mut self, sql: &str) -> Result<()> {
+        let r = pg_batch(&mut *self.0, sql);
+        self.watch(r)
+    }
+}
+
 impl sql::Pool for Pool {
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
-        Ok(Box::new(sql::Held(self.0.get()?)))
+        if self.0.test_on_check_out() {
+            // a pool of the caller's (`from_pool`) that tests by itself
+            return Ok(Box::new(sql::Held(self.0.get()?)));
+        }
+        // a connection that fails its test is kept out of the pool while the next
+        // try takes another (the pool drops it when it comes back closed), short of
+        // the pool's last place: after a restart of the database every idle
+        // connection is dead, and one call goes through them all
+        let mut dead = Vec::new();
+        loop {
+            let mut c = self.0.get()?;
+            let now = std::time::Instant::now();
+            let recent = r2d2::PooledConnection::extensions(&c)
+                .get::<CheckedOut>()
+                .is_some_and(|t| now.duration_since(t.0) < TESTED_WITHIN);
+            let tested = if recent {
+                Ok(())
+            } else {
+                c.simple_query("").map(drop)
+            };
+            match tested {
+                Ok(()) => {
+                    r2d2::PooledConnection::extensions_mut(&mut c).insert(CheckedOut(now));
+                    return Ok(Box::new(Checked(c)));
+                }
+                Err(e) if dead.len() + 2 > self.0.max_size() as usize => return Err(e.into()),
+                Err(_) => dead.push(c),
+            }
+        }
     }
 }
 
@@ -225,6 +293,8 @@ impl PgStore {
         let pool = r2d2::Pool::builder()
             .max_size(max_connections.max(1))
             .min_idle(Some(1))
+            // tested by `Pool::get` when unused for a while, not on every check-out
+            .test_on_check_out(false)
             .connection_timeout(Duration::from_secs(10))
             .error_handler(Box::new(LogErrors))
             .build(manager)?;
@@ -253,6 +323,12 @@ impl PgStore {
     }
 
     /// The pool, e.g. to run business transactions on the same connections.
+    ///
+    /// A pool made by [`PgStore::connect`] does not test every check-out (r2d2's
+    /// default costs a round trip each time): txbox's own calls test a connection
+    /// that sat unused for 500 ms, and a dead connection that your code takes from
+    /// the pool fails its first statement and is dropped when it comes back. A pool
+    /// given to [`PgStore::from_pool`] keeps its own setting.
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool.0
     }
