@@ -228,8 +228,7 @@ fn thread_counts_and_an_idle_relay_shuts_down_at_once() {
 fn killed_database_connections_lose_nothing() {
     let p = "t_rel_kill_";
     let app = "txbox_kill_test";
-    let url = format!("{}?application_name={app}", pg_url());
-    let Some((store, mut client)) = fresh_with_url(p, &url) else {
+    let Some((store, mut client)) = fresh_with_url(p, &pg_url_as(app)) else {
         return;
     };
     let config = Config::builder()
@@ -263,14 +262,7 @@ fn killed_database_connections_lose_nothing() {
     let mut kills = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while (!producer.is_finished() || kills < 5) && Instant::now() < deadline {
-        let n: i64 = client
-            .query_one(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
-                &[&app],
-            )
-            .unwrap()
-            .get(0);
-        kills += (n > 0) as usize;
+        kills += (kill_backends(&mut client, app) > 0) as usize;
         std::thread::sleep(ms(150));
     }
     let published: Vec<EventId> = producer.join().unwrap();
@@ -298,31 +290,17 @@ fn killed_database_connections_lose_nothing() {
 }
 
 #[test]
-fn pooled_connections_killed_while_idle_are_replaced_without_an_error() {
+fn pooled_connections_killed_are_tested_and_replaced() {
     let p = "t_rel_pool_";
     let app = "txbox_pool_test";
-    let url = format!("{}?application_name={app}", pg_url());
-    let Some((store, mut client)) = fresh_with_url(p, &url) else {
+    let Some((store, mut client)) = fresh_with_url(p, &pg_url_as(app)) else {
         return;
     };
-    let backends = |c: &mut postgres::Client| -> i64 {
-        c.query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-            &[&app],
-        )
-        .unwrap()
-        .get(0)
-    };
-    // every backend of the store's pool, until none is left (the pool may be opening
-    // one in the background)
+    // every backend of the store's pool, until none is listed (the pool may be
+    // opening one in the background)
     let kill_all = |c: &mut postgres::Client| {
         wait_until("the store's backends gone", Duration::from_secs(10), || {
-            c.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-                &[&app],
-            )
-            .unwrap();
-            backends(c) == 0
+            kill_backends(c, app) == 0
         });
     };
     store.ping().unwrap();
@@ -341,6 +319,20 @@ fn pooled_connections_killed_while_idle_are_replaced_without_an_error() {
     kill_all(&mut client);
     let _ = store.ping();
     store.ping().expect("the dead connection was dropped");
+
+    // a pool of the caller's keeps r2d2's test of every check-out: a connection
+    // killed right after use is found dead before the call, not by it
+    let manager = r2d2_postgres::PostgresConnectionManager::new(
+        pg_url_as(app).parse().unwrap(),
+        postgres::NoTls,
+    );
+    let pool = r2d2::Pool::builder().max_size(4).build(manager).unwrap();
+    let theirs = txbox::PgStore::from_pool(pool, p).unwrap();
+    theirs.ping().unwrap();
+    kill_all(&mut client);
+    theirs
+        .ping()
+        .expect("the pool tested the dead connection and opened another");
 }
 
 #[test]

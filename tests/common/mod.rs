@@ -12,6 +12,24 @@ pub fn pg_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// The test database's URL with its connections named `app`, to find them in
+/// `pg_stat_activity`.
+pub fn pg_url_as(app: &str) -> String {
+    let url = pg_url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}application_name={app}")
+}
+
+/// Terminates every backend connected as `app`; returns how many were listed.
+pub fn kill_backends(c: &mut postgres::Client, app: &str) -> i64 {
+    c.query_one(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+        &[&app],
+    )
+    .expect("terminate backends")
+    .get(0)
+}
+
 /// A plain client, or `None` (with the reason printed) when PostgreSQL is not
 /// reachable outside CI. In CI (`CI=true`) a missing database fails the test.
 pub fn client() -> Option<postgres::Client> {
