@@ -54,15 +54,9 @@ impl Size {
         }
     }
 
-    /// The configuration of the relay parts: one type, processed rows kept or not.
+    /// The configuration of the relay parts: processed rows kept or not.
     fn relay_config(&self, prefix: &str, options: EventOptions) -> Config {
-        let mut b = Config::builder()
-            .table_prefix(prefix)
-            .event("bench", options);
-        if self.delete_acked {
-            b = b.processed_ttl(Duration::ZERO);
-        }
-        b.build().expect("config")
+        config_with(prefix, options, self.delete_acked)
     }
 }
 
@@ -81,12 +75,21 @@ fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
     Ok((store, c))
 }
 
-fn config(prefix: &str, options: EventOptions) -> Config {
-    Config::builder()
+/// One event type, `bench`; acked rows deleted when `delete_acked`.
+fn config_with(prefix: &str, options: EventOptions, delete_acked: bool) -> Config {
+    let b = Config::builder()
         .table_prefix(prefix)
-        .event("bench", options)
-        .build()
-        .expect("config")
+        .event("bench", options);
+    let b = if delete_acked {
+        b.processed_ttl(Duration::ZERO)
+    } else {
+        b
+    };
+    b.build().expect("config")
+}
+
+fn config(prefix: &str, options: EventOptions) -> Config {
+    config_with(prefix, options, false)
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
