@@ -40,6 +40,28 @@ pub enum PollingStrategy {
     Adaptive,
 }
 
+/// How a poller claims a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimMode {
+    /// The default, on every database: the claim stamps the rows IN_PROCESS with a
+    /// token and a lease in one short transaction; the finish checks the token, and
+    /// stuck recovery returns rows whose lease expired. Each event row is written
+    /// twice (claim, finish).
+    #[default]
+    Lease,
+    /// PostgreSQL only: the claim locks the rows (`FOR UPDATE SKIP LOCKED`) in a
+    /// transaction that stays open until the broker acked the batch, and the finish
+    /// commits in it. Each row is written once, so the database does about half the
+    /// work per event (see `docs/BENCHMARKS.md`). The rows stay PENDING meanwhile;
+    /// other relays skip them while they are locked. A relay that dies loses its
+    /// connection and the rows are free at once; one that hangs past `lease` has its
+    /// session ended by the database (`idle_in_transaction_session_timeout`), which
+    /// frees the rows and makes its late finish fail. Costs one database
+    /// connection per batch in flight (`in_flight` per event type) while it waits
+    /// for the broker.
+    Lock,
+}
+
 /// Polling settings of one event type.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Polling {
@@ -111,6 +133,8 @@ pub struct EventSettings {
     pub backoff: Backoff,
     /// Longest a claimed batch may stay in process before recovery returns it (default 300s).
     pub lease: Duration,
+    /// How batches are claimed (default [`ClaimMode::Lease`]).
+    pub claim: ClaimMode,
 }
 
 impl Default for EventSettings {
@@ -136,6 +160,7 @@ impl Default for EventSettings {
                 jitter: 0.1,
             },
             lease: Duration::from_secs(300),
+            claim: ClaimMode::Lease,
         }
     }
 }
@@ -169,6 +194,7 @@ pub struct EventOptions {
     backoff_multiplier: Option<f64>,
     jitter: Option<f64>,
     lease: Option<Duration>,
+    claim: Option<ClaimMode>,
 }
 
 impl EventOptions {
@@ -245,6 +271,11 @@ impl EventOptions {
         self.lease = Some(d);
         self
     }
+    /// How batches are claimed (see [`ClaimMode`]).
+    pub fn claim(mut self, mode: ClaimMode) -> Self {
+        self.claim = Some(mode);
+        self
+    }
 
     fn apply(&self, base: &EventSettings) -> EventSettings {
         let mut s = base.clone();
@@ -272,6 +303,7 @@ impl EventOptions {
             backoff_multiplier => s.backoff.multiplier,
             jitter => s.backoff.jitter,
             lease => s.lease,
+            claim => s.claim,
         );
         s
     }
@@ -752,6 +784,7 @@ mod toml_model {
         #[serde(default)]
         backoff: BackoffRaw,
         lease: Option<String>,
+        claim: Option<String>,
     }
 
     #[derive(Deserialize, Default)]
@@ -821,6 +854,17 @@ mod toml_model {
                     ))
                 }
             };
+            let claim = match self.claim.as_deref() {
+                None => None,
+                Some("lease") => Some(ClaimMode::Lease),
+                Some("lock") => Some(ClaimMode::Lock),
+                Some(other) => {
+                    return Err(Error::config(
+                        p("claim"),
+                        format!("must be \"lease\" or \"lock\", not {other:?}"),
+                    ))
+                }
+            };
             Ok(EventOptions {
                 destination: self.destination.clone(),
                 routing_key: self.routing_key.clone(),
@@ -838,6 +882,7 @@ mod toml_model {
                 backoff_multiplier: self.backoff.multiplier,
                 jitter: self.backoff.jitter,
                 lease: dur(&p("lease"), &self.lease)?,
+                claim,
             })
         }
     }

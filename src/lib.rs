@@ -81,7 +81,7 @@ pub mod relay;
 pub mod sender;
 pub mod store;
 
-pub use config::{Config, ConfigBuilder, EventOptions, EventSettings};
+pub use config::{ClaimMode, Config, ConfigBuilder, EventOptions, EventSettings};
 pub use consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 pub use dlq::{DeadLetter, Dlq, DlqFilter, DlqStatus};
 pub use error::{Error, Result};
@@ -97,4 +97,4 @@ pub use store::oracle::OracleStore;
 pub use store::postgres::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::SqliteStore;
-pub use store::{Outcome, Store, Tables, TypeStatus};
+pub use store::{HeldBatch, Outcome, Store, Tables, TypeStatus};

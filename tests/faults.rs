@@ -20,20 +20,31 @@ use std::time::{Duration, Instant};
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;
-use txbox::{Config, Event, EventId, EventOptions, MemorySender, Relay, SendError, Sender};
+use txbox::{
+    ClaimMode, Config, Event, EventId, EventOptions, MemorySender, Relay, SendError, Sender,
+};
+
+/// The claim mode a relay child process runs with (`TXBOX_FAULT_CLAIM`).
+fn claim_mode(name: &str) -> ClaimMode {
+    match name {
+        "lock" => ClaimMode::Lock,
+        _ => ClaimMode::Lease,
+    }
+}
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn worker_config(prefix: &str) -> Config {
+fn worker_config(prefix: &str, claim: ClaimMode) -> Config {
     Config::builder()
         .table_prefix(prefix)
         .defaults(
             EventOptions::new()
                 .adaptive_polling(ms(10), ms(100), 1.5)
                 .batch_size(50)
-                .lease(ms(1500)),
+                .lease(ms(1500))
+                .claim(claim),
         )
         .event("k", EventOptions::new())
         .recovery_interval(ms(300))
@@ -101,11 +112,12 @@ fn relay_worker_process() {
             in_flight: Default::default(),
         }))
     };
-    let _relay = Relay::start(store, &worker_config(&prefix), factory).unwrap();
+    let claim = claim_mode(&std::env::var("TXBOX_FAULT_CLAIM").unwrap_or_default());
+    let _relay = Relay::start(store, &worker_config(&prefix, claim), factory).unwrap();
     std::thread::sleep(Duration::from_secs(120)); // until killed
 }
 
-fn spawn_worker(prefix: &str, file: &std::path::Path) -> std::process::Child {
+fn spawn_worker(prefix: &str, file: &std::path::Path, claim: &str) -> std::process::Child {
     std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -117,6 +129,7 @@ fn spawn_worker(prefix: &str, file: &std::path::Path) -> std::process::Child {
         ])
         .env("TXBOX_FAULT_WORKER", prefix)
         .env("TXBOX_FAULT_FILE", file)
+        .env("TXBOX_FAULT_CLAIM", claim)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -125,12 +138,21 @@ fn spawn_worker(prefix: &str, file: &std::path::Path) -> std::process::Child {
 
 #[test]
 fn a_relay_process_killed_again_and_again_loses_nothing() {
-    let p = "t_fault_kill_";
+    killed_again_and_again("t_fault_kill_", "lease");
+}
+
+#[test]
+fn a_relay_process_holding_its_claims_killed_again_and_again_loses_nothing() {
+    killed_again_and_again("t_fault_killh_", "lock");
+}
+
+/// Relay processes with claim mode `claim` SIGKILLed while a producer publishes.
+fn killed_again_and_again(p: &'static str, claim: &str) {
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
     };
-    let config = worker_config(p);
-    let file = std::env::temp_dir().join(format!("txbox-fault-{}.ids", std::process::id()));
+    let config = worker_config(p, claim_mode(claim));
+    let file = std::env::temp_dir().join(format!("txbox-fault-{}-{claim}.ids", std::process::id()));
     let _ = std::fs::remove_file(&file);
 
     // a producer keeps publishing while relay processes die
@@ -139,7 +161,7 @@ fn a_relay_process_killed_again_and_again_loses_nothing() {
     let producer = {
         let (stop, published, c) = (stop.clone(), published.clone(), config.clone());
         std::thread::spawn(move || {
-            let fx = Fixture::new_existing(Backend::Postgres, "t_fault_kill_");
+            let fx = Fixture::new_existing(Backend::Postgres, p);
             while !stop.load(Ordering::Relaxed) {
                 let ids = fx.publish(&c, "k", 25, true);
                 published.lock().unwrap().extend(ids);
@@ -149,7 +171,7 @@ fn a_relay_process_killed_again_and_again_loses_nothing() {
     };
     let mut kills = 0;
     for round in 0..12 {
-        let mut child = spawn_worker(p, &file);
+        let mut child = spawn_worker(p, &file, claim);
         std::thread::sleep(ms(400 + fastrand::u64(0..500) + round * 10));
         // only a relay still running counts as killed (not one that died on its own)
         if child.try_wait().unwrap().is_none() {
@@ -162,7 +184,7 @@ fn a_relay_process_killed_again_and_again_loses_nothing() {
     producer.join().unwrap();
 
     // one last relay drains what is left, including the batches the dead ones held
-    let mut last = spawn_worker(p, &file);
+    let mut last = spawn_worker(p, &file, claim);
     wait_until("the outbox drained", Duration::from_secs(60), || {
         let s = fx.counts("k");
         s.pending == 0 && s.in_process == 0
@@ -187,7 +209,7 @@ fn a_relay_process_killed_again_and_again_loses_nothing() {
         .map(|id| times.get(id).copied().unwrap_or(0).saturating_sub(1))
         .sum();
     eprintln!(
-        "relay SIGKILLed {kills} times: published={} delivered={} duplicates={duplicates} lost={}",
+        "relay ({claim} claims) SIGKILLed {kills} times: published={} delivered={} duplicates={duplicates} lost={}",
         published.len(),
         published.len() - lost.len(),
         lost.len()
@@ -217,6 +239,8 @@ fn a_relay_process_killed_again_and_again_loses_nothing() {
 /// Hangs past the lease on its first batch, then reports every event failed.
 struct Hanging {
     first: bool,
+    /// Set when the first batch arrives.
+    claimed: Arc<AtomicBool>,
     hang: Duration,
     /// Set when the hung batch's late results are handed back.
     late: Arc<AtomicBool>,
@@ -225,6 +249,7 @@ struct Hanging {
 impl Sender for Hanging {
     fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
         if std::mem::take(&mut self.first) {
+            self.claimed.store(true, Ordering::Relaxed);
             std::thread::sleep(self.hang);
             self.late.store(true, Ordering::Relaxed);
         }
@@ -237,7 +262,16 @@ impl Sender for Hanging {
 
 #[test]
 fn a_sender_hanging_past_the_lease_is_fenced_out() {
-    let p = "t_fault_hang_";
+    hanging_past_the_lease("t_fault_hang_", ClaimMode::Lease);
+}
+
+#[test]
+fn a_sender_hanging_past_the_lease_on_a_held_claim_is_fenced_out() {
+    hanging_past_the_lease("t_fault_hangh_", ClaimMode::Lock);
+}
+
+/// A relay whose sender hangs past the lease, and another that takes over.
+fn hanging_past_the_lease(p: &str, claim: ClaimMode) {
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
     };
@@ -246,7 +280,8 @@ fn a_sender_hanging_past_the_lease_is_fenced_out() {
         .defaults(
             EventOptions::new()
                 .adaptive_polling(ms(10), ms(100), 1.5)
-                .lease(Duration::from_secs(1)),
+                .lease(Duration::from_secs(1))
+                .claim(claim),
         )
         .event("h", EventOptions::new())
         .recovery_interval(ms(200))
@@ -254,10 +289,12 @@ fn a_sender_hanging_past_the_lease_is_fenced_out() {
         .unwrap();
     let ids: HashSet<EventId> = fx.publish(&config, "h", 10, true).into_iter().collect();
     let late = Arc::new(AtomicBool::new(false));
-    let l = late.clone();
+    let claimed = Arc::new(AtomicBool::new(false));
+    let (l, c) = (late.clone(), claimed.clone());
     let factory = move || -> txbox::Result<Box<dyn Sender>> {
         Ok(Box::new(Hanging {
             first: true,
+            claimed: c.clone(),
             hang: Duration::from_secs(3),
             late: l.clone(),
         }))
@@ -266,8 +303,14 @@ fn a_sender_hanging_past_the_lease_is_fenced_out() {
     wait_until(
         "the slow relay to claim the batch",
         Duration::from_secs(10),
-        || fx.counts("h").in_process == 10,
+        || claimed.load(Ordering::Relaxed),
     );
+    // a lease claim stamps the rows; a held one leaves them PENDING, locked
+    let held = fx.counts("h");
+    match claim {
+        ClaimMode::Lease => assert_eq!(held.in_process, 10),
+        ClaimMode::Lock => assert_eq!((held.pending, held.in_process), (10, 0)),
+    }
     let started = Instant::now();
     // another relay (another instance) takes over once the lease ran out
     let sender = MemorySender::new();
@@ -304,7 +347,7 @@ fn a_sender_hanging_past_the_lease_is_fenced_out() {
         .get(0);
     assert_eq!(changed, 0, "the late failure counted no attempt");
     eprintln!(
-        "hanging sender: published={} delivered={} duplicates={duplicates} lost={} late_finish_changed={changed}",
+        "hanging sender ({claim:?} claims): published={} delivered={} duplicates={duplicates} lost={} late_finish_changed={changed}",
         ids.len(),
         got.len(),
         ids.difference(&got).count()

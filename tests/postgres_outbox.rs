@@ -214,6 +214,10 @@ fn bad_config_values_name_their_key_path() {
             "events.a.lease must be >= 1s",
         ),
         (
+            "[events.a]\nclaim = \"locked\"",
+            "events.a.claim must be \"lease\" or \"lock\", not \"locked\"",
+        ),
+        (
             "[maintenance]\ncleanup_interval = \"0\"",
             "maintenance.cleanup_interval must be > 0",
         ),
@@ -267,6 +271,7 @@ fn overrides_inherit_from_defaults() {
         destination = "bees"
         batch_size = 10
         in_flight = 1
+        claim = "lock"
         [events.b.polling]
         strategy = "fixed"
         delay = "300ms"
@@ -298,6 +303,10 @@ fn overrides_inherit_from_defaults() {
     assert_eq!(b.destination.as_deref(), Some("bees"));
     assert_eq!(b.batch_size, 10);
     assert_eq!((a.in_flight, b.in_flight), (3, 1));
+    assert_eq!(
+        (a.claim, b.claim),
+        (txbox::ClaimMode::Lease, txbox::ClaimMode::Lock)
+    );
     assert_eq!(b.polling.strategy, txbox::config::PollingStrategy::Fixed);
     assert_eq!(b.polling.delay, Duration::from_millis(300));
     assert_eq!(b.polling.initial_delay, Duration::from_secs(1));

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 use txbox::{
-    Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, Outbox, Outcome, Relay, Store,
+    ClaimMode, Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, Outbox, Outcome, Relay,
+    Store,
 };
 
 fn ms(n: u64) -> Duration {
@@ -226,8 +227,19 @@ fn thread_counts_and_an_idle_relay_shuts_down_at_once() {
 
 #[test]
 fn killed_database_connections_lose_nothing() {
-    let p = "t_rel_kill_";
-    let app = "txbox_kill_test";
+    killed_connections("t_rel_kill_", ClaimMode::Lease);
+}
+
+#[test]
+fn killed_database_connections_holding_claims_lose_nothing() {
+    killed_connections("t_rel_killh_", ClaimMode::Lock);
+}
+
+/// Kills the relay's database connections again and again while a producer
+/// publishes: every event is delivered, the relay's threads live on.
+fn killed_connections(p: &str, claim: ClaimMode) {
+    let app = format!("txbox_kill_{claim:?}");
+    let app = app.as_str();
     let Some((store, mut client)) = fresh_with_url(p, &pg_url_as(app)) else {
         return;
     };
@@ -235,7 +247,12 @@ fn killed_database_connections_lose_nothing() {
         .table_prefix(p)
         // a claim whose connection dies before its reply is committed but unseen: its
         // rows come back after the lease, so the lease is short here
-        .defaults(fast().batch_size(50).lease(Duration::from_secs(2)))
+        .defaults(
+            fast()
+                .batch_size(50)
+                .lease(Duration::from_secs(2))
+                .claim(claim),
+        )
         .event("k", EventOptions::new())
         .recovery_interval(ms(200))
         .build()
@@ -283,7 +300,7 @@ fn killed_database_connections_lose_nothing() {
         .filter(|id| !delivered.contains(id))
         .count();
     eprintln!(
-        "killed connections {kills} times: delivered {}, duplicates {duplicates}, lost {lost}",
+        "{claim:?} claims, killed connections {kills} times: delivered {}, duplicates {duplicates}, lost {lost}",
         delivered.len()
     );
     relay.shutdown(Duration::from_secs(5)).unwrap();
@@ -549,4 +566,171 @@ fn shutdown_finishes_the_batches_in_flight() {
         2000,
         "the rest is still pending"
     );
+}
+
+/// `claim = "lock"`: the relay holds each batch's rows locked in an open
+/// transaction instead of stamping them, and finishes them in it.
+#[test]
+fn held_claims_deliver_every_event_and_finish_in_their_transaction() {
+    let p = "t_rel_held_";
+    let app = "txbox_held_test";
+    let Some((store, mut client)) = fresh_with_url(p, &pg_url_as(app)) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(
+            fast()
+                .batch_size(40)
+                .in_flight(3)
+                .claim(ClaimMode::Lock)
+                .max_retries(5)
+                .backoff_delay(ms(3_600_000)),
+        )
+        .event("h", EventOptions::new())
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = MemorySender::new();
+    sender.fail_when(|e| e.payload.ends_with('7').then(|| "refused".to_string()));
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox.publish_batch(&mut tx, "h", 0..1000).unwrap();
+    tx.commit().unwrap();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    wait_until("the acked rows processed", Duration::from_secs(20), || {
+        count(&mut client, p, "PROCESSED") == 900
+    });
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+
+    let sent = sender.sent();
+    let acked: HashSet<EventId> = sent.iter().map(|e| e.id).collect();
+    assert_eq!(acked.len(), 900);
+    assert_eq!(sent.len(), 900, "no event sent twice");
+    assert!(ids
+        .iter()
+        .enumerate()
+        .all(|(i, id)| (i % 10 == 7) != acked.contains(id)));
+    // the refused ones wait for their retry with the attempt counted, never claimed
+    // under a token
+    let (pending, attempts, stamped): (i64, i64, i64) = {
+        let r = client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FILTER (WHERE status = 'PENDING'), \
+                       coalesce(sum(attempts) FILTER (WHERE status = 'PENDING'), 0)::int8, \
+                       count(*) FILTER (WHERE claim_token IS NOT NULL OR status = 'IN_PROCESS') \
+                     FROM {p}outbox_events"
+                ),
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!((pending, attempts, stamped), (100, 100, 0));
+    // every held transaction ended: none of the store's sessions is left in one
+    let open: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+             AND state LIKE 'idle in transaction%'",
+            &[&app],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(open, 0);
+}
+
+#[test]
+fn a_held_claim_hides_its_rows_until_it_ends_and_a_lost_one_changes_nothing() {
+    let p = "t_rel_holdx_";
+    let app = "txbox_holdx_test";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("x", EventOptions::new())
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox.publish_batch(&mut tx, "x", 0..10).unwrap();
+    tx.commit().unwrap();
+    let other = txbox::PgStore::connect(&pg_url_as(app), p).unwrap();
+    let lease = Duration::from_secs(60);
+    let token = uuid::Uuid::now_v7();
+    let sent = |events: &[txbox::Event]| -> Vec<(EventId, Outcome)> {
+        events.iter().map(|e| (e.id, Outcome::Sent)).collect()
+    };
+
+    let (events, held) = store.claim_held("x", None, 100, lease).unwrap();
+    assert_eq!(events.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
+    // the rows stay PENDING, locked: another relay gets none of them, in either mode
+    assert_eq!(count(&mut client, p, "PENDING"), 10);
+    let (none, no_tx) = other.claim_held("x", None, 100, lease).unwrap();
+    assert!(none.is_empty() && no_tx.is_none());
+    assert!(other.claim("x", 100, lease, token).unwrap().is_empty());
+    // a claim dropped unfinished (a panicking poller) rolls back: the rows are free
+    drop(held);
+    let (again, held) = other.claim_held("x", None, 100, lease).unwrap();
+    assert_eq!(again.len(), 10);
+    // its connection dies before the finish: the late finish fails, nothing changes,
+    // and the rows are free again at once, not after the lease
+    assert!(kill_backends(&mut client, app) > 0);
+    let late = held.unwrap().finish(&sent(&again));
+    assert!(late.is_err(), "a finish on a dead connection fails");
+    assert_eq!(count(&mut client, p, "PENDING"), 10);
+    let (last, held) = store.claim_held("x", None, 100, lease).unwrap();
+    assert_eq!(last.len(), 10);
+    // failed sends count an attempt: a retry waits, the last one fails
+    let mut outcomes = sent(&last);
+    outcomes[0].1 = Outcome::Retry {
+        delay: Duration::from_secs(3600),
+        error: "busy".into(),
+    };
+    outcomes[1].1 = Outcome::Failed {
+        error: "gone".into(),
+    };
+    assert_eq!(held.unwrap().finish(&outcomes).unwrap(), 10);
+    assert_eq!(count(&mut client, p, "PROCESSED"), 8);
+    assert_eq!(count(&mut client, p, "FAILED"), 1);
+    let r = client
+        .query_one(
+            &format!(
+                "SELECT attempts, last_error, next_attempt_at > now() + interval '50 minutes' \
+                 FROM {p}outbox_events WHERE status = 'PENDING'"
+            ),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        (
+            r.get::<_, i32>(0),
+            r.get::<_, String>(1),
+            r.get::<_, bool>(2)
+        ),
+        (1, "busy".to_string(), true)
+    );
+    let (later, none) = store.claim_held("x", None, 100, lease).unwrap();
+    assert!(later.is_empty() && none.is_none(), "the retry is not due");
+}
+
+#[test]
+fn held_claims_need_a_store_that_can_hold_them() {
+    let config = Config::builder()
+        .event("y", EventOptions::new().claim(ClaimMode::Lock))
+        .build()
+        .unwrap();
+    let store = Arc::new(txbox::SqliteStore::open(":memory:", "").unwrap());
+    store.migrate().unwrap();
+    let err = Relay::start(store.clone(), &config, MemorySender::new())
+        .err()
+        .expect("SQLite cannot hold a claim open");
+    assert!(
+        matches!(&err, txbox::Error::Config { path, .. } if path == "events.y.claim"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("PostgreSQL"), "{err}");
+    assert!(store
+        .claim_held("y", None, 10, Duration::from_secs(1))
+        .is_err());
 }

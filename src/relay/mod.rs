@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, select, Receiver};
 use uuid::Uuid;
 
-use crate::config::{Config, EventSettings};
+use crate::config::{ClaimMode, Config, EventSettings};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::metrics::{self, Counter};
 use crate::sender::{SendError, Sender, SenderFactory, Started};
-use crate::store::{Outcome, Store};
+use crate::store::{HeldBatch, Outcome, Store};
 
 mod polling;
 
@@ -153,6 +153,19 @@ impl Relay {
         config: &Config,
         sender: impl SenderFactory,
     ) -> Result<Relay> {
+        if !store.can_hold_claims() {
+            if let Some((t, _)) = config
+                .events
+                .iter()
+                .find(|(_, s)| s.claim == ClaimMode::Lock)
+            {
+                return Err(Error::config(
+                    format!("events.{t}.claim"),
+                    "is \"lock\", which needs a store that can hold a claim open \
+                     (PostgreSQL); use \"lease\" with this store",
+                ));
+            }
+        }
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
         let threads = config.events.len() + if config.dlq.enabled { 5 } else { 2 };
         let (mut relay, ctx, mut spawn) = Relay::launcher(store, threads);
@@ -491,6 +504,8 @@ struct Poller {
 /// A claimed batch on its way to the broker.
 struct Claimed {
     token: Uuid,
+    /// The open transaction that holds the rows ([`ClaimMode::Lock`]).
+    held: Option<Box<dyn HeldBatch>>,
     events: Vec<Event>,
     lease_end: Instant,
     started: Instant,
@@ -548,19 +563,21 @@ impl Poller {
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
         let after = self.resume.map(|(id, _)| id);
-        let mut events =
-            match self
-                .ctx
-                .store
+        let store = &self.ctx.store;
+        let claim = match s.claim {
+            ClaimMode::Lease => store
                 .claim_after(&self.event_type, after, s.batch_size, s.lease, token)
-            {
-                Ok(events) => events,
-                Err(e) => {
-                    self.resume = None;
-                    self.drain(0);
-                    return Err(e);
-                }
-            };
+                .map(|events| (events, None)),
+            ClaimMode::Lock => store.claim_held(&self.event_type, after, s.batch_size, s.lease),
+        };
+        let (mut events, held) = match claim {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                self.resume = None;
+                self.drain(0);
+                return Err(e);
+            }
+        };
         let claimed = events.len();
         // a full batch: more is waiting, and the next claim starts after this one;
         // anything else (or every RESCAN_EVERY batches) scans from the lowest id
@@ -585,6 +602,7 @@ impl Poller {
             pipelined = results.is_none();
             self.in_flight.push_back(Claimed {
                 token,
+                held,
                 events,
                 lease_end: claimed_at + s.lease,
                 started,
@@ -631,7 +649,23 @@ impl Poller {
             metrics::add(Counter::Sent, sent);
             metrics::add(Counter::Retried, retried);
             metrics::add(Counter::Failed, failed);
-            self.finish(batch.token, &outcomes, batch.lease_end);
+            match batch.held {
+                Some(held) => self.finish_held(held, &outcomes),
+                None => self.finish(batch.token, &outcomes, batch.lease_end),
+            }
+        }
+    }
+
+    /// Finishes a held batch in its transaction: once, for a lost connection has
+    /// already freed its rows (still PENDING, so sent again).
+    fn finish_held(&self, held: Box<dyn HeldBatch>, outcomes: &[(crate::EventId, Outcome)]) {
+        if let Err(e) = held.finish(outcomes) {
+            log::error!(
+                "txbox: poller {}: could not finish {} events ({e}); their claim ended with \
+                 the transaction, so they stay pending and are sent again",
+                self.event_type,
+                outcomes.len()
+            );
         }
     }
 

@@ -55,6 +55,21 @@ impl Outcome {
     }
 }
 
+/// A batch claimed by [`Store::claim_held`]: its rows stay PENDING, locked by a
+/// transaction this value keeps open on a connection of its own. Dropping it
+/// unfinished rolls the transaction back, which leaves the rows as they were.
+pub trait HeldBatch: Send {
+    /// Applies the outcomes in the held transaction (no token: the locks fence) and
+    /// commits. Returns how many rows changed. On an error (the session was ended,
+    /// the connection lost) every row is as it was before the claim: an event the
+    /// broker acked is sent again.
+    fn finish(self: Box<Self>, outcomes: &[(EventId, Outcome)]) -> Result<u64>;
+}
+
+/// What [`Store::claim_held`] returns: the events, sorted by id, and the
+/// transaction that holds them (none when nothing was claimed).
+pub type HeldClaim = (Vec<Event>, Option<Box<dyn HeldBatch>>);
+
 /// Counts of outbox rows of one event type by status.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct TypeStatus {
@@ -113,6 +128,31 @@ pub trait Store: Send + Sync + 'static {
     /// Finishes claimed events: only rows still IN_PROCESS under `token` change.
     /// Returns how many rows changed (fewer than given: the claim was lost).
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64>;
+
+    /// Whether [`Store::claim_held`] works on this store (PostgreSQL's own pool).
+    fn can_hold_claims(&self) -> bool {
+        false
+    }
+
+    /// Claims like [`Store::claim_after`] for [`ClaimMode::Lock`](crate::ClaimMode::Lock):
+    /// locks the rows (`FOR UPDATE SKIP LOCKED`) in a transaction that stays open
+    /// instead of stamping them, so they stay PENDING and other relays skip them
+    /// while they are locked. The [`HeldBatch`] finishes them and commits. The
+    /// database ends the session once the transaction idled for `lease`, which
+    /// frees the rows. No [`HeldBatch`] when nothing was claimed. The default: an
+    /// error, for stores that cannot hold a claim open.
+    fn claim_held(
+        &self,
+        event_type: &str,
+        after: Option<EventId>,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<HeldClaim> {
+        let _ = (event_type, after, limit, lease);
+        Err(Error::InvalidInput(
+            "claim mode \"lock\" needs a store that can hold a claim open (PostgreSQL)".into(),
+        ))
+    }
 
     /// Returns up to `limit` IN_PROCESS rows whose lease expired to PENDING, without
     /// counting an attempt.

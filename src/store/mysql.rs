@@ -38,8 +38,9 @@ fn dialect(t: &Tables) -> Dialect {
         exists_errors: &["1061", "Duplicate key name"],
         ping: "SELECT 1",
         max_ids: 1000,
-        common: sql::common(t, NOW, plus),
+        common: sql::common(t, NOW, plus, sql::IDS_IN),
         claim_returning: None,
+        hold_claim: None,
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
@@ -184,7 +185,7 @@ impl MySqlStore {
                 ),
             );
         let pool = mysql::Pool::new(opts).map_err(err)?;
-        let d = dialect(&tables);
+        let d = std::sync::Arc::new(dialect(&tables));
         Ok(MySqlStore {
             inner: SqlStore {
                 pool: Pool(pool),

@@ -46,8 +46,9 @@ fn dialect(t: &Tables) -> Dialect {
         exists_errors: &["ORA-00955", "ORA-01408"],
         ping: "SELECT 1 FROM DUAL",
         max_ids: 1000,
-        common: sql::common(t, NOW, plus),
+        common: sql::common(t, NOW, plus, sql::IDS_IN),
         claim_returning: None,
+        hold_claim: None,
         // no row limit in SQL: the fetch size limits it ($2 is not bound)
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
@@ -239,7 +240,7 @@ impl OracleStore {
             .max_connections(16)
             .build()
             .map_err(err)?;
-        let d = dialect(&tables);
+        let d = std::sync::Arc::new(dialect(&tables));
         Ok(OracleStore {
             inner: SqlStore {
                 pool: Pool(pool),

@@ -42,7 +42,15 @@ fn dialect(t: &Tables) -> Dialect {
         exists_errors: &[],
         ping: "SELECT 1",
         max_ids: 1000,
-        common: sql::common(t, "now()", plus),
+        // the ids through a sub-select, whose size the planner cannot see: given
+        // 200 ids outright, it seq-scans a table that was never analyzed (a fresh or
+        // fast-grown one) instead of looking them up in the primary key
+        common: sql::common(
+            t,
+            "now()",
+            plus,
+            "id = ANY(ARRAY(SELECT unnest(ARRAY[{ids}])))",
+        ),
         claim_returning: Some(format!(
             // the ids as an array, not a join: a join lets the planner hash the whole
             // table, while `= ANY` looks each id up in the primary key
@@ -53,6 +61,7 @@ fn dialect(t: &Tables) -> Dialect {
                FOR UPDATE SKIP LOCKED)) \
              RETURNING id, event_type, event_key, headers::text, payload, attempts"
         )),
+        hold_claim: Some("BEGIN; SET LOCAL idle_in_transaction_session_timeout = {ms}"),
         claim_select: format!(
             "SELECT id, event_type, event_key, headers::text, payload, attempts FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= now() \
@@ -217,6 +226,10 @@ impl Conn for Checked {
 
 impl sql::Pool for Pool {
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
+        Ok(self.get_owned()?)
+    }
+
+    fn get_owned(&self) -> Result<Box<dyn Conn + Send>> {
         if self.0.test_on_check_out() {
             // a pool of the caller's (`from_pool`) that tests by itself
             return Ok(Box::new(sql::Held(self.0.get()?)));
@@ -307,7 +320,7 @@ impl PgStore {
     }
 
     fn with_tables(pool: PgPool, tables: Tables) -> Result<Self> {
-        let d = dialect(&tables);
+        let d = std::sync::Arc::new(dialect(&tables));
         Ok(PgStore {
             inner: SqlStore {
                 pool: Pool(pool),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::{Outcome, Store, Tables, TypeStatus};
+use super::{HeldBatch, HeldClaim, Outcome, Store, Tables, TypeStatus};
 use crate::dlq::{DeadLetter, DlqFilter, DlqStatus};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId, NewEvent};
@@ -169,6 +169,18 @@ macro_rules! delegate_store {
             ) -> $crate::Result<u64> {
                 self.inner.finish(token, outcomes)
             }
+            fn can_hold_claims(&self) -> bool {
+                self.inner.can_hold_claims()
+            }
+            fn claim_held(
+                &self,
+                event_type: &str,
+                after: Option<$crate::EventId>,
+                limit: usize,
+                lease: std::time::Duration,
+            ) -> $crate::Result<$crate::store::HeldClaim> {
+                self.inner.claim_held(event_type, after, limit, lease)
+            }
             fn recover_expired(&self, limit: usize) -> $crate::Result<u64> {
                 self.inner.recover_expired(limit)
             }
@@ -276,6 +288,13 @@ where
 /// Hands out connections.
 pub(crate) trait Pool: Send + Sync + 'static {
     fn get(&self) -> Result<Box<dyn Conn + '_>>;
+    /// A connection that may outlive the call (a held claim keeps one). Pools of
+    /// dialects with [`Dialect::hold_claim`] implement it.
+    fn get_owned(&self) -> Result<Box<dyn Conn + Send>> {
+        Err(Error::InvalidInput(
+            "this store cannot hand out a connection of its own".into(),
+        ))
+    }
 }
 
 /// How a driver writes placeholders.
@@ -382,17 +401,56 @@ pub(crate) fn ago(plus: fn(&str) -> String, ms_param: &str) -> String {
     plus(&format!("-{ms_param}"))
 }
 
+/// The statements that finish a claimed batch, each kept to the rows the claim
+/// still holds by a `fence` condition.
+pub(crate) struct Finish {
+    /// $1 token, {ids}
+    pub sent: String,
+    /// $1 token, {ids}
+    pub delete: String,
+    /// $1 status, $2 delay ms, $3 error, $4 id, $5 token
+    pub failed: String,
+}
+
+impl Finish {
+    /// `ids` picks the rows of the statements with an id list, `fence` keeps them
+    /// to the claim's, `fence_one` does for the one-row statement (whose token is
+    /// `$5`).
+    fn new(
+        o: &str,
+        now: &str,
+        plus: fn(&str) -> String,
+        ids: &str,
+        fence: &str,
+        fence_one: &str,
+    ) -> Finish {
+        Finish {
+            sent: format!(
+                "UPDATE {o} SET status = 'PROCESSED', processed_at = {now}, claim_token = NULL, lease_until = NULL \
+                 WHERE {fence} AND {ids}"
+            ),
+            delete: format!("DELETE FROM {o} WHERE {fence} AND {ids}"),
+            failed: format!(
+                "UPDATE {o} SET status = $1, attempts = attempts + 1, \
+                   next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
+                   last_error = $3, claim_token = NULL, lease_until = NULL \
+                 WHERE id = $4 AND {fence_one}",
+                plus("$2")
+            ),
+        }
+    }
+}
+
 /// The statements every dialect writes alike but for its clock: `now` is its
 /// "current time" expression and `plus("$n")` its "now + $n milliseconds".
 pub(crate) struct Common {
     /// $1 token, $2 lease ms, {ids}
     pub claim_update: String,
-    /// $1 token, {ids}
-    pub finish_sent: String,
-    /// $1 token, {ids}
-    pub finish_delete: String,
-    /// $1 status, $2 delay ms, $3 error, $4 id, $5 token
-    pub finish_failed: String,
+    /// Finishing a batch claimed under a lease: fenced by its token.
+    pub finish: Finish,
+    /// Finishing a batch whose rows the claim's open transaction holds locked
+    /// ([`crate::ClaimMode::Lock`]): they are still PENDING.
+    pub finish_held: Finish,
     /// {ids}
     pub recover: String,
     pub delete_outbox: String,
@@ -410,7 +468,13 @@ pub(crate) struct Common {
     pub dlq_delete_status: String,
 }
 
-pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String) -> Common {
+/// `id IN ({ids})`, the way most dialects finish a batch by its ids.
+pub(crate) const IDS_IN: &str = "id IN ({ids})";
+
+/// The statements of [`Common`] for a dialect whose clock is `now`, whose "now + n
+/// ms" is `plus`, and whose finish statements pick their rows with `finish_ids`
+/// (usually [`IDS_IN`]).
+pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String, finish_ids: &str) -> Common {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     Common {
         claim_update: format!(
@@ -421,18 +485,10 @@ pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String) -> Common 
         // clears it), so the token alone fences. Naming the status as well would let
         // PostgreSQL pick the in-process partial index and step over every dead
         // entry in it instead of looking the ids up in the primary key.
-        finish_sent: format!(
-            "UPDATE {o} SET status = 'PROCESSED', processed_at = {now}, claim_token = NULL, lease_until = NULL \
-             WHERE claim_token = $1 AND id IN ({{ids}})"
-        ),
-        finish_delete: format!("DELETE FROM {o} WHERE claim_token = $1 AND id IN ({{ids}})"),
-        finish_failed: format!(
-            "UPDATE {o} SET status = $1, attempts = attempts + 1, \
-               next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
-               last_error = $3, claim_token = NULL, lease_until = NULL \
-             WHERE id = $4 AND claim_token = $5",
-            plus("$2")
-        ),
+        finish: Finish::new(o, now, plus, finish_ids, "claim_token = $1", "claim_token = $5"),
+        // a held claim's rows are locked by its transaction: nothing else changes
+        // them, and naming their status would again pick the pending index
+        finish_held: Finish::new(o, now, plus, finish_ids, "1 = 1", "1 = 1"),
         recover: format!(
             "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
              WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
@@ -488,6 +544,10 @@ pub(crate) struct Dialect {
     /// $5 only ids above this one); without it: `claim_select` then `claim_update` in
     /// a transaction.
     pub claim_returning: Option<String>,
+    /// Opens the transaction of a held claim ([`crate::ClaimMode::Lock`]) and has the
+    /// database end the session once it idled in it for `{ms}` milliseconds; `None`:
+    /// the dialect cannot hold claims.
+    pub hold_claim: Option<&'static str>,
     /// $1 type, $2 only ids above this one, $3 limit (Oracle limits by fetching)
     /// -> id, type, key, headers, payload, attempts
     pub claim_select: String,
@@ -608,6 +668,93 @@ pub(crate) fn transaction<T>(
                 log::debug!("txbox: rollback after an error failed too: {r}");
             }
             Err(e)
+        }
+    }
+}
+
+/// How many statements [`finish_rows`] runs for `outcomes`.
+fn finish_statements(d: &Dialect, outcomes: &[(EventId, Outcome)]) -> usize {
+    let count = |o: &Outcome| outcomes.iter().filter(|(_, x)| x == o).count();
+    let failed = outcomes.iter().filter(|(_, o)| !o.is_sent()).count();
+    failed
+        + count(&Outcome::Sent).div_ceil(d.max_ids)
+        + count(&Outcome::SentDelete).div_ceil(d.max_ids)
+}
+
+/// Finishes a batch with `sql`: acked rows are marked PROCESSED or deleted, in
+/// chunks; the others one by one. Returns the rows changed.
+fn finish_rows(
+    c: &mut dyn Conn,
+    d: &Dialect,
+    sql: &Finish,
+    token: Uuid,
+    outcomes: &[(EventId, Outcome)],
+) -> Result<u64> {
+    let ids = |want: &Outcome| -> Vec<Val> {
+        outcomes
+            .iter()
+            .filter(|(_, o)| o == want)
+            .map(|(id, _)| Val::Id(id.as_uuid()))
+            .collect()
+    };
+    let mut changed = 0;
+    for (template, ids) in [
+        (&sql.sent, ids(&Outcome::Sent)),
+        (&sql.delete, ids(&Outcome::SentDelete)),
+    ] {
+        for chunk in ids.chunks(d.max_ids) {
+            changed += run_execute(c, d, template, &[Val::Id(token)], chunk)?;
+        }
+    }
+    for (id, outcome) in outcomes {
+        let (status, delay, error) = match outcome {
+            Outcome::Retry { delay, error } => ("PENDING", *delay, error),
+            Outcome::Failed { error } => ("FAILED", Duration::ZERO, error),
+            Outcome::Sent | Outcome::SentDelete => continue,
+        };
+        let fixed = [
+            status.into(),
+            ms(delay),
+            error.as_str().into(),
+            Val::Id(id.as_uuid()),
+            Val::Id(token),
+        ];
+        changed += run_execute(c, d, &sql.failed, &fixed, &[])?;
+    }
+    Ok(changed)
+}
+
+/// A held claim: the connection whose open transaction locks the batch's rows.
+struct HeldTx {
+    conn: Box<dyn Conn + Send>,
+    d: std::sync::Arc<Dialect>,
+    /// The transaction is open (rolled back on drop).
+    open: bool,
+}
+
+impl HeldBatch for HeldTx {
+    fn finish(mut self: Box<Self>, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
+        let d = self.d.clone();
+        // the rows are locked by this transaction, so no token is needed to fence
+        let changed = finish_rows(
+            &mut *self.conn,
+            &d,
+            &d.common.finish_held,
+            Uuid::nil(),
+            outcomes,
+        )?;
+        self.conn.batch("COMMIT")?;
+        self.open = false;
+        Ok(changed)
+    }
+}
+
+impl Drop for HeldTx {
+    fn drop(&mut self) {
+        if self.open {
+            if let Err(e) = self.conn.batch("ROLLBACK") {
+                log::debug!("txbox: rolling back a held claim failed: {e}");
+            }
         }
     }
 }
@@ -751,7 +898,7 @@ pub(crate) fn insert_inbox_ids(
 pub(crate) struct SqlStore<P: Pool> {
     pub(crate) pool: P,
     pub(crate) tables: Tables,
-    pub(crate) d: Dialect,
+    pub(crate) d: std::sync::Arc<Dialect>,
 }
 
 impl<P: Pool> SqlStore<P> {
@@ -900,60 +1047,58 @@ impl<P: Pool> Store for SqlStore<P> {
 
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
         let d = &self.d;
-        let ids = |want: &Outcome| -> Vec<Val> {
-            outcomes
-                .iter()
-                .filter(|(_, o)| o == want)
-                .map(|(id, _)| Val::Id(id.as_uuid()))
-                .collect()
-        };
-        // acked rows are marked PROCESSED or deleted, in chunks; the others one by one
-        let acked = [
-            (&d.common.finish_sent, ids(&Outcome::Sent)),
-            (&d.common.finish_delete, ids(&Outcome::SentDelete)),
-        ];
-        let failed: Vec<&(EventId, Outcome)> =
-            outcomes.iter().filter(|(_, o)| !o.is_sent()).collect();
-        let statements = failed.len()
-            + acked
-                .iter()
-                .map(|(_, ids)| ids.len().div_ceil(d.max_ids))
-                .sum::<usize>();
         // sent rows and failed rows change together, so a retried deadlock cannot
         // count rows finished by the first try as lost; the all-sent batch (the common
         // case) is one statement without a transaction around it
-        let apply = |c: &mut dyn Conn| -> Result<u64> {
-            let mut changed = 0;
-            for (template, ids) in &acked {
-                for chunk in ids.chunks(d.max_ids) {
-                    changed += run_execute(c, d, template, &[Val::Id(token)], chunk)?;
-                }
-            }
-            for (id, outcome) in &failed {
-                let (status, delay, error) = match outcome {
-                    Outcome::Retry { delay, error } => ("PENDING", *delay, error),
-                    Outcome::Failed { error } => ("FAILED", Duration::ZERO, error),
-                    Outcome::Sent | Outcome::SentDelete => continue,
-                };
-                let fixed = [
-                    status.into(),
-                    ms(delay),
-                    error.as_str().into(),
-                    Val::Id(id.as_uuid()),
-                    Val::Id(token),
-                ];
-                changed += run_execute(c, d, &d.common.finish_failed, &fixed, &[])?;
-            }
-            Ok(changed)
-        };
+        let statements = finish_statements(d, outcomes);
         self.with_retry("finish", || {
             let mut conn = self.pool.get()?;
+            let apply = |c: &mut dyn Conn| finish_rows(c, d, &d.common.finish, token, outcomes);
             if statements <= 1 {
                 apply(&mut *conn)
             } else {
                 transaction(&mut *conn, d, apply)
             }
         })
+    }
+
+    fn can_hold_claims(&self) -> bool {
+        self.d.hold_claim.is_some()
+    }
+
+    fn claim_held(
+        &self,
+        event_type: &str,
+        after: Option<EventId>,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<HeldClaim> {
+        let d = &self.d;
+        let Some(open) = d.hold_claim else {
+            return Err(Error::InvalidInput(
+                "claim mode \"lock\" needs a store that can hold a claim open (PostgreSQL)".into(),
+            ));
+        };
+        let mut held = HeldTx {
+            conn: self.pool.get_owned()?,
+            d: d.clone(),
+            open: false,
+        };
+        // marked open first: should the second statement fail, the drop rolls back
+        held.open = true;
+        held.conn
+            .batch(&open.replace("{ms}", &lease.as_millis().to_string()))?;
+        let after = Val::Id(after.map_or(Uuid::nil(), |id| id.as_uuid()));
+        let params = [event_type.into(), after, Val::Int(limit as i64)];
+        let rows = run_query_max(&mut *held.conn, d, &d.claim_select, &params, limit)?;
+        if rows.is_empty() {
+            held.conn.batch("COMMIT")?;
+            held.open = false;
+            return Ok((Vec::new(), None));
+        }
+        let mut events = rows.iter().map(event_row).collect::<Result<Vec<_>>>()?;
+        events.sort_by_key(|e| e.id);
+        Ok((events, Some(Box::new(held))))
     }
 
     fn recover_expired(&self, limit: usize) -> Result<u64> {

@@ -41,8 +41,9 @@ fn dialect(t: &Tables) -> Dialect {
         exists_errors: &[],
         ping: "SELECT 1",
         max_ids: 500,
-        common: sql::common(t, NOW, plus),
+        common: sql::common(t, NOW, plus, sql::IDS_IN),
         claim_returning: None,
+        hold_claim: None,
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
@@ -165,7 +166,7 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>, table_prefix: &str) -> Result<Self> {
         let tables = Tables::new(table_prefix)?;
         let conn = Self::connection(path)?;
-        let d = dialect(&tables);
+        let d = std::sync::Arc::new(dialect(&tables));
         Ok(SqliteStore {
             inner: SqlStore {
                 pool: Pool(Mutex::new(conn)),
