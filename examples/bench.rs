@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use txbox::{
-    Config, Event, EventId, EventOptions, MemorySender, Outbox, PgStore, Relay, SendError, Sender,
-    Started, Store,
+    ClaimMode, Config, Event, EventId, EventOptions, MemorySender, Outbox, PgStore, Relay,
+    SendError, Sender, Started, Store,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -42,21 +42,29 @@ struct Size {
     in_flight: Option<usize>,
     /// `--delete-acked`: the relay floor and the brokers with `processed_ttl` zero
     delete_acked: bool,
+    /// `--claim lock`: the relay floor and the brokers with held claims
+    claim: ClaimMode,
 }
 
 impl Size {
     /// What the rows' labels add when acked rows are deleted.
-    fn mode(&self) -> &'static str {
-        if self.delete_acked {
+    fn mode(&self) -> String {
+        let held = match self.claim {
+            ClaimMode::Lock => ", held claims",
+            ClaimMode::Lease => "",
+        };
+        let deleted = if self.delete_acked {
             ", acked rows deleted"
         } else {
             ""
-        }
+        };
+        format!("{held}{deleted}")
     }
 
-    /// The configuration of the relay parts: processed rows kept or not.
+    /// The configuration of the relay parts: processed rows kept or not, claims
+    /// leased or held.
     fn relay_config(&self, prefix: &str, options: EventOptions) -> Config {
-        config_with(prefix, options, self.delete_acked)
+        config_with(prefix, options.claim(self.claim), self.delete_acked)
     }
 }
 
@@ -245,20 +253,33 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
     let cfg = s.relay_config(p, EventOptions::new().batch_size(200));
     let outbox = Outbox::new(&cfg)?;
     // the relay's own statements, as the hand loop sends them
-    let claim = format!(
-        "UPDATE {p}outbox_events SET status = 'IN_PROCESS', claim_token = $3, \
+    let held = s.claim == ClaimMode::Lock;
+    let claim = if held {
+        format!(
+            "SELECT id, event_type, event_key, headers::text, payload, attempts FROM {p}outbox_events \
+             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= now() \
+             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
+        )
+    } else {
+        format!(
+            "UPDATE {p}outbox_events SET status = 'IN_PROCESS', claim_token = $3, \
            lease_until = now() + $4 * interval '1 millisecond' \
          WHERE id = ANY(ARRAY(SELECT id FROM {p}outbox_events WHERE event_type = $1 AND id > $5 \
            AND status = 'PENDING' AND next_attempt_at <= now() ORDER BY id LIMIT $2 \
            FOR UPDATE SKIP LOCKED)) \
          RETURNING id, event_type, event_key, headers::text, payload, attempts"
-    );
+        )
+    };
+    // a held claim's rows are fenced by its locks, a leased one's by its token
+    let fence = if held { "1 = 1" } else { "claim_token = $1" };
+    // the ids through a sub-select, as the relay's statements (see postgres.rs)
+    let ids = "id = ANY(ARRAY(SELECT unnest($2::uuid[])))";
     let finish = if s.delete_acked {
-        format!("DELETE FROM {p}outbox_events WHERE claim_token = $1 AND id = ANY($2)")
+        format!("DELETE FROM {p}outbox_events WHERE {fence} AND {ids}")
     } else {
         format!(
             "UPDATE {p}outbox_events SET status = 'PROCESSED', processed_at = now(), claim_token = NULL, \
-             lease_until = NULL WHERE claim_token = $1 AND id = ANY($2)"
+             lease_until = NULL WHERE {fence} AND {ids}"
         )
     };
     // relay, hand, hand, relay: each on a freshly filled table, so neither profits
@@ -287,10 +308,15 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
         let (mut after, mut run) = (uuid::Uuid::nil(), 0);
         while done < s.floor {
             let token = uuid::Uuid::now_v7();
-            let rows = c.query(
-                claim.as_str(),
-                &[&"bench", &200i64, &token, &300_000f64, &after],
-            )?;
+            let rows = if held {
+                c.batch_execute("BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000")?;
+                c.query(claim.as_str(), &[&"bench", &after, &200i64])?
+            } else {
+                c.query(
+                    claim.as_str(),
+                    &[&"bench", &200i64, &token, &300_000f64, &after],
+                )?
+            };
             let mut events: Vec<Event> = rows
                 .iter()
                 .map(|r| Event {
@@ -307,7 +333,19 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
             events.sort_by_key(|e| e.id);
             let _ = sink.send(&events);
             let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id.as_uuid()).collect();
-            c.execute(finish.as_str(), &[&token, &ids])?;
+            if held {
+                // the token is not in the statement: typed, so it may go unused
+                c.execute_typed(
+                    finish.as_str(),
+                    &[
+                        (&token, postgres::types::Type::UUID),
+                        (&ids, postgres::types::Type::UUID_ARRAY),
+                    ],
+                )?;
+                c.batch_execute("COMMIT")?;
+            } else {
+                c.execute(finish.as_str(), &[&token, &ids])?;
+            }
             done += events.len();
             run += 1;
             after = match ids.last() {
@@ -867,7 +905,7 @@ const PARTS: [&str; 7] = [
 ];
 
 const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N] [--delete-acked]
-             [--events N] [--txs N] [--idle SECS] [--rate-secs SECS]
+             [--claim lease|lock] [--events N] [--txs N] [--idle SECS] [--rate-secs SECS]
 
   --full           the full sizes (100,000 events, 5 minutes idle; about 9 minutes)
                    instead of the quick run (under a minute)
@@ -885,6 +923,9 @@ const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
                    relay's default, 3)
   --delete-acked   the relay floor and the brokers with processed_ttl zero: acked
                    rows are deleted instead of marked PROCESSED (the hand loop too)
+  --claim lock     the relay floor and the brokers with held claims (claim = \"lock\":
+                   rows locked in an open transaction, not stamped; the hand loop
+                   too); default lease
   --help           this text";
 
 /// The command line, checked: an unknown flag or a bad value is an error, not a
@@ -895,6 +936,7 @@ struct Args {
     only: Option<Vec<String>>,
     in_flight: Option<usize>,
     delete_acked: bool,
+    claim: ClaimMode,
     events: Option<usize>,
     txs: Option<usize>,
     idle: Option<u64>,
@@ -909,6 +951,7 @@ impl Args {
             only: None,
             in_flight: None,
             delete_acked: false,
+            claim: ClaimMode::Lease,
             events: None,
             txs: None,
             idle: None,
@@ -937,6 +980,15 @@ impl Args {
                         return Err(format!("--only: unknown part `{bad}`"));
                     }
                     a.only = Some(parts);
+                }
+                "--claim" => {
+                    a.claim = match it.next().map(String::as_str) {
+                        Some("lease") => ClaimMode::Lease,
+                        Some("lock") => ClaimMode::Lock,
+                        other => {
+                            return Err(format!("--claim: {other:?} is not `lease` or `lock`"))
+                        }
+                    }
                 }
                 "--in-flight" => {
                     let v = it.next().ok_or("--in-flight needs a number")?;
@@ -989,6 +1041,7 @@ fn main() -> Res<()> {
             instances: 100_000,
             in_flight,
             delete_acked: args.delete_acked,
+            claim: args.claim,
         }
     } else {
         Size {
@@ -1003,6 +1056,7 @@ fn main() -> Res<()> {
             instances: 20_000,
             in_flight,
             delete_acked: args.delete_acked,
+            claim: args.claim,
         }
     };
     let s = Size {
