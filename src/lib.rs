@@ -58,7 +58,9 @@
 //!   sender reported the broker's ack. Every error path leaves it PENDING, IN_PROCESS
 //!   (recovered after its lease) or FAILED (moved to the dead letters).
 //! - Finishing a batch checks its claim token: a relay whose lease expired cannot
-//!   overwrite what another relay did since.
+//!   overwrite what another relay did since. With held claims ([`ClaimMode::Lock`],
+//!   PostgreSQL) the rows stay locked in the claim's open transaction instead, and
+//!   the database ends a session that idles in it past the lease.
 //! - Time comes from the database clock.
 
 #![warn(missing_docs)]
