@@ -61,7 +61,13 @@ fn dialect(t: &Tables) -> Dialect {
                FOR UPDATE SKIP LOCKED)) \
              RETURNING id, event_type, event_key, headers::text, payload, attempts"
         )),
-        hold_claim: Some("BEGIN; SET LOCAL idle_in_transaction_session_timeout = {ms}"),
+        hold_claim: Some(sql::HoldClaim {
+            open: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {ms}",
+            probe: format!(
+                "SELECT 1 FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
+                 AND next_attempt_at <= now() LIMIT 1"
+            ),
+        }),
         claim_select: format!(
             "SELECT id, event_type, event_key, headers::text, payload, attempts FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= now() \

@@ -521,6 +521,16 @@ pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String, finish_ids
     }
 }
 
+/// The statements a held claim adds to `claim_select` and [`Common::finish_held`].
+pub(crate) struct HoldClaim {
+    /// Opens the transaction and has the database end the session once it idled
+    /// in it for `{ms}` milliseconds.
+    pub open: &'static str,
+    /// $1 type -> a row when a due PENDING event may be there (no lock taken), so an
+    /// idle type costs one statement per poll, not a transaction of three.
+    pub probe: String,
+}
+
 /// Every statement of one dialect, with the table names filled in.
 pub(crate) struct Dialect {
     pub style: Style,
@@ -544,10 +554,9 @@ pub(crate) struct Dialect {
     /// $5 only ids above this one); without it: `claim_select` then `claim_update` in
     /// a transaction.
     pub claim_returning: Option<String>,
-    /// Opens the transaction of a held claim ([`crate::ClaimMode::Lock`]) and has the
-    /// database end the session once it idled in it for `{ms}` milliseconds; `None`:
-    /// the dialect cannot hold claims.
-    pub hold_claim: Option<&'static str>,
+    /// The statements of a held claim ([`crate::ClaimMode::Lock`]); `None`: the
+    /// dialect cannot hold claims.
+    pub hold_claim: Option<HoldClaim>,
     /// $1 type, $2 only ids above this one, $3 limit (Oracle limits by fetching)
     /// -> id, type, key, headers, payload, attempts
     pub claim_select: String,
@@ -1074,7 +1083,7 @@ impl<P: Pool> Store for SqlStore<P> {
         lease: Duration,
     ) -> Result<HeldClaim> {
         let d = &self.d;
-        let Some(open) = d.hold_claim else {
+        let Some(hold) = &d.hold_claim else {
             return Err(Error::InvalidInput(
                 "claim mode \"lock\" needs a store that can hold a claim open (PostgreSQL)".into(),
             ));
@@ -1084,10 +1093,16 @@ impl<P: Pool> Store for SqlStore<P> {
             d: d.clone(),
             open: false,
         };
+        // not resuming a backlog: maybe there is nothing to claim (an idle type)
+        if after.is_none()
+            && run_query(&mut *held.conn, d, &hold.probe, &[event_type.into()], &[])?.is_empty()
+        {
+            return Ok((Vec::new(), None));
+        }
         // marked open first: should the second statement fail, the drop rolls back
         held.open = true;
         held.conn
-            .batch(&open.replace("{ms}", &lease.as_millis().to_string()))?;
+            .batch(&hold.open.replace("{ms}", &lease.as_millis().to_string()))?;
         let after = Val::Id(after.map_or(Uuid::nil(), |id| id.as_uuid()));
         let params = [event_type.into(), after, Val::Int(limit as i64)];
         let rows = run_query_max(&mut *held.conn, d, &d.claim_select, &params, limit)?;
