@@ -734,3 +734,43 @@ fn held_claims_need_a_store_that_can_hold_them() {
         .claim_held("y", None, 10, Duration::from_secs(1))
         .is_err());
 }
+
+/// A held claim sends its statements as one script each, values written as
+/// literals: event types with quotes and backslashes (and one that tries to end
+/// the statement) are claimed exactly and harm nothing.
+#[test]
+fn held_claims_write_odd_event_types_as_exact_literals() {
+    let p = "t_rel_holdq_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let odd = [
+        r"it's",
+        r"back\slash\\",
+        r"x'); DELETE FROM t_rel_holdq_outbox_events; --",
+        r"\'; SELECT 1; --",
+        "ünïcödé ✓",
+    ];
+    let mut b = Config::builder().table_prefix(p);
+    for t in odd {
+        b = b.event(t, EventOptions::new());
+    }
+    let config = b.build().unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let mut published = Vec::new();
+    for t in odd {
+        published.push(outbox.publish_batch(&mut tx, t, 0..3).unwrap());
+    }
+    tx.commit().unwrap();
+    for (t, ids) in odd.iter().zip(&published) {
+        let (events, held) = store
+            .claim_held(t, None, 10, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(&events.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "{t}");
+        assert!(events.iter().all(|e| e.event_type == *t), "{t}");
+        let acked: Vec<(EventId, Outcome)> = ids.iter().map(|id| (*id, Outcome::Sent)).collect();
+        assert_eq!(held.unwrap().finish(&acked).unwrap(), 3, "{t}");
+    }
+    assert_eq!(count(&mut client, p, "PROCESSED"), 15);
+}

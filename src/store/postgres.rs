@@ -67,6 +67,7 @@ fn dialect(t: &Tables) -> Dialect {
                 "SELECT 1 FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
                  AND next_attempt_at <= now() LIMIT 1"
             ),
+            literal,
         }),
         claim_select: format!(
             "SELECT id, event_type, event_key, headers::text, payload, attempts FROM {o} \
@@ -185,7 +186,38 @@ fn pg_batch(c: &mut impl GenericClient, sql: &str) -> Result<()> {
     Ok(c.batch_execute(sql)?)
 }
 
-sql::conn_impls!(pg_query, pg_execute, pg_batch; postgres::Client, postgres::Transaction<'_>);
+fn pg_script(c: &mut impl GenericClient, sql: &str) -> Result<sql::Script> {
+    let mut out = sql::Script::default();
+    for message in c.simple_query(sql)? {
+        match message {
+            postgres::SimpleQueryMessage::Row(r) => out.rows.push(Row((0..r.len())
+                .map(|i| r.get(i).map_or(Val::Null, |v| Val::Text(v.to_owned())))
+                .collect())),
+            postgres::SimpleQueryMessage::CommandComplete(n) => out.counts.push(n),
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// A value as a PostgreSQL literal. Text is an escape string (`E'...'`), whose
+/// meaning does not depend on `standard_conforming_strings`: backslashes and quotes
+/// are escaped, and PostgreSQL text cannot hold a NUL.
+fn literal(v: &Val) -> String {
+    match v {
+        Val::Null => "NULL".into(),
+        Val::Int(n) => n.to_string(),
+        Val::Float(f) => format!("'{f:?}'::float8"),
+        Val::Text(s) => format!("E'{}'", s.replace('\\', "\\\\").replace('\'', "''")),
+        Val::Id(u) => format!("'{u}'::uuid"),
+        Val::Bytes(b) => {
+            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+            format!("E'\\\\x{hex}'::bytea")
+        }
+    }
+}
+
+sql::conn_impls!(pg_query, pg_execute, pg_batch, pg_script; postgres::Client, postgres::Transaction<'_>);
 
 /// The r2d2 pool as a [`sql::Pool`].
 pub(crate) struct Pool(PgPool);
@@ -226,6 +258,10 @@ impl Conn for Checked {
     }
     fn batch(&mut self, sql: &str) -> Result<()> {
         let r = pg_batch(&mut *self.0, sql);
+        self.watch(r)
+    }
+    fn script(&mut self, sql: &str) -> Result<sql::Script> {
+        let r = pg_script(&mut *self.0, sql);
         self.watch(r)
     }
 }

@@ -112,6 +112,16 @@ pub(crate) trait Conn {
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64>;
     /// Runs statements without parameters (transaction control, DDL).
     fn batch(&mut self, sql: &str) -> Result<()>;
+    /// Runs statements without parameters in one round trip (values written into
+    /// the SQL as literals); returns every row they returned, as text, and each
+    /// statement's affected-row count. Only drivers whose dialect holds claims have
+    /// it.
+    fn script(&mut self, sql: &str) -> Result<Script> {
+        let _ = sql;
+        Err(Error::InvalidInput(
+            "this driver cannot run a statement script".into(),
+        ))
+    }
     /// Like `query`, fetching at most `max` rows: Oracle limits a `FOR UPDATE SKIP
     /// LOCKED` select by what it fetches (its rows are locked as they are fetched).
     fn query_max(&mut self, sql: &str, params: &[Val], max: usize) -> Result<Vec<Row>> {
@@ -121,8 +131,17 @@ pub(crate) trait Conn {
     }
 }
 
+/// What [`Conn::script`] returns.
+#[derive(Debug, Default)]
+pub(crate) struct Script {
+    /// The rows of every statement, in order, each value as text (or null).
+    pub rows: Vec<Row>,
+    /// The affected-row count of each statement, in order.
+    pub counts: Vec<u64>,
+}
+
 /// Implements [`Conn`] for driver types (a client and its transaction, say) whose
-/// query, execute and batch are the same three functions.
+/// query, execute and batch (and optionally script) are the same functions.
 macro_rules! conn_impls {
     ($query:path, $execute:path, $batch:path; $($t:ty),+ $(,)?) => {
         $(impl sql::Conn for $t {
@@ -134,6 +153,22 @@ macro_rules! conn_impls {
             }
             fn batch(&mut self, sql: &str) -> Result<()> {
                 $batch(self, sql)
+            }
+        })+
+    };
+    ($query:path, $execute:path, $batch:path, $script:path; $($t:ty),+ $(,)?) => {
+        $(impl sql::Conn for $t {
+            fn query(&mut self, sql: &str, params: &[sql::Val]) -> Result<Vec<sql::Row>> {
+                $query(self, sql, params)
+            }
+            fn execute(&mut self, sql: &str, params: &[sql::Val]) -> Result<u64> {
+                $execute(self, sql, params)
+            }
+            fn batch(&mut self, sql: &str) -> Result<()> {
+                $batch(self, sql)
+            }
+            fn script(&mut self, sql: &str) -> Result<sql::Script> {
+                $script(self, sql)
             }
         })+
     };
@@ -279,6 +314,9 @@ where
     }
     fn batch(&mut self, sql: &str) -> Result<()> {
         self.0.batch(sql)
+    }
+    fn script(&mut self, sql: &str) -> Result<Script> {
+        self.0.script(sql)
     }
     fn query_max(&mut self, sql: &str, params: &[Val], max: usize) -> Result<Vec<Row>> {
         self.0.query_max(sql, params, max)
@@ -529,6 +567,30 @@ pub(crate) struct HoldClaim {
     /// $1 type -> a row when a due PENDING event may be there (no lock taken), so an
     /// idle type costs one statement per poll, not a transaction of three.
     pub probe: String,
+    /// A value as an SQL literal: the claim and the all-acked finish go as one
+    /// script each (one round trip), their values written into the SQL.
+    pub literal: fn(&Val) -> String,
+}
+
+/// `template` with `{ids}` and every `$n` written out as literals of `fixed ++ ids`.
+fn inline(template: &str, fixed: &[Val], ids: &[Val], literal: fn(&Val) -> String) -> String {
+    let (sql, _) = render(template, Style::Dollar, fixed.len(), ids.len());
+    let all: Vec<&Val> = fixed.iter().chain(ids).collect();
+    let mut out = String::with_capacity(sql.len() + 40 * all.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
+            let mut n = 0usize;
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n * 10 + d as usize;
+                chars.next();
+            }
+            out.push_str(&all.get(n - 1).map_or("NULL".into(), |v| literal(v)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Every statement of one dialect, with the table names filled in.
@@ -744,14 +806,30 @@ struct HeldTx {
 impl HeldBatch for HeldTx {
     fn finish(mut self: Box<Self>, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
         let d = self.d.clone();
+        let sql = &d.common.finish_held;
         // the rows are locked by this transaction, so no token is needed to fence
-        let changed = finish_rows(
-            &mut *self.conn,
-            &d,
-            &d.common.finish_held,
-            Uuid::nil(),
-            outcomes,
-        )?;
+        let one_kind = |o: &Outcome| outcomes.iter().all(|(_, x)| x == o);
+        let all_acked = [
+            (Outcome::Sent, &sql.sent),
+            (Outcome::SentDelete, &sql.delete),
+        ]
+        .into_iter()
+        .find(|(o, _)| one_kind(o));
+        let changed = match (all_acked, &d.hold_claim) {
+            // the common case: the finish and the commit in one round trip
+            (Some((_, template)), Some(hold)) if outcomes.len() <= d.max_ids => {
+                let ids: Vec<Val> = outcomes
+                    .iter()
+                    .map(|(id, _)| Val::Id(id.as_uuid()))
+                    .collect();
+                let token = Val::Id(Uuid::nil());
+                let script = format!("{}; COMMIT", inline(template, &[token], &ids, hold.literal));
+                let done = self.conn.script(&script)?;
+                self.open = false;
+                return Ok(done.counts.first().copied().unwrap_or(0));
+            }
+            _ => finish_rows(&mut *self.conn, &d, sql, Uuid::nil(), outcomes)?,
+        };
         self.conn.batch("COMMIT")?;
         self.open = false;
         Ok(changed)
@@ -1099,13 +1177,18 @@ impl<P: Pool> Store for SqlStore<P> {
         {
             return Ok((Vec::new(), None));
         }
-        // marked open first: should the second statement fail, the drop rolls back
-        held.open = true;
-        held.conn
-            .batch(&hold.open.replace("{ms}", &lease.as_millis().to_string()))?;
         let after = Val::Id(after.map_or(Uuid::nil(), |id| id.as_uuid()));
         let params = [event_type.into(), after, Val::Int(limit as i64)];
-        let rows = run_query_max(&mut *held.conn, d, &d.claim_select, &params, limit)?;
+        // the transaction, its idle timeout and the locking select: one round trip
+        let script = format!(
+            "{}; {}",
+            hold.open.replace("{ms}", &lease.as_millis().to_string()),
+            inline(&d.claim_select, &params, &[], hold.literal)
+        );
+        // marked open first: should a statement fail, the drop rolls back
+        held.open = true;
+        let mut rows = held.conn.script(&script)?.rows;
+        rows.truncate(limit);
         if rows.is_empty() {
             held.conn.batch("COMMIT")?;
             held.open = false;
