@@ -55,6 +55,13 @@ impl Outcome {
     }
 }
 
+/// The error of a store that cannot hold a claim open.
+pub(crate) fn cannot_hold_claims() -> Error {
+    Error::InvalidInput(
+        "claim mode \"lock\" needs a store that can hold a claim open (PostgreSQL)".into(),
+    )
+}
+
 /// A batch claimed by [`Store::claim_held`]: its rows stay PENDING, locked by a
 /// transaction this value keeps open on a connection of its own. Dropping it
 /// unfinished rolls the transaction back, which leaves the rows as they were.
@@ -149,9 +156,7 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> Result<HeldClaim> {
         let _ = (event_type, after, limit, lease);
-        Err(Error::InvalidInput(
-            "claim mode \"lock\" needs a store that can hold a claim open (PostgreSQL)".into(),
-        ))
+        Err(cannot_hold_claims())
     }
 
     /// Returns up to `limit` IN_PROCESS rows whose lease expired to PENDING, without

@@ -1162,9 +1162,7 @@ impl<P: Pool> Store for SqlStore<P> {
     ) -> Result<HeldClaim> {
         let d = &self.d;
         let Some(hold) = &d.hold_claim else {
-            return Err(Error::InvalidInput(
-                "claim mode \"lock\" needs a store that can hold a claim open (PostgreSQL)".into(),
-            ));
+            return Err(super::cannot_hold_claims());
         };
         let mut held = HeldTx {
             conn: self.pool.get_owned()?,
