@@ -774,3 +774,62 @@ fn held_claims_write_odd_event_types_as_exact_literals() {
     }
     assert_eq!(count(&mut client, p, "PROCESSED"), 15);
 }
+
+/// Relays with lease claims and relays with held claims share one table: each
+/// skips what the others hold, and every event is delivered once.
+#[test]
+fn lease_and_held_claims_share_a_table_and_deliver_each_event_once() {
+    let p = "t_rel_mixed_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = |claim: ClaimMode| {
+        Config::builder()
+            .table_prefix(p)
+            .defaults(fast().batch_size(50).claim(claim))
+            .event("m", EventOptions::new())
+            .build()
+            .unwrap()
+    };
+    let outbox = Outbox::new(&config(ClaimMode::Lease)).unwrap();
+    let mut published = HashSet::new();
+    for _ in 0..5 {
+        let mut tx = client.transaction().unwrap();
+        published.extend(outbox.publish_batch(&mut tx, "m", 0..1000).unwrap());
+        tx.commit().unwrap();
+    }
+    let senders: Vec<MemorySender> = (0..4).map(|_| MemorySender::new()).collect();
+    let relays: Vec<Relay> = senders
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let claim = if i % 2 == 0 {
+                ClaimMode::Lease
+            } else {
+                ClaimMode::Lock
+            };
+            let store: Arc<dyn Store> = if i == 0 {
+                store.clone()
+            } else {
+                Arc::new(txbox::PgStore::connect(&pg_url(), p).unwrap())
+            };
+            Relay::start(store, &config(claim), s.clone()).unwrap()
+        })
+        .collect();
+    wait_until("5,000 rows processed", Duration::from_secs(60), || {
+        count(&mut client, p, "PROCESSED") == 5000
+    });
+    for r in relays {
+        r.shutdown(Duration::from_secs(10)).unwrap();
+    }
+    let mut seen = HashSet::new();
+    for e in senders.iter().flat_map(MemorySender::sent) {
+        assert!(seen.insert(e.id), "{} delivered twice", e.id);
+    }
+    assert_eq!(seen, published);
+    assert!(
+        senders.iter().all(|s| !s.is_empty()),
+        "every relay took a share: {:?}",
+        senders.iter().map(MemorySender::len).collect::<Vec<_>>()
+    );
+}

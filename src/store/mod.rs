@@ -84,7 +84,8 @@ pub struct TypeStatus {
     pub event_type: String,
     /// Rows waiting to be sent (including those waiting for a retry).
     pub pending: u64,
-    /// Rows claimed by a relay right now.
+    /// Rows claimed under a lease by a relay right now (rows of a held claim,
+    /// [`ClaimMode::Lock`](crate::ClaimMode::Lock), stay PENDING and count there).
     pub in_process: u64,
     /// Rows that used up their retries and wait for the move to the dead letters.
     pub failed: u64,
