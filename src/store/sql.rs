@@ -817,7 +817,9 @@ impl HeldBatch for HeldTx {
         .find(|(o, _)| one_kind(o));
         let changed = match (all_acked, &d.hold_claim) {
             // the common case: the finish and the commit in one round trip
-            (Some((_, template)), Some(hold)) if outcomes.len() <= d.max_ids => {
+            (Some((_, template)), Some(hold))
+                if !outcomes.is_empty() && outcomes.len() <= d.max_ids =>
+            {
                 let ids: Vec<Val> = outcomes
                     .iter()
                     .map(|(id, _)| Val::Id(id.as_uuid()))
