@@ -541,7 +541,7 @@ impl Poller {
                     self.in_flight.clear();
                     let d = state.after_error();
                     log::error!(
-                        "txbox: poller {} panicked; its batch returns after the lease; next try in {d:?}",
+                        "txbox: poller {} panicked; its batches return after the lease (held claims: at once); next try in {d:?}",
                         self.event_type
                     );
                     d

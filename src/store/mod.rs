@@ -94,7 +94,8 @@ pub struct TypeStatus {
 }
 
 /// Storage operations of txbox. Implemented once per SQL dialect; every method is
-/// one short transaction, and every method may be called from many threads.
+/// one short transaction (but for [`Store::claim_held`], whose transaction lasts
+/// until its batch is finished), and every method may be called from many threads.
 pub trait Store: Send + Sync + 'static {
     /// Creates the tables and indexes if missing (idempotent).
     fn migrate(&self) -> Result<()>;
@@ -137,7 +138,7 @@ pub trait Store: Send + Sync + 'static {
     /// Returns how many rows changed (fewer than given: the claim was lost).
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64>;
 
-    /// Whether [`Store::claim_held`] works on this store (PostgreSQL's own pool).
+    /// Whether [`Store::claim_held`] works on this store (PostgreSQL).
     fn can_hold_claims(&self) -> bool {
         false
     }
