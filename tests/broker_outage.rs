@@ -77,6 +77,11 @@ fn outage(
     wait_until("the first 100 consumed", Duration::from_secs(60), || {
         collected.ids().len() == 100
     });
+    // consumed is not yet acked to the relay: the broker must stop only once the
+    // relay has finished them, or the count below races the last confirms
+    wait_until("the first 100 processed", Duration::from_secs(30), || {
+        common::count(&mut client, prefix, "PROCESSED") == 100
+    });
 
     stop_broker();
     // 20 s without a broker, under load
