@@ -505,14 +505,7 @@ fn four_relays_deliver_every_event_exactly_once(b: Backend, p: &str) {
     wait_until("nothing left in process", Duration::from_secs(30), || {
         fx.counts("e") == txbox::TypeStatus::default()
     });
-    for r in relays {
-        r.shutdown(Duration::from_secs(10)).unwrap();
-    }
-    let mut seen = HashSet::new();
-    for e in senders.iter().flat_map(MemorySender::sent) {
-        assert!(seen.insert(e.id), "{} delivered twice", e.id);
-    }
-    assert_eq!(seen, published);
+    common::shut_down_and_check_each_once(relays, &senders, &published);
 }
 
 fn failing_sender_ends_in_the_dlq_and_a_retry_delivers(b: Backend, p: &str) {

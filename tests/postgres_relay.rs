@@ -825,14 +825,7 @@ fn lease_and_held_claims_share_a_table_and_deliver_each_event_once() {
     wait_until("10,000 rows processed", Duration::from_secs(60), || {
         count(&mut client, p, "PROCESSED") == 10_000
     });
-    for r in relays {
-        r.shutdown(Duration::from_secs(10)).unwrap();
-    }
-    let mut seen = HashSet::new();
-    for e in senders.iter().flat_map(MemorySender::sent) {
-        assert!(seen.insert(e.id), "{} delivered twice", e.id);
-    }
-    assert_eq!(seen, published);
+    common::shut_down_and_check_each_once(relays, &senders, &published);
     let share = |m: ClaimMode| -> usize {
         (0..4)
             .filter(|i| mode(*i) == m)

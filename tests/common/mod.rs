@@ -270,3 +270,20 @@ impl Calls {
         }
     }
 }
+
+/// Shuts the relays down, then checks that the senders together delivered each of
+/// `published` exactly once.
+pub fn shut_down_and_check_each_once(
+    relays: Vec<txbox::Relay>,
+    senders: &[txbox::MemorySender],
+    published: &std::collections::HashSet<txbox::EventId>,
+) {
+    for r in relays {
+        r.shutdown(Duration::from_secs(10)).unwrap();
+    }
+    let mut seen = std::collections::HashSet::new();
+    for e in senders.iter().flat_map(txbox::MemorySender::sent) {
+        assert!(seen.insert(e.id), "{} delivered twice", e.id);
+    }
+    assert_eq!(&seen, published);
+}
