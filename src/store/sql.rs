@@ -377,6 +377,31 @@ fn is<T: std::error::Error + 'static>(e: &Error) -> bool {
     matches!(e, Error::Database(b) if b.downcast_ref::<T>().is_some())
 }
 
+/// `template` with every `$n` placeholder replaced by `f(n)`.
+fn placeholders(template: &str, mut f: impl FnMut(usize) -> String) -> String {
+    let mut out = String::with_capacity(template.len() + 16);
+    let mut chars = template.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
+            let mut n = 0usize;
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n * 10 + d as usize;
+                chars.next();
+            }
+            out.push_str(&f(n));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `template` with `{ids}` written out as the placeholders after the `fixed` ones.
+fn expand_ids(template: &str, fixed: usize, ids: usize) -> String {
+    let list: Vec<String> = (fixed + 1..=fixed + ids).map(|n| format!("${n}")).collect();
+    template.replace("{ids}", &list.join(", "))
+}
+
 /// Renders `$n` / `{ids}` into `style`; returns the SQL and the order in which the
 /// parameters must be passed (indexes into fixed ++ ids).
 pub(crate) fn render(
@@ -385,29 +410,16 @@ pub(crate) fn render(
     fixed: usize,
     ids: usize,
 ) -> (String, Vec<usize>) {
-    let list: Vec<String> = (fixed + 1..=fixed + ids).map(|n| format!("${n}")).collect();
-    let expanded = template.replace("{ids}", &list.join(", "));
-    let mut out = String::with_capacity(expanded.len());
     let mut order = Vec::new();
-    let mut chars = expanded.char_indices().peekable();
-    while let Some((_, c)) = chars.next() {
-        if c == '$' && chars.peek().is_some_and(|(_, d)| d.is_ascii_digit()) {
-            let mut n = 0usize;
-            while let Some((_, d)) = chars.peek().copied().filter(|(_, d)| d.is_ascii_digit()) {
-                n = n * 10 + d.to_digit(10).unwrap_or(0) as usize;
-                chars.next();
-            }
-            order.push(n - 1);
-            match style {
-                Style::Dollar => out.push_str(&format!("${n}")),
-                Style::Question => out.push('?'),
-                Style::QuestionNumbered => out.push_str(&format!("?{n}")),
-                Style::Colon => out.push_str(&format!(":{n}")),
-            }
-        } else {
-            out.push(c);
+    let out = placeholders(&expand_ids(template, fixed, ids), |n| {
+        order.push(n - 1);
+        match style {
+            Style::Dollar => format!("${n}"),
+            Style::Question => "?".into(),
+            Style::QuestionNumbered => format!("?{n}"),
+            Style::Colon => format!(":{n}"),
         }
-    }
+    });
     if style != Style::Question {
         // numbered styles bind every index up to the highest one used
         let highest = order.iter().max().map_or(0, |m| m + 1);
@@ -418,20 +430,7 @@ pub(crate) fn render(
 
 /// Adds `by` to every `$n` placeholder of `template`.
 fn shift(template: &str, by: usize) -> String {
-    let mut out = String::with_capacity(template.len() + 8);
-    let mut chars = template.chars().peekable();
-    while let Some(c) = chars.next() {
-        out.push(c);
-        if c == '$' && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
-            let mut n = 0usize;
-            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
-                n = n * 10 + d as usize;
-                chars.next();
-            }
-            out.push_str(&(n + by).to_string());
-        }
-    }
-    out
+    placeholders(template, |n| format!("${}", n + by))
 }
 
 /// "now - `ms_param` milliseconds" in a dialect whose "now + n ms" is `plus`.
@@ -574,23 +573,10 @@ pub(crate) struct HoldClaim {
 
 /// `template` with `{ids}` and every `$n` written out as literals of `fixed ++ ids`.
 fn inline(template: &str, fixed: &[Val], ids: &[Val], literal: fn(&Val) -> String) -> String {
-    let (sql, _) = render(template, Style::Dollar, fixed.len(), ids.len());
     let all: Vec<&Val> = fixed.iter().chain(ids).collect();
-    let mut out = String::with_capacity(sql.len() + 40 * all.len());
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '$' && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
-            let mut n = 0usize;
-            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
-                n = n * 10 + d as usize;
-                chars.next();
-            }
-            out.push_str(&all.get(n - 1).map_or("NULL".into(), |v| literal(v)));
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    placeholders(&expand_ids(template, fixed.len(), ids.len()), |n| {
+        all.get(n - 1).map_or("NULL".into(), |v| literal(v))
+    })
 }
 
 /// Every statement of one dialect, with the table names filled in.
@@ -1450,5 +1436,20 @@ mod tests {
         );
         let (sql, _) = render("SELECT '$x', $10", Style::Dollar, 10, 0);
         assert_eq!(sql, "SELECT '$x', $10");
+    }
+
+    #[test]
+    fn inlines_every_placeholder_as_a_literal() {
+        let literal = |v: &Val| match v {
+            Val::Int(n) => format!("<{n}>"),
+            _ => "<?>".into(),
+        };
+        let t = "UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids}) AND c = $7";
+        let fixed = [Val::Int(1), Val::Int(2)];
+        let sql = inline(t, &fixed, &[Val::Int(3), Val::Int(4)], literal);
+        assert_eq!(
+            sql,
+            "UPDATE t SET a = <2> WHERE b = <1> AND id IN (<3>, <4>) AND c = NULL"
+        );
     }
 }
