@@ -143,8 +143,9 @@ pub(crate) struct Script {
 /// Implements [`Conn`] for driver types (a client and its transaction, say) whose
 /// query, execute and batch (and optionally script) are the same functions.
 macro_rules! conn_impls {
-    ($query:path, $execute:path, $batch:path; $($t:ty),+ $(,)?) => {
-        $(impl sql::Conn for $t {
+    ($query:path, $execute:path, $batch:path $(, $script:path)?;) => {};
+    ($query:path, $execute:path, $batch:path $(, $script:path)?; $t:ty $(, $rest:ty)* $(,)?) => {
+        impl sql::Conn for $t {
             fn query(&mut self, sql: &str, params: &[sql::Val]) -> Result<Vec<sql::Row>> {
                 $query(self, sql, params)
             }
@@ -154,23 +155,11 @@ macro_rules! conn_impls {
             fn batch(&mut self, sql: &str) -> Result<()> {
                 $batch(self, sql)
             }
-        })+
-    };
-    ($query:path, $execute:path, $batch:path, $script:path; $($t:ty),+ $(,)?) => {
-        $(impl sql::Conn for $t {
-            fn query(&mut self, sql: &str, params: &[sql::Val]) -> Result<Vec<sql::Row>> {
-                $query(self, sql, params)
-            }
-            fn execute(&mut self, sql: &str, params: &[sql::Val]) -> Result<u64> {
-                $execute(self, sql, params)
-            }
-            fn batch(&mut self, sql: &str) -> Result<()> {
-                $batch(self, sql)
-            }
-            fn script(&mut self, sql: &str) -> Result<sql::Script> {
+            $(fn script(&mut self, sql: &str) -> Result<sql::Script> {
                 $script(self, sql)
-            }
-        })+
+            })?
+        }
+        sql::conn_impls!($query, $execute, $batch $(, $script)?; $($rest),*);
     };
 }
 pub(crate) use conn_impls;
