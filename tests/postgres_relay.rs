@@ -685,7 +685,8 @@ fn a_held_claim_hides_its_rows_until_it_ends_and_a_lost_one_changes_nothing() {
     let mut outcomes = sent(&last);
     outcomes[0].1 = Outcome::Retry {
         delay: Duration::from_secs(3600),
-        error: "busy".into(),
+        // written into the finish script as a literal: quotes and backslashes kept
+        error: r"broker's \busy\".into(),
     };
     outcomes[1].1 = Outcome::Failed {
         error: "gone".into(),
@@ -708,7 +709,7 @@ fn a_held_claim_hides_its_rows_until_it_ends_and_a_lost_one_changes_nothing() {
             r.get::<_, String>(1),
             r.get::<_, bool>(2)
         ),
-        (1, "busy".to_string(), true)
+        (1, r"broker's \busy\".to_string(), true)
     );
     let (later, none) = store.claim_held("x", None, 100, lease).unwrap();
     assert!(later.is_empty() && none.is_none(), "the retry is not due");

@@ -718,38 +718,29 @@ pub(crate) fn transaction<T>(
     }
 }
 
-/// How many statements [`finish_rows`] runs for `outcomes`.
-fn finish_statements(d: &Dialect, outcomes: &[(EventId, Outcome)]) -> usize {
-    let count = |o: &Outcome| outcomes.iter().filter(|(_, x)| x == o).count();
-    let failed = outcomes.iter().filter(|(_, o)| !o.is_sent()).count();
-    failed
-        + count(&Outcome::Sent).div_ceil(d.max_ids)
-        + count(&Outcome::SentDelete).div_ceil(d.max_ids)
-}
+/// One statement of a finish: its template, fixed parameters and ids.
+type Step<'a> = (&'a str, Vec<Val>, Vec<Val>);
 
-/// Finishes a batch with `sql`: acked rows are marked PROCESSED or deleted, in
-/// chunks; the others one by one. Returns the rows changed.
-fn finish_rows(
-    c: &mut dyn Conn,
+/// The statements that finish a batch with `sql`: acked rows marked PROCESSED or
+/// deleted, in chunks; the others one by one.
+fn finish_steps<'a>(
     d: &Dialect,
-    sql: &Finish,
+    sql: &'a Finish,
     token: Uuid,
     outcomes: &[(EventId, Outcome)],
-) -> Result<u64> {
-    let ids = |want: &Outcome| -> Vec<Val> {
-        outcomes
-            .iter()
-            .filter(|(_, o)| o == want)
-            .map(|(id, _)| Val::Id(id.as_uuid()))
-            .collect()
-    };
-    let mut changed = 0;
-    for (template, ids) in [
-        (&sql.sent, ids(&Outcome::Sent)),
-        (&sql.delete, ids(&Outcome::SentDelete)),
+) -> Vec<Step<'a>> {
+    let mut steps = Vec::new();
+    for (template, want) in [
+        (&sql.sent, Outcome::Sent),
+        (&sql.delete, Outcome::SentDelete),
     ] {
+        let ids: Vec<Val> = outcomes
+            .iter()
+            .filter(|(_, o)| *o == want)
+            .map(|(id, _)| Val::Id(id.as_uuid()))
+            .collect();
         for chunk in ids.chunks(d.max_ids) {
-            changed += run_execute(c, d, template, &[Val::Id(token)], chunk)?;
+            steps.push((template.as_str(), vec![Val::Id(token)], chunk.to_vec()));
         }
     }
     for (id, outcome) in outcomes {
@@ -758,22 +749,24 @@ fn finish_rows(
             Outcome::Failed { error } => ("FAILED", Duration::ZERO, error),
             Outcome::Sent | Outcome::SentDelete => continue,
         };
-        let fixed = [
+        let fixed = vec![
             status.into(),
             ms(delay),
             error.as_str().into(),
             Val::Id(id.as_uuid()),
             Val::Id(token),
         ];
-        changed += run_execute(c, d, &sql.failed, &fixed, &[])?;
+        steps.push((sql.failed.as_str(), fixed, Vec::new()));
     }
-    Ok(changed)
+    steps
 }
 
 /// A held claim: the connection whose open transaction locks the batch's rows.
 struct HeldTx {
     conn: Box<dyn Conn + Send>,
     d: std::sync::Arc<Dialect>,
+    /// The dialect's literals ([`HoldClaim::literal`]).
+    literal: fn(&Val) -> String,
     /// The transaction is open (rolled back on drop).
     open: bool,
 }
@@ -781,35 +774,17 @@ struct HeldTx {
 impl HeldBatch for HeldTx {
     fn finish(mut self: Box<Self>, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
         let d = self.d.clone();
-        let sql = &d.common.finish_held;
-        // the rows are locked by this transaction, so no token is needed to fence
-        let one_kind = |o: &Outcome| outcomes.iter().all(|(_, x)| x == o);
-        let all_acked = [
-            (Outcome::Sent, &sql.sent),
-            (Outcome::SentDelete, &sql.delete),
-        ]
-        .into_iter()
-        .find(|(o, _)| one_kind(o));
-        let changed = match (all_acked, &d.hold_claim) {
-            // the common case: the finish and the commit in one round trip
-            (Some((_, template)), Some(hold))
-                if !outcomes.is_empty() && outcomes.len() <= d.max_ids =>
-            {
-                let ids: Vec<Val> = outcomes
-                    .iter()
-                    .map(|(id, _)| Val::Id(id.as_uuid()))
-                    .collect();
-                let token = Val::Id(Uuid::nil());
-                let script = format!("{}; COMMIT", inline(template, &[token], &ids, hold.literal));
-                let done = self.conn.script(&script)?;
-                self.open = false;
-                return Ok(done.counts.first().copied().unwrap_or(0));
-            }
-            _ => finish_rows(&mut *self.conn, &d, sql, Uuid::nil(), outcomes)?,
-        };
-        self.conn.batch("COMMIT")?;
+        // the rows are locked by this transaction, so no token is needed to fence;
+        // the statements and the commit go in one round trip
+        let steps = finish_steps(&d, &d.common.finish_held, Uuid::nil(), outcomes);
+        let mut script: Vec<String> = steps
+            .iter()
+            .map(|(template, fixed, ids)| inline(template, fixed, ids, self.literal))
+            .collect();
+        script.push("COMMIT".into());
+        let done = self.conn.script(&script.join("; "))?;
         self.open = false;
-        Ok(changed)
+        Ok(done.counts.iter().sum())
     }
 }
 
@@ -1111,14 +1086,20 @@ impl<P: Pool> Store for SqlStore<P> {
 
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
         let d = &self.d;
+        let steps = finish_steps(d, &d.common.finish, token, outcomes);
+        let apply = |c: &mut dyn Conn| -> Result<u64> {
+            let mut changed = 0;
+            for (template, fixed, ids) in &steps {
+                changed += run_execute(c, d, template, fixed, ids)?;
+            }
+            Ok(changed)
+        };
         // sent rows and failed rows change together, so a retried deadlock cannot
         // count rows finished by the first try as lost; the all-sent batch (the common
         // case) is one statement without a transaction around it
-        let statements = finish_statements(d, outcomes);
         self.with_retry("finish", || {
             let mut conn = self.pool.get()?;
-            let apply = |c: &mut dyn Conn| finish_rows(c, d, &d.common.finish, token, outcomes);
-            if statements <= 1 {
+            if steps.len() <= 1 {
                 apply(&mut *conn)
             } else {
                 transaction(&mut *conn, d, apply)
@@ -1144,6 +1125,7 @@ impl<P: Pool> Store for SqlStore<P> {
         let mut held = HeldTx {
             conn: self.pool.get_owned()?,
             d: d.clone(),
+            literal: hold.literal,
             open: false,
         };
         // not resuming a backlog: maybe there is nothing to claim (an idle type)
@@ -1162,8 +1144,7 @@ impl<P: Pool> Store for SqlStore<P> {
         );
         // marked open first: should a statement fail, the drop rolls back
         held.open = true;
-        let mut rows = held.conn.script(&script)?.rows;
-        rows.truncate(limit);
+        let rows = held.conn.script(&script)?.rows;
         if rows.is_empty() {
             held.conn.batch("COMMIT")?;
             held.open = false;
