@@ -47,7 +47,7 @@ struct Size {
 }
 
 impl Size {
-    /// What the rows' labels add when acked rows are deleted.
+    /// What the rows' labels add for held claims and deleted acked rows.
     fn mode(&self) -> String {
         let held = match self.claim {
             ClaimMode::Lock => ", held claims",
@@ -252,13 +252,19 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_floor_";
     let cfg = s.relay_config(p, EventOptions::new().batch_size(200));
     let outbox = Outbox::new(&cfg)?;
-    // the relay's own statements, as the hand loop sends them
+    // the relay's own statements, as the hand loop sends them; a held claim's go as
+    // scripts with their values written in, as the relay sends them
     let held = s.claim == ClaimMode::Lock;
+    let probe = format!(
+        "SELECT 1 FROM {p}outbox_events WHERE event_type = 'bench' AND status = 'PENDING' \
+         AND next_attempt_at <= now() LIMIT 1"
+    );
     let claim = if held {
         format!(
-            "SELECT id, event_type, event_key, headers::text, payload, attempts FROM {p}outbox_events \
-             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= now() \
-             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000; \
+             SELECT id, event_type, event_key, headers::text, payload, attempts FROM {p}outbox_events \
+             WHERE event_type = E'bench' AND id > {{after}} AND status = 'PENDING' AND next_attempt_at <= now() \
+             ORDER BY id LIMIT 200 FOR UPDATE SKIP LOCKED"
         )
     } else {
         format!(
@@ -270,10 +276,16 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
          RETURNING id, event_type, event_key, headers::text, payload, attempts"
         )
     };
-    // a held claim's rows are fenced by its locks, a leased one's by its token
-    let fence = if held { "1 = 1" } else { "claim_token = $1" };
+    // a held claim's rows are fenced by its locks, a leased one's by its token;
     // the ids through a sub-select, as the relay's statements (see postgres.rs)
-    let ids = "id = ANY(ARRAY(SELECT unnest($2::uuid[])))";
+    let (fence, ids) = if held {
+        ("1 = 1", "id = ANY(ARRAY(SELECT unnest(ARRAY[{ids}])))")
+    } else {
+        (
+            "claim_token = $1",
+            "id = ANY(ARRAY(SELECT unnest($2::uuid[])))",
+        )
+    };
     let finish = if s.delete_acked {
         format!("DELETE FROM {p}outbox_events WHERE {fence} AND {ids}")
     } else {
@@ -306,43 +318,54 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
         // like the relay: each full batch's claim starts after the previous one,
         // every RESCAN_EVERY batches from the lowest id again
         let (mut after, mut run) = (uuid::Uuid::nil(), 0);
+        let event =
+            |id: uuid::Uuid, event_type: String, key: Option<String>, payload: String| Event {
+                id: EventId::from_uuid(id),
+                event_type,
+                destination: "bench".into(),
+                routing_key: "bench".into(),
+                key,
+                headers: Default::default(),
+                payload,
+                attempts: 0,
+            };
         while done < s.floor {
             let token = uuid::Uuid::now_v7();
-            let rows = if held {
-                c.batch_execute("BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000")?;
-                c.query(claim.as_str(), &[&"bench", &after, &200i64])?
+            let mut events: Vec<Event> = if held {
+                // outside a backlog the relay first asks whether anything is due
+                if after.is_nil() {
+                    c.query(probe.as_str(), &[])?;
+                }
+                let script = claim.replace("{after}", &format!("'{after}'::uuid"));
+                let mut events = Vec::new();
+                for m in c.simple_query(&script)? {
+                    if let postgres::SimpleQueryMessage::Row(r) = m {
+                        let text = |i: usize| r.get(i).map(str::to_string);
+                        let id = text(0).unwrap_or_default().parse()?;
+                        let (kind, payload) =
+                            (text(1).unwrap_or_default(), text(4).unwrap_or_default());
+                        events.push(event(id, kind, text(2), payload));
+                    }
+                }
+                events
             } else {
                 c.query(
                     claim.as_str(),
                     &[&"bench", &200i64, &token, &300_000f64, &after],
                 )?
-            };
-            let mut events: Vec<Event> = rows
                 .iter()
-                .map(|r| Event {
-                    id: EventId::from_uuid(r.get(0)),
-                    event_type: r.get(1),
-                    destination: "bench".into(),
-                    routing_key: "bench".into(),
-                    key: r.get(2),
-                    headers: Default::default(),
-                    payload: r.get(4),
-                    attempts: 0,
-                })
-                .collect();
+                .map(|r| event(r.get(0), r.get(1), r.get(2), r.get(4)))
+                .collect()
+            };
             events.sort_by_key(|e| e.id);
             let _ = sink.send(&events);
             let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id.as_uuid()).collect();
             if held {
-                // the token is not in the statement: typed, so it may go unused
-                c.execute_typed(
-                    finish.as_str(),
-                    &[
-                        (&token, postgres::types::Type::UUID),
-                        (&ids, postgres::types::Type::UUID_ARRAY),
-                    ],
-                )?;
-                c.batch_execute("COMMIT")?;
+                let list: Vec<String> = ids.iter().map(|id| format!("'{id}'::uuid")).collect();
+                c.simple_query(&format!(
+                    "{}; COMMIT",
+                    finish.replace("{ids}", &list.join(", "))
+                ))?;
             } else {
                 c.execute(finish.as_str(), &[&token, &ids])?;
             }
