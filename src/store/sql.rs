@@ -555,7 +555,7 @@ pub(crate) struct HoldClaim {
     /// $1 type -> a row when a due PENDING event may be there (no lock taken), so an
     /// idle type costs one statement per poll, not a transaction of three.
     pub probe: String,
-    /// A value as an SQL literal: the claim and the all-acked finish go as one
+    /// A value as an SQL literal: the claim and the finish go as one
     /// script each (one round trip), their values written into the SQL.
     pub literal: fn(&Val) -> String,
 }
