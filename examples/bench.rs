@@ -259,7 +259,18 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
         "SELECT 1 FROM {p}outbox_events WHERE event_type = 'bench' AND status = 'PENDING' \
          AND next_attempt_at <= now() LIMIT 1"
     );
-    let claim = if held {
+    let claim = if held && s.delete_acked {
+        // deleting acked rows, a held claim deletes them in its transaction: the
+        // finish of an all-acked batch is the commit alone
+        format!(
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000; \
+             DELETE FROM {p}outbox_events WHERE id = ANY(ARRAY(SELECT id FROM {p}outbox_events \
+               WHERE event_type = E'bench' AND id > {{after}} AND status = 'PENDING' \
+               AND next_attempt_at <= now() ORDER BY id LIMIT 200 FOR UPDATE SKIP LOCKED)) \
+             RETURNING id, event_type, event_key, headers::text, payload, attempts, \
+               to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+        )
+    } else if held {
         format!(
             "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000; \
              SELECT id, event_type, event_key, headers::text, payload, attempts FROM {p}outbox_events \
@@ -360,7 +371,9 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
             events.sort_by_key(|e| e.id);
             let _ = sink.send(&events);
             let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id.as_uuid()).collect();
-            if held {
+            if held && s.delete_acked {
+                c.batch_execute("COMMIT")?;
+            } else if held {
                 let list: Vec<String> = ids.iter().map(|id| format!("'{id}'::uuid")).collect();
                 c.simple_query(&format!(
                     "{}; COMMIT",

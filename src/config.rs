@@ -58,7 +58,10 @@ pub enum ClaimMode {
     /// session ended by the database (`idle_in_transaction_session_timeout`), which
     /// frees the rows and makes its late finish fail. Costs one database
     /// connection per batch in flight (`in_flight` per event type) while it waits
-    /// for the broker.
+    /// for the broker. With `processed_ttl` zero the claim deletes the rows in that
+    /// transaction (others still see them PENDING until it commits): a batch the
+    /// broker acked whole is finished by the commit alone, and the events it did
+    /// not ack are written back with their attempt counted.
     Lock,
 }
 

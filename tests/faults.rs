@@ -24,10 +24,12 @@ use txbox::{
     ClaimMode, Config, Event, EventId, EventOptions, MemorySender, Relay, SendError, Sender,
 };
 
-/// The claim mode a relay child process runs with (`TXBOX_FAULT_CLAIM`).
+/// The claim mode a relay child process runs with (`TXBOX_FAULT_CLAIM`: `lease`,
+/// `lock`, or `lock-delete`: held claims with acked rows deleted, so the claim
+/// itself deletes the rows in its open transaction).
 fn claim_mode(name: &str) -> ClaimMode {
     match name {
-        "lock" => ClaimMode::Lock,
+        "lock" | "lock-delete" => ClaimMode::Lock,
         _ => ClaimMode::Lease,
     }
 }
@@ -36,7 +38,13 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn worker_config(prefix: &str, claim: ClaimMode) -> Config {
+fn worker_config(prefix: &str, mode: &str) -> Config {
+    let claim = claim_mode(mode);
+    let processed_ttl = if mode == "lock-delete" {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(86_400)
+    };
     Config::builder()
         .table_prefix(prefix)
         .defaults(
@@ -48,6 +56,7 @@ fn worker_config(prefix: &str, claim: ClaimMode) -> Config {
         )
         .event("k", EventOptions::new())
         .recovery_interval(ms(300))
+        .processed_ttl(processed_ttl)
         .build()
         .unwrap()
 }
@@ -112,8 +121,8 @@ fn relay_worker_process() {
             in_flight: Default::default(),
         }))
     };
-    let claim = claim_mode(&std::env::var("TXBOX_FAULT_CLAIM").unwrap_or_default());
-    let _relay = Relay::start(store, &worker_config(&prefix, claim), factory).unwrap();
+    let mode = std::env::var("TXBOX_FAULT_CLAIM").unwrap_or_default();
+    let _relay = Relay::start(store, &worker_config(&prefix, &mode), factory).unwrap();
     std::thread::sleep(Duration::from_secs(120)); // until killed
 }
 
@@ -146,12 +155,19 @@ fn a_relay_process_holding_its_claims_killed_again_and_again_loses_nothing() {
     killed_again_and_again("t_fault_killh_", "lock");
 }
 
+/// The claim deletes its rows before the broker acks them: a kill between the two
+/// must roll the deletes back.
+#[test]
+fn a_relay_process_deleting_in_its_held_claims_killed_again_and_again_loses_nothing() {
+    killed_again_and_again("t_fault_killd_", "lock-delete");
+}
+
 /// Relay processes with claim mode `claim` SIGKILLed while a producer publishes.
 fn killed_again_and_again(p: &'static str, claim: &str) {
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
     };
-    let config = worker_config(p, claim_mode(claim));
+    let config = worker_config(p, claim);
     let file = std::env::temp_dir().join(format!("txbox-fault-{}-{claim}.ids", std::process::id()));
     let _ = std::fs::remove_file(&file);
 
@@ -262,16 +278,24 @@ impl Sender for Hanging {
 
 #[test]
 fn a_sender_hanging_past_the_lease_is_fenced_out() {
-    hanging_past_the_lease("t_fault_hang_", ClaimMode::Lease);
+    hanging_past_the_lease("t_fault_hang_", ClaimMode::Lease, false);
 }
 
 #[test]
 fn a_sender_hanging_past_the_lease_on_a_held_claim_is_fenced_out() {
-    hanging_past_the_lease("t_fault_hangh_", ClaimMode::Lock);
+    hanging_past_the_lease("t_fault_hangh_", ClaimMode::Lock, false);
+}
+
+/// The held claim deleted its rows: the session ended by the lease rolls that back,
+/// and the late failure writes nothing back.
+#[test]
+fn a_sender_hanging_past_the_lease_on_a_deleting_held_claim_is_fenced_out() {
+    hanging_past_the_lease("t_fault_hangd_", ClaimMode::Lock, true);
 }
 
 /// A relay whose sender hangs past the lease, and another that takes over.
-fn hanging_past_the_lease(p: &str, claim: ClaimMode) {
+/// `delete`: acked rows are deleted (`processed_ttl` zero).
+fn hanging_past_the_lease(p: &str, claim: ClaimMode, delete: bool) {
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
     };
@@ -285,6 +309,11 @@ fn hanging_past_the_lease(p: &str, claim: ClaimMode) {
         )
         .event("h", EventOptions::new())
         .recovery_interval(ms(200))
+        .processed_ttl(if delete {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(86_400)
+        })
         .build()
         .unwrap();
     let ids: HashSet<EventId> = fx.publish(&config, "h", 10, true).into_iter().collect();
@@ -341,13 +370,20 @@ fn hanging_past_the_lease(p: &str, claim: ClaimMode) {
         "all processed, no retry scheduled"
     );
     let mut c = common::client().unwrap();
-    let changed: i64 = c
-        .query_one(&format!("SELECT coalesce(sum(attempts), 0) FROM {p}outbox_events WHERE status = 'PROCESSED'"), &[])
-        .unwrap()
-        .get(0);
+    let (changed, rows): (i64, i64) = {
+        let r = c
+            .query_one(
+                &format!("SELECT coalesce(sum(attempts), 0), count(*) FROM {p}outbox_events"),
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
     assert_eq!(changed, 0, "the late failure counted no attempt");
+    // kept as PROCESSED, or deleted (and not written back by the late failure)
+    assert_eq!(rows, if delete { 0 } else { 10 });
     eprintln!(
-        "hanging sender ({claim:?} claims): published={} delivered={} duplicates={duplicates} lost={} late_finish_changed={changed}",
+        "hanging sender ({claim:?} claims, acked rows deleted: {delete}): published={} delivered={} duplicates={duplicates} lost={} late_finish_changed={changed}",
         ids.len(),
         got.len(),
         ids.difference(&got).count()

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 use txbox::{
-    ClaimMode, Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, Outbox, Outcome, Relay,
-    Store,
+    ClaimMode, Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, NewEvent, Outbox,
+    Outcome, Relay, Store,
 };
 
 fn ms(n: u64) -> Duration {
@@ -227,18 +227,24 @@ fn thread_counts_and_an_idle_relay_shuts_down_at_once() {
 
 #[test]
 fn killed_database_connections_lose_nothing() {
-    killed_connections("t_rel_kill_", ClaimMode::Lease);
+    killed_connections("t_rel_kill_", ClaimMode::Lease, false);
 }
 
 #[test]
 fn killed_database_connections_holding_claims_lose_nothing() {
-    killed_connections("t_rel_killh_", ClaimMode::Lock);
+    killed_connections("t_rel_killh_", ClaimMode::Lock, false);
+}
+
+#[test]
+fn killed_database_connections_deleting_in_held_claims_lose_nothing() {
+    killed_connections("t_rel_killd_", ClaimMode::Lock, true);
 }
 
 /// Kills the relay's database connections again and again while a producer
-/// publishes: every event is delivered, the relay's threads live on.
-fn killed_connections(p: &str, claim: ClaimMode) {
-    let app = format!("txbox_kill_{claim:?}");
+/// publishes: every event is delivered, the relay's threads live on. `delete`:
+/// acked rows are deleted (`processed_ttl` zero).
+fn killed_connections(p: &str, claim: ClaimMode, delete: bool) {
+    let app = format!("txbox_kill_{claim:?}_{delete}");
     let app = app.as_str();
     let Some((store, mut client)) = fresh_with_url(p, &pg_url_as(app)) else {
         return;
@@ -255,6 +261,11 @@ fn killed_connections(p: &str, claim: ClaimMode) {
         )
         .event("k", EventOptions::new())
         .recovery_interval(ms(200))
+        .processed_ttl(if delete {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(86_400)
+        })
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -288,8 +299,13 @@ fn killed_connections(p: &str, claim: ClaimMode) {
         let got: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
         published.iter().all(|id| got.contains(id))
     });
+    let done = if delete { 0 } else { 2000 };
     wait_until("all rows processed", Duration::from_secs(60), || {
-        count(&mut client, p, "PROCESSED") == 2000
+        let rows: i64 = client
+            .query_one(&format!("SELECT count(*) FROM {p}outbox_events"), &[])
+            .unwrap()
+            .get(0);
+        rows == done && count(&mut client, p, "PROCESSED") == done
     });
     assert!(kills >= 5, "connections were killed {kills} times");
     assert_eq!(relay.thread_count(), 3, "no relay thread died");
@@ -300,7 +316,8 @@ fn killed_connections(p: &str, claim: ClaimMode) {
         .filter(|id| !delivered.contains(id))
         .count();
     eprintln!(
-        "{claim:?} claims, killed connections {kills} times: delivered {}, duplicates {duplicates}, lost {lost}",
+        "{claim:?} claims (acked rows deleted: {delete}), killed connections {kills} times: \
+         delivered {}, duplicates {duplicates}, lost {lost}",
         delivered.len()
     );
     relay.shutdown(Duration::from_secs(5)).unwrap();
@@ -641,8 +658,37 @@ fn held_claims_deliver_every_event_and_finish_in_their_transaction() {
 
 #[test]
 fn a_held_claim_hides_its_rows_until_it_ends_and_a_lost_one_changes_nothing() {
-    let p = "t_rel_holdx_";
-    let app = "txbox_holdx_test";
+    held_claim_semantics("t_rel_holdx_", false);
+}
+
+/// With acked rows deleted, a held claim deletes its rows in the held transaction:
+/// the same guarantees, and the events not acked come back as they were.
+#[test]
+fn a_deleting_held_claim_hides_its_rows_and_writes_back_what_was_not_acked() {
+    held_claim_semantics("t_rel_holdd_", true);
+}
+
+/// The rows of `p`'s outbox: id, key, headers, payload, created_at, in id order.
+fn snapshot(
+    client: &mut postgres::Client,
+    p: &str,
+) -> Vec<(uuid::Uuid, Option<String>, String, String, String)> {
+    client
+        .query(
+            &format!(
+                "SELECT id, event_key, headers::text, payload, created_at::text \
+                 FROM {p}outbox_events ORDER BY id"
+            ),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect()
+}
+
+fn held_claim_semantics(p: &str, delete_acked: bool) {
+    let app = format!("txbox_{p}test");
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
@@ -653,33 +699,62 @@ fn a_held_claim_hides_its_rows_until_it_ends_and_a_lost_one_changes_nothing() {
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
     let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "x", 0..10).unwrap();
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        // keys and headers (quotes, backslashes) must survive a write-back
+        let e = NewEvent::new("x", &json!({"n": i, "s": r"it's \ here"}))
+            .unwrap()
+            .key(format!("k'{i}"))
+            .header("h", r#"a"b\c"#);
+        ids.push(outbox.publish_event(&mut tx, e).unwrap());
+    }
     tx.commit().unwrap();
-    let other = txbox::PgStore::connect(&pg_url_as(app), p).unwrap();
+    let before = snapshot(&mut client, p);
+    let other = txbox::PgStore::connect(&pg_url_as(&app), p).unwrap();
     let lease = Duration::from_secs(60);
     let token = uuid::Uuid::now_v7();
     let sent = |events: &[txbox::Event]| -> Vec<(EventId, Outcome)> {
-        events.iter().map(|e| (e.id, Outcome::Sent)).collect()
+        let acked = if delete_acked {
+            Outcome::SentDelete
+        } else {
+            Outcome::Sent
+        };
+        events.iter().map(|e| (e.id, acked.clone())).collect()
     };
 
-    let (events, held) = store.claim_held("x", None, 100, lease).unwrap();
+    let (events, held) = store
+        .claim_held("x", None, 100, lease, delete_acked)
+        .unwrap();
     assert_eq!(events.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
-    // the rows stay PENDING, locked: another relay gets none of them, in either mode
+    assert_eq!(events[0].key.as_deref(), Some("k'0"));
+    assert_eq!(
+        events[0].headers.get("h").map(String::as_str),
+        Some(r#"a"b\c"#)
+    );
+    // the rows stay PENDING to others, locked: another relay gets none of them, in
+    // either mode
     assert_eq!(count(&mut client, p, "PENDING"), 10);
-    let (none, no_tx) = other.claim_held("x", None, 100, lease).unwrap();
+    let (none, no_tx) = other
+        .claim_held("x", None, 100, lease, delete_acked)
+        .unwrap();
     assert!(none.is_empty() && no_tx.is_none());
     assert!(other.claim("x", 100, lease, token).unwrap().is_empty());
     // a claim dropped unfinished (a panicking poller) rolls back: the rows are free
     drop(held);
-    let (again, held) = other.claim_held("x", None, 100, lease).unwrap();
+    let (again, held) = other
+        .claim_held("x", None, 100, lease, delete_acked)
+        .unwrap();
     assert_eq!(again.len(), 10);
     // its connection dies before the finish: the late finish fails, nothing changes,
     // and the rows are free again at once, not after the lease
-    assert!(kill_backends(&mut client, app) > 0);
+    assert!(kill_backends(&mut client, &app) > 0);
     let late = held.unwrap().finish(&sent(&again));
     assert!(late.is_err(), "a finish on a dead connection fails");
     assert_eq!(count(&mut client, p, "PENDING"), 10);
-    let (last, held) = store.claim_held("x", None, 100, lease).unwrap();
+    assert_eq!(snapshot(&mut client, p), before);
+    let (last, held) = store
+        .claim_held("x", None, 100, lease, delete_acked)
+        .unwrap();
     assert_eq!(last.len(), 10);
     // failed sends count an attempt: a retry waits, the last one fails
     let mut outcomes = sent(&last);
@@ -692,7 +767,8 @@ fn a_held_claim_hides_its_rows_until_it_ends_and_a_lost_one_changes_nothing() {
         error: "gone".into(),
     };
     assert_eq!(held.unwrap().finish(&outcomes).unwrap(), 10);
-    assert_eq!(count(&mut client, p, "PROCESSED"), 8);
+    let processed = if delete_acked { 0 } else { 8 };
+    assert_eq!(count(&mut client, p, "PROCESSED"), processed);
     assert_eq!(count(&mut client, p, "FAILED"), 1);
     let r = client
         .query_one(
@@ -711,7 +787,17 @@ fn a_held_claim_hides_its_rows_until_it_ends_and_a_lost_one_changes_nothing() {
         ),
         (1, r"broker's \busy\".to_string(), true)
     );
-    let (later, none) = store.claim_held("x", None, 100, lease).unwrap();
+    // the two events not acked keep their key, headers, payload and age
+    let after = snapshot(&mut client, p);
+    let kept = if delete_acked {
+        &before[..2]
+    } else {
+        &before[..]
+    };
+    assert_eq!(after, kept);
+    let (later, none) = store
+        .claim_held("x", None, 100, lease, delete_acked)
+        .unwrap();
     assert!(later.is_empty() && none.is_none(), "the retry is not due");
 }
 
@@ -732,7 +818,7 @@ fn held_claims_need_a_store_that_can_hold_them() {
     );
     assert!(err.to_string().contains("PostgreSQL"), "{err}");
     assert!(store
-        .claim_held("y", None, 10, Duration::from_secs(1))
+        .claim_held("y", None, 10, Duration::from_secs(1), false)
         .is_err());
 }
 
@@ -766,7 +852,7 @@ fn held_claims_write_odd_event_types_as_exact_literals() {
     tx.commit().unwrap();
     for (t, ids) in odd.iter().zip(&published) {
         let (events, held) = store
-            .claim_held(t, None, 10, Duration::from_secs(60))
+            .claim_held(t, None, 10, Duration::from_secs(60), false)
             .unwrap();
         assert_eq!(&events.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "{t}");
         assert!(events.iter().all(|e| e.event_type == *t), "{t}");

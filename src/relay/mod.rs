@@ -568,7 +568,13 @@ impl Poller {
             ClaimMode::Lease => store
                 .claim_after(&self.event_type, after, s.batch_size, s.lease, token)
                 .map(|events| (events, None)),
-            ClaimMode::Lock => store.claim_held(&self.event_type, after, s.batch_size, s.lease),
+            ClaimMode::Lock => store.claim_held(
+                &self.event_type,
+                after,
+                s.batch_size,
+                s.lease,
+                self.delete_acked,
+            ),
         };
         let (mut events, held) = match claim {
             Ok(claimed) => claimed,

@@ -150,14 +150,21 @@ pub trait Store: Send + Sync + 'static {
     /// database ends the session once the transaction idled for `lease`, which
     /// frees the rows. No [`HeldBatch`] when nothing was claimed. The default: an
     /// error, for stores that cannot hold a claim open.
+    ///
+    /// `delete_acked` (`processed_ttl` zero, the finish's acked outcomes are
+    /// [`Outcome::SentDelete`]): the claim deletes the rows in its transaction
+    /// instead of only locking them, so a finish with every event acked is the
+    /// commit alone, and the events not acked are written back. Until the commit
+    /// other sessions see the rows as before, PENDING.
     fn claim_held(
         &self,
         event_type: &str,
         after: Option<EventId>,
         limit: usize,
         lease: Duration,
+        delete_acked: bool,
     ) -> Result<HeldClaim> {
-        let _ = (event_type, after, limit, lease);
+        let _ = (event_type, after, limit, lease, delete_acked);
         Err(cannot_hold_claims())
     }
 

@@ -68,6 +68,19 @@ fn dialect(t: &Tables) -> Dialect {
                  AND next_attempt_at <= now() LIMIT 1"
             ),
             literal,
+            claim_delete: format!(
+                "DELETE FROM {o} WHERE id = ANY(ARRAY(SELECT id FROM {o} WHERE event_type = $1 \
+                   AND id > $2 AND status = 'PENDING' AND next_attempt_at <= now() ORDER BY id \
+                   LIMIT $3 FOR UPDATE SKIP LOCKED)) \
+                 RETURNING id, event_type, event_key, headers::text, payload, attempts, \
+                   to_char(created_at AT TIME ZONE 'UTC', {TS})"
+            ),
+            restore: format!(
+                "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, \
+                   next_attempt_at, last_error, created_at) \
+                 VALUES ($4, $5, $6, $7::jsonb, $8, $1, $9 + 1, {}, $3, $10::timestamptz)",
+                plus("$2")
+            ),
         }),
         claim_select: format!(
             "SELECT id, event_type, event_key, headers::text, payload, attempts FROM {o} \

@@ -202,8 +202,10 @@ macro_rules! delegate_store {
                 after: Option<$crate::EventId>,
                 limit: usize,
                 lease: std::time::Duration,
+                delete_acked: bool,
             ) -> $crate::Result<$crate::store::HeldClaim> {
-                self.inner.claim_held(event_type, after, limit, lease)
+                self.inner
+                    .claim_held(event_type, after, limit, lease, delete_acked)
             }
             fn recover_expired(&self, limit: usize) -> $crate::Result<u64> {
                 self.inner.recover_expired(limit)
@@ -558,6 +560,15 @@ pub(crate) struct HoldClaim {
     /// A value as an SQL literal: the claim and the finish go as one
     /// script each (one round trip), their values written into the SQL.
     pub literal: fn(&Val) -> String,
+    /// The claim when acked rows are deleted: `claim_select`'s rows deleted in the
+    /// held transaction, returning its columns and then `created_at` as text
+    /// ($1 type, $2 after, $3 limit).
+    pub claim_delete: String,
+    /// Writes back a row that such a claim deleted and the broker did not ack:
+    /// $1 status, $2 delay ms, $3 error, $4 id (as [`Finish::failed`]), then the
+    /// claimed row's $5 type, $6 key, $7 headers, $8 payload, $9 attempts (before
+    /// this one), $10 created_at.
+    pub restore: String,
 }
 
 /// `template` with `{ids}` and every `$n` written out as literals of `fixed ++ ids`.
@@ -744,21 +755,29 @@ fn finish_steps<'a>(
         }
     }
     for (id, outcome) in outcomes {
-        let (status, delay, error) = match outcome {
-            Outcome::Retry { delay, error } => ("PENDING", *delay, error),
-            Outcome::Failed { error } => ("FAILED", Duration::ZERO, error),
-            Outcome::Sent | Outcome::SentDelete => continue,
+        let Some((status, delay, error)) = failure(outcome) else {
+            continue;
         };
         let fixed = vec![
             status.into(),
             ms(delay),
-            error.as_str().into(),
+            error.into(),
             Val::Id(id.as_uuid()),
             Val::Id(token),
         ];
         steps.push((sql.failed.as_str(), fixed, Vec::new()));
     }
     steps
+}
+
+/// What a failed send writes: the status, the delay before the next attempt and
+/// the error; none for an acked event.
+fn failure(outcome: &Outcome) -> Option<(&'static str, Duration, &str)> {
+    match outcome {
+        Outcome::Retry { delay, error } => Some(("PENDING", *delay, error)),
+        Outcome::Failed { error } => Some(("FAILED", Duration::ZERO, error)),
+        Outcome::Sent | Outcome::SentDelete => None,
+    }
 }
 
 /// A held claim: the connection whose open transaction locks the batch's rows.
@@ -769,6 +788,9 @@ struct HeldTx {
     literal: fn(&Val) -> String,
     /// The transaction is open (rolled back on drop).
     open: bool,
+    /// The rows as a deleting claim ([`HoldClaim::claim_delete`]) returned them,
+    /// to write back those the broker did not ack; none when the claim only locked.
+    deleted: Option<Vec<Row>>,
 }
 
 impl HeldBatch for HeldTx {
@@ -776,16 +798,56 @@ impl HeldBatch for HeldTx {
         let d = self.d.clone();
         // the rows are locked by this transaction, so no token is needed to fence;
         // the statements and the commit go in one round trip
-        let steps = finish_steps(&d, &d.common.finish_held, Uuid::nil(), outcomes);
-        let mut script: Vec<String> = steps
-            .iter()
-            .map(|(template, fixed, ids)| inline(template, fixed, ids, self.literal))
-            .collect();
+        let mut script: Vec<String> = match (&self.deleted, &d.hold_claim) {
+            (Some(rows), Some(hold)) => restore_steps(&hold.restore, rows, outcomes)?,
+            _ => finish_steps(&d, &d.common.finish_held, Uuid::nil(), outcomes),
+        }
+        .iter()
+        .map(|(template, fixed, ids)| inline(template, fixed, ids, self.literal))
+        .collect();
         script.push("COMMIT".into());
         let done = self.conn.script(&script.join("; "))?;
         self.open = false;
-        Ok(done.counts.iter().sum())
+        Ok(match self.deleted {
+            // every row was deleted by the claim; those not acked are back
+            Some(_) => outcomes.len() as u64,
+            None => done.counts.iter().sum(),
+        })
     }
+}
+
+/// The statements that write back the rows of a deleting claim (`rows`, as it
+/// returned them) that the broker did not ack: one [`HoldClaim::restore`] each.
+fn restore_steps<'a>(
+    restore: &'a str,
+    rows: &[Row],
+    outcomes: &[(EventId, Outcome)],
+) -> Result<Vec<Step<'a>>> {
+    let mut steps = Vec::new();
+    for (id, outcome) in outcomes {
+        let Some((status, delay, error)) = failure(outcome) else {
+            continue;
+        };
+        let Some(row) = rows.iter().find(|r| r.id(0).is_ok_and(|i| i == *id)) else {
+            return Err(Error::InvalidInput(format!(
+                "event {id} is not in the held batch"
+            )));
+        };
+        let fixed = vec![
+            status.into(),
+            ms(delay),
+            error.into(),
+            Val::Id(id.as_uuid()),
+            Val::Text(row.text(1)),
+            row.opt_text(2).as_deref().into(),
+            Val::Text(row.text(3)),
+            Val::Text(row.text(4)),
+            Val::Int(row.int(5)),
+            Val::Text(row.text(6)),
+        ];
+        steps.push((restore, fixed, Vec::new()));
+    }
+    Ok(steps)
 }
 
 impl Drop for HeldTx {
@@ -1117,6 +1179,7 @@ impl<P: Pool> Store for SqlStore<P> {
         after: Option<EventId>,
         limit: usize,
         lease: Duration,
+        delete_acked: bool,
     ) -> Result<HeldClaim> {
         let d = &self.d;
         let Some(hold) = &d.hold_claim else {
@@ -1127,6 +1190,7 @@ impl<P: Pool> Store for SqlStore<P> {
             d: d.clone(),
             literal: hold.literal,
             open: false,
+            deleted: None,
         };
         // not resuming a backlog: maybe there is nothing to claim (an idle type)
         if after.is_none()
@@ -1136,11 +1200,16 @@ impl<P: Pool> Store for SqlStore<P> {
         }
         let after = Val::Id(after.map_or(Uuid::nil(), |id| id.as_uuid()));
         let params = [event_type.into(), after, Val::Int(limit as i64)];
-        // the transaction, its idle timeout and the locking select: one round trip
+        let claim = if delete_acked {
+            &hold.claim_delete
+        } else {
+            &d.claim_select
+        };
+        // the transaction, its idle timeout and the locking claim: one round trip
         let script = format!(
             "{}; {}",
             hold.open.replace("{ms}", &lease.as_millis().to_string()),
-            inline(&d.claim_select, &params, &[], hold.literal)
+            inline(claim, &params, &[], hold.literal)
         );
         // marked open first: should a statement fail, the drop rolls back
         held.open = true;
@@ -1152,6 +1221,9 @@ impl<P: Pool> Store for SqlStore<P> {
         }
         let mut events = rows.iter().map(event_row).collect::<Result<Vec<_>>>()?;
         events.sort_by_key(|e| e.id);
+        if delete_acked {
+            held.deleted = Some(rows);
+        }
         Ok((events, Some(Box::new(held))))
     }
 
