@@ -246,83 +246,84 @@ fn fill(c: &mut postgres::Client, outbox: &Outbox, n: usize) -> Res<Vec<EventId>
     Ok(ids)
 }
 
-/// The relay floor on a freshly filled table, or (`analyzed`) on one that was
-/// `VACUUM ANALYZE`d while the whole backlog was pending, as autovacuum may leave it.
-fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
-    let p = "bench_floor_";
-    let cfg = s.relay_config(p, EventOptions::new().batch_size(200));
-    let outbox = Outbox::new(&cfg)?;
-    // the relay's own statements, as the hand loop sends them; a held claim's go as
-    // scripts with their values written in, as the relay sends them
-    let held = s.claim == ClaimMode::Lock;
-    let probe = format!(
-        "SELECT 1 FROM {p}outbox_events WHERE event_type = 'bench' AND status = 'PENDING' \
-         AND next_attempt_at <= now() LIMIT 1"
-    );
-    let claim = if held && s.delete_acked {
-        // deleting acked rows, a held claim deletes them in its transaction: the
-        // finish of an all-acked batch is the commit alone
-        format!(
-            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000; \
-             DELETE FROM {p}outbox_events WHERE id = ANY(ARRAY(SELECT id FROM {p}outbox_events \
-               WHERE event_type = E'bench' AND id > {{after}} AND status = 'PENDING' \
-               AND next_attempt_at <= now() ORDER BY id LIMIT 200 FOR UPDATE SKIP LOCKED)) \
-             RETURNING id, event_type, event_key, headers::text, payload, attempts, \
-               to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
-        )
-    } else if held {
-        format!(
-            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000; \
-             SELECT id, event_type, event_key, headers::text, payload, attempts FROM {p}outbox_events \
-             WHERE event_type = E'bench' AND id > {{after}} AND status = 'PENDING' AND next_attempt_at <= now() \
-             ORDER BY id LIMIT 200 FOR UPDATE SKIP LOCKED"
-        )
-    } else {
-        format!(
-            "UPDATE {p}outbox_events SET status = 'IN_PROCESS', claim_token = $3, \
-           lease_until = now() + $4 * interval '1 millisecond' \
-         WHERE id = ANY(ARRAY(SELECT id FROM {p}outbox_events WHERE event_type = $1 AND id > $5 \
-           AND status = 'PENDING' AND next_attempt_at <= now() ORDER BY id LIMIT $2 \
-           FOR UPDATE SKIP LOCKED)) \
-         RETURNING id, event_type, event_key, headers::text, payload, attempts"
-        )
-    };
-    // a held claim's rows are fenced by its locks, a leased one's by its token;
-    // the ids through a sub-select, as the relay's statements (see postgres.rs)
-    let (fence, ids) = if held {
-        ("1 = 1", "id = ANY(ARRAY(SELECT unnest(ARRAY[{ids}])))")
-    } else {
-        (
-            "claim_token = $1",
-            "id = ANY(ARRAY(SELECT unnest($2::uuid[])))",
-        )
-    };
-    let finish = if s.delete_acked {
-        format!("DELETE FROM {p}outbox_events WHERE {fence} AND {ids}")
-    } else {
-        format!(
-            "UPDATE {p}outbox_events SET status = 'PROCESSED', processed_at = now(), claim_token = NULL, \
-             lease_until = NULL WHERE {fence} AND {ids}"
-        )
-    };
-    // relay, hand, hand, relay: each on a freshly filled table, so neither profits
-    // from going first or second
-    let (mut ours, mut hand) = (Duration::ZERO, Duration::ZERO);
-    for turn in [true, false, false, true] {
-        let (store, mut c) = fresh(p)?;
-        fill(&mut c, &outbox, s.floor)?;
-        if analyzed {
-            c.batch_execute(&format!("VACUUM ANALYZE {p}outbox_events"))?;
+/// The relay's own claim and finish statements, sent by hand in a loop: what
+/// draining the outbox costs the database with no relay around it.
+struct HandLoop {
+    held: bool,
+    delete_acked: bool,
+    probe: String,
+    claim: String,
+    finish: String,
+}
+
+impl HandLoop {
+    fn new(p: &str, s: &Size) -> HandLoop {
+        // the relay's own statements, as the hand loop sends them; a held claim's go as
+        // scripts with their values written in, as the relay sends them
+        let held = s.claim == ClaimMode::Lock;
+        let probe = format!(
+            "SELECT 1 FROM {p}outbox_events WHERE event_type = 'bench' AND status = 'PENDING' \
+             AND next_attempt_at <= now() LIMIT 1"
+        );
+        let claim = if held && s.delete_acked {
+            // deleting acked rows, a held claim deletes them in its transaction: the
+            // finish of an all-acked batch is the commit alone
+            format!(
+                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000; \
+                 DELETE FROM {p}outbox_events WHERE id = ANY(ARRAY(SELECT id FROM {p}outbox_events \
+                   WHERE event_type = E'bench' AND id > {{after}} AND status = 'PENDING' \
+                   AND next_attempt_at <= now() ORDER BY id LIMIT 200 FOR UPDATE SKIP LOCKED)) \
+                 RETURNING id, event_type, event_key, headers::text, payload, attempts, \
+                   to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+            )
+        } else if held {
+            format!(
+                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000; \
+                 SELECT id, event_type, event_key, headers::text, payload, attempts FROM {p}outbox_events \
+                 WHERE event_type = E'bench' AND id > {{after}} AND status = 'PENDING' AND next_attempt_at <= now() \
+                 ORDER BY id LIMIT 200 FOR UPDATE SKIP LOCKED"
+            )
+        } else {
+            format!(
+                "UPDATE {p}outbox_events SET status = 'IN_PROCESS', claim_token = $3, \
+               lease_until = now() + $4 * interval '1 millisecond' \
+             WHERE id = ANY(ARRAY(SELECT id FROM {p}outbox_events WHERE event_type = $1 AND id > $5 \
+               AND status = 'PENDING' AND next_attempt_at <= now() ORDER BY id LIMIT $2 \
+               FOR UPDATE SKIP LOCKED)) \
+             RETURNING id, event_type, event_key, headers::text, payload, attempts"
+            )
+        };
+        // a held claim's rows are fenced by its locks, a leased one's by its token;
+        // the ids through a sub-select, as the relay's statements (see postgres.rs)
+        let (fence, ids) = if held {
+            ("1 = 1", "id = ANY(ARRAY(SELECT unnest(ARRAY[{ids}])))")
+        } else {
+            (
+                "claim_token = $1",
+                "id = ANY(ARRAY(SELECT unnest($2::uuid[])))",
+            )
+        };
+        let finish = if s.delete_acked {
+            format!("DELETE FROM {p}outbox_events WHERE {fence} AND {ids}")
+        } else {
+            format!(
+                "UPDATE {p}outbox_events SET status = 'PROCESSED', processed_at = now(), claim_token = NULL, \
+                 lease_until = NULL WHERE {fence} AND {ids}"
+            )
+        };
+        HandLoop {
+            held,
+            delete_acked: s.delete_acked,
+            probe,
+            claim,
+            finish,
         }
-        if turn {
-            let sender = MemorySender::new();
-            let t = Instant::now();
-            let relay = Relay::start(store, &cfg, sender.clone())?;
-            sender.wait_for(s.floor, Duration::from_secs(600));
-            relay.shutdown(Duration::from_secs(10))?;
-            ours += t.elapsed();
-            continue;
-        }
+    }
+
+    /// Claims, "sends" (to memory) and finishes `n` pending events of type
+    /// `bench`; returns the time it took.
+    fn drain(&self, c: &mut postgres::Client, n: usize) -> Res<Duration> {
+        let (held, probe, claim, finish) = (self.held, &self.probe, &self.claim, &self.finish);
         let t = Instant::now();
         let mut done = 0;
         let mut sink = MemorySender::new();
@@ -340,7 +341,7 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
                 payload,
                 attempts: 0,
             };
-        while done < s.floor {
+        while done < n {
             let token = uuid::Uuid::now_v7();
             let mut events: Vec<Event> = if held {
                 // outside a backlog the relay first asks whether anything is due
@@ -371,7 +372,7 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
             events.sort_by_key(|e| e.id);
             let _ = sink.send(&events);
             let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id.as_uuid()).collect();
-            if held && s.delete_acked {
+            if held && self.delete_acked {
                 c.batch_execute("COMMIT")?;
             } else if held {
                 let list: Vec<String> = ids.iter().map(|id| format!("'{id}'::uuid")).collect();
@@ -392,7 +393,36 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
                 }
             };
         }
-        hand += t.elapsed();
+        Ok(t.elapsed())
+    }
+}
+
+/// The relay floor on a freshly filled table, or (`analyzed`) on one that was
+/// `VACUUM ANALYZE`d while the whole backlog was pending, as autovacuum may leave it.
+fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_floor_";
+    let cfg = s.relay_config(p, EventOptions::new().batch_size(200));
+    let outbox = Outbox::new(&cfg)?;
+    let hand_loop = HandLoop::new(p, s);
+    // relay, hand, hand, relay: each on a freshly filled table, so neither profits
+    // from going first or second
+    let (mut ours, mut hand) = (Duration::ZERO, Duration::ZERO);
+    for turn in [true, false, false, true] {
+        let (store, mut c) = fresh(p)?;
+        fill(&mut c, &outbox, s.floor)?;
+        if analyzed {
+            c.batch_execute(&format!("VACUUM ANALYZE {p}outbox_events"))?;
+        }
+        if turn {
+            let sender = MemorySender::new();
+            let t = Instant::now();
+            let relay = Relay::start(store, &cfg, sender.clone())?;
+            sender.wait_for(s.floor, Duration::from_secs(600));
+            relay.shutdown(Duration::from_secs(10))?;
+            ours += t.elapsed();
+            continue;
+        }
+        hand += hand_loop.drain(&mut c, s.floor)?;
     }
     let n = 2.0 * s.floor as f64;
     let (ours, hand) = (n / ours.as_secs_f64(), n / hand.as_secs_f64());
@@ -498,6 +528,11 @@ fn broker_throughput(
     let windowed = direct_rate(name, &mut direct, &events, window)?;
     reset()?;
     let ceiling = direct_rate(name, &mut direct, &events, usize::MAX)?;
+    // and the database alone: the relay's statements by hand, no broker, on a table
+    // filled the same way
+    let (_, mut c) = fresh(p)?;
+    fill(&mut c, &outbox, s.brokers)?;
+    let db = s.brokers as f64 / HandLoop::new(p, s).drain(&mut c, s.brokers)?.as_secs_f64();
     out.push(row(
         format!(
             "relay to {name} ({} events{}), vs direct, {window} batches in flight",
@@ -521,6 +556,14 @@ fn broker_throughput(
         format!("{ours:.0} ev/s"),
         format!("{ceiling:.0} ev/s"),
         ours / ceiling,
+        "-",
+    ));
+    // the relay can go no faster than the slower of its two halves
+    out.push(row(
+        format!("  {name}: vs the database alone (the floor's hand loop)"),
+        format!("{ours:.0} ev/s"),
+        format!("{db:.0} ev/s"),
+        ours / db,
         "-",
     ));
     Ok(())
