@@ -748,7 +748,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
     // its connection dies before the finish: the late finish fails, nothing changes,
     // and the rows are free again at once, not after the lease
     assert!(kill_backends(&mut client, &app) > 0);
-    let late = held.unwrap().finish(&sent(&again));
+    let late = held.unwrap().finish(&again, &sent(&again));
     assert!(late.is_err(), "a finish on a dead connection fails");
     assert_eq!(count(&mut client, p, "PENDING"), 10);
     assert_eq!(snapshot(&mut client, p), before);
@@ -766,7 +766,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
     outcomes[1].1 = Outcome::Failed {
         error: "gone".into(),
     };
-    assert_eq!(held.unwrap().finish(&outcomes).unwrap(), 10);
+    assert_eq!(held.unwrap().finish(&last, &outcomes).unwrap(), 10);
     let processed = if delete_acked { 0 } else { 8 };
     assert_eq!(count(&mut client, p, "PROCESSED"), processed);
     assert_eq!(count(&mut client, p, "FAILED"), 1);
@@ -857,7 +857,7 @@ fn held_claims_write_odd_event_types_as_exact_literals() {
         assert_eq!(&events.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "{t}");
         assert!(events.iter().all(|e| e.event_type == *t), "{t}");
         let acked: Vec<(EventId, Outcome)> = ids.iter().map(|id| (*id, Outcome::Sent)).collect();
-        assert_eq!(held.unwrap().finish(&acked).unwrap(), 3, "{t}");
+        assert_eq!(held.unwrap().finish(&events, &acked).unwrap(), 3, "{t}");
     }
     assert_eq!(count(&mut client, p, "PROCESSED"), 15);
 }

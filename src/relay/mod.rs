@@ -656,7 +656,7 @@ impl Poller {
             metrics::add(Counter::Retried, retried);
             metrics::add(Counter::Failed, failed);
             match batch.held {
-                Some(held) => self.finish_held(held, &outcomes),
+                Some(held) => self.finish_held(held, &batch.events, &outcomes),
                 None => self.finish(batch.token, &outcomes, batch.lease_end),
             }
         }
@@ -664,8 +664,13 @@ impl Poller {
 
     /// Finishes a held batch in its transaction: once, for a lost connection has
     /// already freed its rows (still PENDING, so sent again).
-    fn finish_held(&self, held: Box<dyn HeldBatch>, outcomes: &[(crate::EventId, Outcome)]) {
-        if let Err(e) = held.finish(outcomes) {
+    fn finish_held(
+        &self,
+        held: Box<dyn HeldBatch>,
+        events: &[Event],
+        outcomes: &[(crate::EventId, Outcome)],
+    ) {
+        if let Err(e) = held.finish(events, outcomes) {
             log::error!(
                 "txbox: poller {}: could not finish {} events ({e}); their claim ended with \
                  the transaction, so they stay pending and are sent again",

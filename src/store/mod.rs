@@ -66,11 +66,11 @@ pub(crate) fn cannot_hold_claims() -> Error {
 /// transaction this value keeps open on a connection of its own. Dropping it
 /// unfinished rolls the transaction back, which leaves the rows as they were.
 pub trait HeldBatch: Send {
-    /// Applies the outcomes in the held transaction (no token: the locks fence) and
-    /// commits. Returns how many rows changed. On an error (the session was ended,
-    /// the connection lost) every row is as it was before the claim: an event the
-    /// broker acked is sent again.
-    fn finish(self: Box<Self>, outcomes: &[(EventId, Outcome)]) -> Result<u64>;
+    /// Applies the outcomes of the claimed `events` in the held transaction (no
+    /// token: the locks fence) and commits. Returns how many rows changed. On an
+    /// error (the session was ended, the connection lost) every row is as it was
+    /// before the claim: an event the broker acked is sent again.
+    fn finish(self: Box<Self>, events: &[Event], outcomes: &[(EventId, Outcome)]) -> Result<u64>;
 }
 
 /// What [`Store::claim_held`] returns: the events, sorted by id, and the

@@ -78,6 +78,14 @@ impl Row {
         self.opt_text(i).unwrap_or_default()
     }
 
+    /// Column `i` as text, moved out of the row when it is text (no copy).
+    fn take_text(&mut self, i: usize) -> Option<String> {
+        match self.0.get_mut(i) {
+            Some(Val::Text(s)) => Some(std::mem::take(s)),
+            _ => self.opt_text(i),
+        }
+    }
+
     pub(crate) fn int(&self, i: usize) -> i64 {
         match self.get(i) {
             Val::Int(n) => *n,
@@ -788,18 +796,30 @@ struct HeldTx {
     literal: fn(&Val) -> String,
     /// The transaction is open (rolled back on drop).
     open: bool,
-    /// The rows as a deleting claim ([`HoldClaim::claim_delete`]) returned them,
-    /// to write back those the broker did not ack; none when the claim only locked.
-    deleted: Option<Vec<Row>>,
+    /// What a deleting claim ([`HoldClaim::claim_delete`]) keeps of its rows to
+    /// write back those the broker did not ack; none when the claim only locked.
+    deleted: Option<Vec<Deleted>>,
+}
+
+/// A row of a deleting claim, beyond its [`Event`]: its headers as stored and its
+/// creation time.
+struct Deleted {
+    id: EventId,
+    headers: String,
+    created_at: String,
 }
 
 impl HeldBatch for HeldTx {
-    fn finish(mut self: Box<Self>, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
+    fn finish(
+        mut self: Box<Self>,
+        events: &[Event],
+        outcomes: &[(EventId, Outcome)],
+    ) -> Result<u64> {
         let d = self.d.clone();
         // the rows are locked by this transaction, so no token is needed to fence;
         // the statements and the commit go in one round trip
         let mut script: Vec<String> = match (&self.deleted, &d.hold_claim) {
-            (Some(rows), Some(hold)) => restore_steps(&hold.restore, rows, outcomes)?,
+            (Some(rows), Some(hold)) => restore_steps(&hold.restore, rows, events, outcomes)?,
             _ => finish_steps(&d, &d.common.finish_held, Uuid::nil(), outcomes),
         }
         .iter()
@@ -816,11 +836,13 @@ impl HeldBatch for HeldTx {
     }
 }
 
-/// The statements that write back the rows of a deleting claim (`rows`, as it
-/// returned them) that the broker did not ack: one [`HoldClaim::restore`] each.
+/// The statements that write back the events of a deleting claim (its `events`,
+/// and what it kept of their rows) that the broker did not ack: one
+/// [`HoldClaim::restore`] each.
 fn restore_steps<'a>(
     restore: &'a str,
-    rows: &[Row],
+    rows: &[Deleted],
+    events: &[Event],
     outcomes: &[(EventId, Outcome)],
 ) -> Result<Vec<Step<'a>>> {
     let mut steps = Vec::new();
@@ -828,7 +850,10 @@ fn restore_steps<'a>(
         let Some((status, delay, error)) = failure(outcome) else {
             continue;
         };
-        let Some(row) = rows.iter().find(|r| r.id(0).is_ok_and(|i| i == *id)) else {
+        let (Some(row), Some(e)) = (
+            rows.iter().find(|r| r.id == *id),
+            events.iter().find(|e| e.id == *id),
+        ) else {
             return Err(Error::InvalidInput(format!(
                 "event {id} is not in the held batch"
             )));
@@ -838,12 +863,12 @@ fn restore_steps<'a>(
             ms(delay),
             error.into(),
             Val::Id(id.as_uuid()),
-            Val::Text(row.text(1)),
-            row.opt_text(2).as_deref().into(),
-            Val::Text(row.text(3)),
-            Val::Text(row.text(4)),
-            Val::Int(row.int(5)),
-            Val::Text(row.text(6)),
+            e.event_type.as_str().into(),
+            e.key.as_deref().into(),
+            row.headers.as_str().into(),
+            e.payload.as_str().into(),
+            Val::Int(i64::from(e.attempts)),
+            row.created_at.as_str().into(),
         ];
         steps.push((restore, fixed, Vec::new()));
     }
@@ -884,6 +909,9 @@ fn status_list(s: &[DlqStatus]) -> String {
 }
 
 pub(crate) fn parse_headers(text: &str) -> BTreeMap<String, String> {
+    if text == "{}" {
+        return BTreeMap::new(); // most events have none
+    }
     match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
         Ok(map) => map
             .into_iter()
@@ -900,17 +928,26 @@ pub(crate) fn headers_json(h: &BTreeMap<String, String>) -> String {
     serde_json::to_string(h).unwrap_or_else(|_| "{}".into())
 }
 
-fn event_row(r: &Row) -> Result<Event> {
+/// The event of a claimed row (id, type, key, headers, payload, attempts), its
+/// text moved out of the row.
+fn event_row(r: &mut Row) -> Result<Event> {
     Ok(Event {
         id: r.id(0)?,
-        event_type: r.text(1),
+        event_type: r.take_text(1).unwrap_or_default(),
         destination: String::new(),
         routing_key: String::new(),
-        key: r.opt_text(2),
-        headers: parse_headers(&r.text(3)),
-        payload: r.text(4),
+        key: r.take_text(2),
+        headers: parse_headers(&r.opt_text(3).unwrap_or_default()),
+        payload: r.take_text(4).unwrap_or_default(),
         attempts: r.int(5).max(0) as u32,
     })
+}
+
+/// The events of claimed rows, sorted by id.
+fn claimed_events(rows: &mut [Row]) -> Result<Vec<Event>> {
+    let mut events = rows.iter_mut().map(event_row).collect::<Result<Vec<_>>>()?;
+    events.sort_by_key(|e| e.id);
+    Ok(events)
 }
 
 fn dead_letter(r: &Row) -> Result<DeadLetter> {
@@ -1108,7 +1145,7 @@ impl<P: Pool> Store for SqlStore<P> {
         // no lower bound: the nil id, below every UUIDv7
         let after = Val::Id(after.map_or(Uuid::nil(), |id| id.as_uuid()));
         let d = &self.d;
-        let rows = self.with_retry("claim", || {
+        let mut rows = self.with_retry("claim", || {
             let mut conn = self.pool.get()?;
             if let Some(one) = &d.claim_returning {
                 let fixed = [
@@ -1141,9 +1178,7 @@ impl<P: Pool> Store for SqlStore<P> {
                 Ok(rows)
             })
         })?;
-        let mut events = rows.iter().map(event_row).collect::<Result<Vec<_>>>()?;
-        events.sort_by_key(|e| e.id);
-        Ok(events)
+        claimed_events(&mut rows)
     }
 
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
@@ -1213,16 +1248,25 @@ impl<P: Pool> Store for SqlStore<P> {
         );
         // marked open first: should a statement fail, the drop rolls back
         held.open = true;
-        let rows = held.conn.script(&script)?.rows;
+        let mut rows = held.conn.script(&script)?.rows;
         if rows.is_empty() {
             held.conn.batch("COMMIT")?;
             held.open = false;
             return Ok((Vec::new(), None));
         }
-        let mut events = rows.iter().map(event_row).collect::<Result<Vec<_>>>()?;
-        events.sort_by_key(|e| e.id);
+        let events = claimed_events(&mut rows)?;
         if delete_acked {
-            held.deleted = Some(rows);
+            // what a write-back needs beyond the events: the stored headers and the
+            // creation time (the rows' other text moved into the events)
+            held.deleted = Some(
+                rows.into_iter()
+                    .map(|mut r| Deleted {
+                        id: r.id(0).unwrap_or_default(),
+                        headers: r.take_text(3).unwrap_or_default(),
+                        created_at: r.take_text(6).unwrap_or_default(),
+                    })
+                    .collect(),
+            );
         }
         Ok((events, Some(Box::new(held))))
     }
