@@ -330,6 +330,8 @@ impl HandLoop {
         // like the relay: each full batch's claim starts after the previous one,
         // every RESCAN_EVERY batches from the lowest id again
         let (mut after, mut run) = (uuid::Uuid::nil(), 0);
+        // a held batch's finish waiting to go with the next claim
+        let mut finish_next: Option<String> = None;
         let event =
             |id: uuid::Uuid, event_type: String, key: Option<String>, payload: String| Event {
                 id: EventId::from_uuid(id),
@@ -344,11 +346,18 @@ impl HandLoop {
         while done < n {
             let token = uuid::Uuid::now_v7();
             let mut events: Vec<Event> = if held {
-                // outside a backlog the relay first asks whether anything is due
-                if after.is_nil() {
+                // the previous full batch's finish goes with this claim, as the
+                // relay sends it; outside a backlog the relay first asks whether
+                // anything is due
+                let prefix = finish_next.take();
+                if after.is_nil() && prefix.is_none() {
                     c.query(probe.as_str(), &[])?;
                 }
-                let script = claim.replace("{after}", &format!("'{after}'::uuid"));
+                let claim = claim.replace("{after}", &format!("'{after}'::uuid"));
+                let script = match prefix {
+                    Some(finish) => format!("{finish}; {claim}"),
+                    None => claim,
+                };
                 let mut events = Vec::new();
                 for m in c.simple_query(&script)? {
                     if let postgres::SimpleQueryMessage::Row(r) = m {
@@ -372,14 +381,18 @@ impl HandLoop {
             events.sort_by_key(|e| e.id);
             let _ = sink.send(&events);
             let ids: Vec<uuid::Uuid> = events.iter().map(|e| e.id.as_uuid()).collect();
-            if held && self.delete_acked {
-                c.batch_execute("COMMIT")?;
-            } else if held {
-                let list: Vec<String> = ids.iter().map(|id| format!("'{id}'::uuid")).collect();
-                c.simple_query(&format!(
-                    "{}; COMMIT",
-                    finish.replace("{ids}", &list.join(", "))
-                ))?;
+            if held {
+                let script = if self.delete_acked {
+                    "COMMIT".to_string()
+                } else {
+                    let list: Vec<String> = ids.iter().map(|id| format!("'{id}'::uuid")).collect();
+                    format!("{}; COMMIT", finish.replace("{ids}", &list.join(", ")))
+                };
+                if ids.len() == 200 {
+                    finish_next = Some(script);
+                } else {
+                    c.batch_execute(&script)?;
+                }
             } else {
                 c.execute(finish.as_str(), &[&token, &ids])?;
             }
@@ -392,6 +405,9 @@ impl HandLoop {
                     uuid::Uuid::nil()
                 }
             };
+        }
+        if let Some(finish) = finish_next {
+            c.batch_execute(&finish)?;
         }
         Ok(t.elapsed())
     }

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 use txbox::{
-    ClaimMode, Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, NewEvent, Outbox,
-    Outcome, Relay, Store,
+    ClaimMode, Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, NewEvent, NextClaim,
+    Outbox, Outcome, Relay, Store,
 };
 
 fn ms(n: u64) -> Duration {
@@ -535,14 +535,36 @@ fn with_no_processed_ttl_acked_rows_are_deleted_and_failed_ones_stay() {
 
 #[test]
 fn shutdown_finishes_the_batches_in_flight() {
-    let p = "t_rel_drain_";
+    shutdown_finishes("t_rel_drain_", ClaimMode::Lease, false);
+}
+
+/// Held claims: the batch finished last waits to go with the next claim (one round
+/// trip); a stop finishes it on its own.
+#[test]
+fn shutdown_finishes_the_held_batches_in_flight() {
+    shutdown_finishes("t_rel_drainh_", ClaimMode::Lock, false);
+}
+
+#[test]
+fn shutdown_finishes_the_deleting_held_batches_in_flight() {
+    shutdown_finishes("t_rel_draind_", ClaimMode::Lock, true);
+}
+
+/// A relay stopped while batches are with the broker: every acked event is
+/// finished (PROCESSED or deleted), the rest is PENDING and free to claim.
+fn shutdown_finishes(p: &str, claim: ClaimMode, delete: bool) {
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
     let config = Config::builder()
         .table_prefix(p)
-        .defaults(fast())
+        .defaults(fast().claim(claim))
         .event("e", EventOptions::new().batch_size(100).in_flight(3))
+        .processed_ttl(if delete {
+            Duration::ZERO
+        } else {
+            Duration::from_secs(86_400)
+        })
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -552,7 +574,7 @@ fn shutdown_finishes_the_batches_in_flight() {
 
     let sender = Gated::default();
     let s = sender.clone();
-    let relay = Relay::start(store, &config, move || {
+    let relay = Relay::start(store.clone(), &config, move || {
         Ok(Box::new(s.clone()) as Box<dyn txbox::Sender>)
     })
     .unwrap();
@@ -568,21 +590,47 @@ fn shutdown_finishes_the_batches_in_flight() {
     }
     stopping.join().unwrap().unwrap();
 
+    let acked = sender.acked.lock().unwrap().clone();
+    let unique: HashSet<EventId> = acked.iter().copied().collect();
+    assert_eq!(unique.len(), acked.len(), "an event acked twice");
+    assert!(acked.len() >= 300, "the batches in flight were acked");
+    let ids = |client: &mut postgres::Client, status: &str| -> HashSet<EventId> {
+        client
+            .query(
+                &format!("SELECT id FROM {p}outbox_events WHERE status = $1"),
+                &[&status],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| EventId::from_uuid(r.get(0)))
+            .collect()
+    };
+    let processed = ids(&mut client, "PROCESSED");
+    let pending = ids(&mut client, "PENDING");
+    if delete {
+        assert!(processed.is_empty());
+    } else {
+        assert_eq!(processed, unique, "every acked event is PROCESSED");
+    }
+    assert!(
+        pending.is_disjoint(&unique),
+        "an acked event is still pending"
+    );
+    assert_eq!(
+        pending.len() + unique.len(),
+        2000,
+        "the rest is still pending"
+    );
     assert_eq!(
         count(&mut client, p, "IN_PROCESS"),
         0,
         "nothing left claimed"
     );
-    let acked = sender.acked.lock().unwrap().clone();
-    let unique: HashSet<EventId> = acked.iter().copied().collect();
-    assert_eq!(unique.len(), acked.len(), "an event acked twice");
-    assert!(acked.len() >= 300, "the batches in flight were acked");
-    assert_eq!(count(&mut client, p, "PROCESSED"), acked.len() as i64);
-    assert_eq!(
-        count(&mut client, p, "PENDING") + acked.len() as i64,
-        2000,
-        "the rest is still pending"
-    );
+    // and nothing left locked: another claim takes the rest at once
+    let rest = store
+        .claim("e", 2000, Duration::from_secs(60), uuid::Uuid::now_v7())
+        .unwrap();
+    assert_eq!(rest.len(), pending.len());
 }
 
 /// `claim = "lock"`: the relay holds each batch's rows locked in an open
@@ -799,6 +847,125 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
         .claim_held("x", None, 100, lease, delete_acked)
         .unwrap();
     assert!(later.is_empty() && none.is_none(), "the retry is not due");
+}
+
+#[test]
+fn a_held_batch_finishes_and_claims_the_next_in_one_call() {
+    finish_and_claim("t_rel_fc_", false);
+}
+
+#[test]
+fn a_deleting_held_batch_finishes_and_claims_the_next_in_one_call() {
+    finish_and_claim("t_rel_fcd_", true);
+}
+
+/// `HeldBatch::finish_and_claim`: the finish applies and commits, the next rows
+/// are held by a new transaction on the same connection, and when nothing is left
+/// that transaction is committed too.
+fn finish_and_claim(p: &str, delete: bool) {
+    let app = format!("txbox_{p}test");
+    let Some((_, mut client)) = fresh(p) else {
+        return;
+    };
+    let store = txbox::PgStore::connect(&pg_url_as(&app), p).unwrap();
+    let other = txbox::PgStore::connect(&pg_url(), p).unwrap();
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("x", EventOptions::new())
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox.publish_batch(&mut tx, "x", 0..10).unwrap();
+    tx.commit().unwrap();
+    let of = |events: &[txbox::Event]| events.iter().map(|e| e.id).collect::<Vec<_>>();
+    let acked = if delete {
+        Outcome::SentDelete
+    } else {
+        Outcome::Sent
+    };
+    let all_acked = |events: &[txbox::Event]| -> Vec<(EventId, Outcome)> {
+        events.iter().map(|e| (e.id, acked.clone())).collect()
+    };
+    let lease = Duration::from_secs(60);
+
+    let (a, held) = store.claim_held("x", None, 4, lease, delete).unwrap();
+    assert_eq!(of(&a), ids[..4]);
+    let mut outcomes = all_acked(&a);
+    outcomes[0].1 = Outcome::Retry {
+        delay: Duration::from_secs(3600),
+        error: "busy".into(),
+    };
+    let next = NextClaim {
+        event_type: "x",
+        after: a.last().map(|e| e.id),
+        limit: 4,
+        lease,
+        delete_acked: delete,
+    };
+    let (n, claim) = held
+        .unwrap()
+        .finish_and_claim(&a, &outcomes, &next)
+        .unwrap();
+    assert_eq!(n, 4);
+    let (b, held) = claim.expect("the store's batches claim the next one themselves");
+    assert_eq!(of(&b), ids[4..8]);
+    // the finish is committed: three acked, the retry counted and waiting
+    assert_eq!(
+        count(&mut client, p, "PROCESSED"),
+        if delete { 0 } else { 3 }
+    );
+    let attempts: i32 = client
+        .query_one(
+            &format!("SELECT attempts FROM {p}outbox_events WHERE id = $1"),
+            &[&ids[0].as_uuid()],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 1);
+    // the new batch is held: another relay gets only the rest
+    let (rest, other_held) = other.claim_held("x", None, 10, lease, delete).unwrap();
+    assert_eq!(of(&rest), ids[8..]);
+    drop(other_held); // rolled back: free again
+
+    let next = NextClaim {
+        after: b.last().map(|e| e.id),
+        ..next
+    };
+    let (n, claim) = held
+        .unwrap()
+        .finish_and_claim(&b, &all_acked(&b), &next)
+        .unwrap();
+    assert_eq!(n, 4);
+    let (c, held) = claim.unwrap();
+    assert_eq!(of(&c), ids[8..]);
+    let next = NextClaim {
+        after: c.last().map(|e| e.id),
+        ..next
+    };
+    let (n, claim) = held
+        .unwrap()
+        .finish_and_claim(&c, &all_acked(&c), &next)
+        .unwrap();
+    assert_eq!(n, 2);
+    let (none, no_tx) = claim.unwrap();
+    assert!(none.is_empty() && no_tx.is_none());
+    // nothing left open on the store's connections
+    let open: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+            &[&app],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(open, 0, "a transaction was left open");
+    let rows: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {p}outbox_events"), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, if delete { 1 } else { 10 });
+    assert_eq!(count(&mut client, p, "PENDING"), 1, "the retry");
 }
 
 #[test]

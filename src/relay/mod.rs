@@ -5,7 +5,10 @@
 //! - one poller per configured event type: claim a batch (`FOR UPDATE SKIP LOCKED`),
 //!   send it, wait for the acks, finish the rows under the claim token. With a sender
 //!   that pipelines ([`Sender::start`]) the poller claims the next batch while the
-//!   broker acks the previous one, up to `in_flight` batches;
+//!   broker acks the previous one, up to `in_flight` batches. With held claims
+//!   ([`ClaimMode::Lock`]) a backlog drains in one round trip per batch: the
+//!   finish of one batch, its commit and the claim of the next go as one script
+//!   on its connection ([`crate::HeldBatch::finish_and_claim`]);
 //! - `txbox-recovery`: returns expired claims to PENDING (no attempt counted);
 //! - `txbox-cleanup`: deletes old PROCESSED rows, under a lease lock (with
 //!   `processed_ttl` zero the pollers delete acked rows themselves);
@@ -29,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::metrics::{self, Counter};
 use crate::sender::{SendError, Sender, SenderFactory, Started};
-use crate::store::{HeldBatch, Outcome, Store};
+use crate::store::{HeldBatch, HeldClaim, NextClaim, Outcome, Store};
 
 mod polling;
 
@@ -189,6 +192,7 @@ impl Relay {
                 in_flight: VecDeque::new(),
                 resume: None,
                 delete_acked: config.maintenance.processed_ttl.is_zero(),
+                stash: None,
             };
             spawn(
                 &mut relay,
@@ -499,6 +503,16 @@ struct Poller {
     resume: Option<(crate::EventId, usize)>,
     /// `processed_ttl` is zero: acked rows are deleted, not marked PROCESSED.
     delete_acked: bool,
+    /// A held batch whose outcomes are known, kept to be finished together with
+    /// the next claim (one round trip) when that claim follows at once.
+    stash: Option<Stashed>,
+}
+
+/// A held batch waiting for its finish ([`HeldBatch::finish_and_claim`]).
+struct Stashed {
+    held: Box<dyn HeldBatch>,
+    events: Vec<Event>,
+    outcomes: Vec<(crate::EventId, Outcome)>,
 }
 
 /// A claimed batch on its way to the broker.
@@ -522,11 +536,15 @@ impl Poller {
             // successor (no delay) finds batches to finish at a stop
             if delay.is_zero() {
                 if self.ctx.stopped() {
-                    self.drain(0);
+                    self.drain(0, false);
                     return;
                 }
-            } else if let Wake::Stop = self.ctx.sleep(delay, Some(&wake)) {
-                return;
+            } else {
+                // nothing is claimed at once: a stashed batch is finished alone
+                self.flush_stash();
+                if let Wake::Stop = self.ctx.sleep(delay, Some(&wake)) {
+                    return;
+                }
             }
             let next = match catch_unwind(AssertUnwindSafe(|| self.poll_once())) {
                 Ok(Ok(claimed)) => state.after_batch(claimed, self.settings.batch_size),
@@ -539,6 +557,7 @@ impl Poller {
                     // the sender's state is unknown: its batches return after the lease
                     self.sender = None;
                     self.in_flight.clear();
+                    self.stash = None;
                     let d = state.after_error();
                     log::error!(
                         "txbox: poller {} panicked; its batches return after the lease (held claims: at once); next try in {d:?}",
@@ -555,32 +574,32 @@ impl Poller {
     /// Claims one batch and hands it to the sender; finishes the batches whose turn
     /// has come. Returns how many events it claimed.
     fn poll_once(&mut self) -> Result<usize> {
-        let sender = match &mut self.sender {
-            Some(sender) => sender,
-            None => self.sender.insert(self.factory.create()?),
-        };
-        let s = &self.settings;
+        if self.sender.is_none() {
+            self.sender = Some(self.factory.create()?);
+        }
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
         let after = self.resume.map(|(id, _)| id);
-        let store = &self.ctx.store;
-        let claim = match s.claim {
-            ClaimMode::Lease => store
-                .claim_after(&self.event_type, after, s.batch_size, s.lease, token)
+        let claim = match self.settings.claim {
+            ClaimMode::Lease => self
+                .ctx
+                .store
+                .claim_after(
+                    &self.event_type,
+                    after,
+                    self.settings.batch_size,
+                    self.settings.lease,
+                    token,
+                )
                 .map(|events| (events, None)),
-            ClaimMode::Lock => store.claim_held(
-                &self.event_type,
-                after,
-                s.batch_size,
-                s.lease,
-                self.delete_acked,
-            ),
+            ClaimMode::Lock => self.claim_held(after),
         };
+        let s = &self.settings;
         let (mut events, held) = match claim {
             Ok(claimed) => claimed,
             Err(e) => {
                 self.resume = None;
-                self.drain(0);
+                self.drain(0, false);
                 return Err(e);
             }
         };
@@ -601,6 +620,9 @@ impl Poller {
                 e.routing_key.clone_from(&self.routing_key);
             }
             let started = Instant::now();
+            let Some(sender) = &mut self.sender else {
+                unreachable!("created above");
+            };
             let results = match sender.start(&events) {
                 Started::Done(results) => Some(results),
                 Started::InFlight => None,
@@ -622,12 +644,60 @@ impl Poller {
         } else {
             0
         };
-        self.drain(keep);
+        // a full batch is followed by the next claim at once: the last batch
+        // finished now waits to go with it
+        self.drain(keep, claimed >= s.batch_size);
         Ok(claimed)
     }
 
-    /// Waits for and finishes the oldest batches until `keep` are in flight.
-    fn drain(&mut self, keep: usize) {
+    /// A held claim, on the connection of a stashed batch together with its finish
+    /// when there is one.
+    fn claim_held(&mut self, after: Option<crate::EventId>) -> Result<HeldClaim> {
+        let stash = self.stash.take();
+        let s = &self.settings;
+        if let Some(st) = stash {
+            let next = NextClaim {
+                event_type: &self.event_type,
+                after,
+                limit: s.batch_size,
+                lease: s.lease,
+                delete_acked: self.delete_acked,
+            };
+            match st.held.finish_and_claim(&st.events, &st.outcomes, &next) {
+                Ok((_, Some(claim))) => return Ok(claim),
+                Ok((_, None)) => {} // finished only: the store claims
+                Err(e) => {
+                    log::error!(
+                        "txbox: poller {}: could not finish {} events and claim the next batch \
+                         ({e}); unless their commit went through, their claim ended with the \
+                         transaction, so they stay pending and are sent again",
+                        self.event_type,
+                        st.outcomes.len()
+                    );
+                    return Err(e);
+                }
+            }
+        }
+        self.ctx.store.claim_held(
+            &self.event_type,
+            after,
+            s.batch_size,
+            s.lease,
+            self.delete_acked,
+        )
+    }
+
+    /// Finishes a stashed held batch on its own.
+    fn flush_stash(&mut self) {
+        if let Some(st) = self.stash.take() {
+            self.finish_held(st.held, &st.events, &st.outcomes);
+        }
+    }
+
+    /// Waits for and finishes the oldest batches until `keep` are in flight. With
+    /// `stash` (the next claim follows at once) the last held batch waits to be
+    /// finished together with that claim.
+    fn drain(&mut self, keep: usize, stash: bool) {
         while self.in_flight.len() > keep {
             let Some(batch) = self.in_flight.pop_front() else {
                 return;
@@ -656,9 +726,19 @@ impl Poller {
             metrics::add(Counter::Retried, retried);
             metrics::add(Counter::Failed, failed);
             match batch.held {
+                Some(held) if stash && self.stash.is_none() && self.in_flight.len() == keep => {
+                    self.stash = Some(Stashed {
+                        held,
+                        events: batch.events,
+                        outcomes,
+                    });
+                }
                 Some(held) => self.finish_held(held, &batch.events, &outcomes),
                 None => self.finish(batch.token, &outcomes, batch.lease_end),
             }
+        }
+        if !stash {
+            self.flush_stash();
         }
     }
 

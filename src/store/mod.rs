@@ -71,6 +71,39 @@ pub trait HeldBatch: Send {
     /// error (the session was ended, the connection lost) every row is as it was
     /// before the claim: an event the broker acked is sent again.
     fn finish(self: Box<Self>, events: &[Event], outcomes: &[(EventId, Outcome)]) -> Result<u64>;
+
+    /// Finishes like [`HeldBatch::finish`] and then claims `next` like
+    /// [`Store::claim_held`] (without its idle probe) on the same connection,
+    /// both in one round trip: a poller draining a backlog claims its next batch
+    /// as it commits one. Returns the finish's count and the new claim, or `None`
+    /// when this batch cannot claim (the default: it finishes only, and the
+    /// caller claims through the store). On an error nothing was claimed, and the
+    /// batch is either finished or as it was before its claim.
+    fn finish_and_claim(
+        self: Box<Self>,
+        events: &[Event],
+        outcomes: &[(EventId, Outcome)],
+        next: &NextClaim<'_>,
+    ) -> Result<(u64, Option<HeldClaim>)> {
+        let _ = next;
+        Ok((self.finish(events, outcomes)?, None))
+    }
+}
+
+/// A claim of [`Store::claim_held`]'s arguments, made by
+/// [`HeldBatch::finish_and_claim`].
+#[derive(Debug, Clone, Copy)]
+pub struct NextClaim<'a> {
+    /// The event type.
+    pub event_type: &'a str,
+    /// Claim only ids greater than this (a backlog's last id).
+    pub after: Option<EventId>,
+    /// At most this many events.
+    pub limit: usize,
+    /// How long the transaction may idle before the database ends it.
+    pub lease: Duration,
+    /// Delete the rows in the claim (`processed_ttl` zero).
+    pub delete_acked: bool,
 }
 
 /// What [`Store::claim_held`] returns: the events, sorted by id, and the

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::{HeldBatch, HeldClaim, Outcome, Store, Tables, TypeStatus};
+use super::{HeldBatch, HeldClaim, NextClaim, Outcome, Store, Tables, TypeStatus};
 use crate::dlq::{DeadLetter, DlqFilter, DlqStatus};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId, NewEvent};
@@ -809,30 +809,115 @@ struct Deleted {
     created_at: String,
 }
 
+impl HeldTx {
+    /// The statements that finish the batch, the commit last. The rows are locked
+    /// by this transaction, so no token is needed to fence.
+    fn finish_script(
+        &self,
+        events: &[Event],
+        outcomes: &[(EventId, Outcome)],
+    ) -> Result<Vec<String>> {
+        let d = &self.d;
+        let mut script: Vec<String> = match (&self.deleted, &d.hold_claim) {
+            (Some(rows), Some(hold)) => restore_steps(&hold.restore, rows, events, outcomes)?,
+            _ => finish_steps(d, &d.common.finish_held, Uuid::nil(), outcomes),
+        }
+        .iter()
+        .map(|(template, fixed, ids)| inline(template, fixed, ids, self.literal))
+        .collect();
+        script.push("COMMIT".into());
+        Ok(script)
+    }
+
+    /// How many rows the finish changed, given its statements' counts.
+    fn finished(&self, counts: &[u64], outcomes: usize) -> u64 {
+        match self.deleted {
+            // every row was deleted by the claim; those not acked are back
+            Some(_) => outcomes as u64,
+            None => counts.iter().sum(),
+        }
+    }
+
+    /// The script that opens the transaction, with its idle timeout, and claims.
+    fn claim_script(&self, hold: &HoldClaim, next: &NextClaim<'_>) -> String {
+        let after = Val::Id(next.after.map_or(Uuid::nil(), |id| id.as_uuid()));
+        let params = [next.event_type.into(), after, Val::Int(next.limit as i64)];
+        let claim = if next.delete_acked {
+            &hold.claim_delete
+        } else {
+            &self.d.claim_select
+        };
+        format!(
+            "{}; {}",
+            hold.open
+                .replace("{ms}", &next.lease.as_millis().to_string()),
+            inline(claim, &params, &[], self.literal)
+        )
+    }
+
+    /// The claim's `rows` as a batch held by this open transaction; with none, the
+    /// transaction is committed and there is no batch.
+    fn take_claim(
+        mut self: Box<Self>,
+        mut rows: Vec<Row>,
+        delete_acked: bool,
+    ) -> Result<HeldClaim> {
+        if rows.is_empty() {
+            self.conn.batch("COMMIT")?;
+            self.open = false;
+            return Ok((Vec::new(), None));
+        }
+        let events = claimed_events(&mut rows)?;
+        // what a write-back needs beyond the events: the stored headers and the
+        // creation time (the rows' other text moved into the events)
+        self.deleted = delete_acked.then(|| {
+            rows.into_iter()
+                .map(|mut r| Deleted {
+                    id: r.id(0).unwrap_or_default(),
+                    headers: r.take_text(3).unwrap_or_default(),
+                    created_at: r.take_text(6).unwrap_or_default(),
+                })
+                .collect()
+        });
+        Ok((events, Some(self)))
+    }
+}
+
 impl HeldBatch for HeldTx {
     fn finish(
         mut self: Box<Self>,
         events: &[Event],
         outcomes: &[(EventId, Outcome)],
     ) -> Result<u64> {
-        let d = self.d.clone();
-        // the rows are locked by this transaction, so no token is needed to fence;
         // the statements and the commit go in one round trip
-        let mut script: Vec<String> = match (&self.deleted, &d.hold_claim) {
-            (Some(rows), Some(hold)) => restore_steps(&hold.restore, rows, events, outcomes)?,
-            _ => finish_steps(&d, &d.common.finish_held, Uuid::nil(), outcomes),
-        }
-        .iter()
-        .map(|(template, fixed, ids)| inline(template, fixed, ids, self.literal))
-        .collect();
-        script.push("COMMIT".into());
+        let script = self.finish_script(events, outcomes)?;
         let done = self.conn.script(&script.join("; "))?;
         self.open = false;
-        Ok(match self.deleted {
-            // every row was deleted by the claim; those not acked are back
-            Some(_) => outcomes.len() as u64,
-            None => done.counts.iter().sum(),
-        })
+        Ok(self.finished(&done.counts, outcomes.len()))
+    }
+
+    fn finish_and_claim(
+        mut self: Box<Self>,
+        events: &[Event],
+        outcomes: &[(EventId, Outcome)],
+        next: &NextClaim<'_>,
+    ) -> Result<(u64, Option<HeldClaim>)> {
+        let d = self.d.clone();
+        let Some(hold) = &d.hold_claim else {
+            return Ok((self.finish(events, outcomes)?, None));
+        };
+        // the finish, its commit, the next transaction and its claim: one round
+        // trip; should any statement fail, the drop rolls back what is open
+        let mut script = self.finish_script(events, outcomes)?;
+        let statements = script.len() - 1;
+        script.push(self.claim_script(hold, next));
+        let done = self.conn.script(&script.join("; "))?;
+        let counts = &done.counts[..statements.min(done.counts.len())];
+        let finished = self.finished(counts, outcomes.len());
+        Ok((
+            finished,
+            Some(self.take_claim(done.rows, next.delete_acked)?),
+        ))
     }
 }
 
@@ -1233,42 +1318,19 @@ impl<P: Pool> Store for SqlStore<P> {
         {
             return Ok((Vec::new(), None));
         }
-        let after = Val::Id(after.map_or(Uuid::nil(), |id| id.as_uuid()));
-        let params = [event_type.into(), after, Val::Int(limit as i64)];
-        let claim = if delete_acked {
-            &hold.claim_delete
-        } else {
-            &d.claim_select
+        let next = NextClaim {
+            event_type,
+            after,
+            limit,
+            lease,
+            delete_acked,
         };
         // the transaction, its idle timeout and the locking claim: one round trip
-        let script = format!(
-            "{}; {}",
-            hold.open.replace("{ms}", &lease.as_millis().to_string()),
-            inline(claim, &params, &[], hold.literal)
-        );
+        let script = held.claim_script(hold, &next);
         // marked open first: should a statement fail, the drop rolls back
         held.open = true;
-        let mut rows = held.conn.script(&script)?.rows;
-        if rows.is_empty() {
-            held.conn.batch("COMMIT")?;
-            held.open = false;
-            return Ok((Vec::new(), None));
-        }
-        let events = claimed_events(&mut rows)?;
-        if delete_acked {
-            // what a write-back needs beyond the events: the stored headers and the
-            // creation time (the rows' other text moved into the events)
-            held.deleted = Some(
-                rows.into_iter()
-                    .map(|mut r| Deleted {
-                        id: r.id(0).unwrap_or_default(),
-                        headers: r.take_text(3).unwrap_or_default(),
-                        created_at: r.take_text(6).unwrap_or_default(),
-                    })
-                    .collect(),
-            );
-        }
-        Ok((events, Some(Box::new(held))))
+        let rows = held.conn.script(&script)?.rows;
+        Box::new(held).take_claim(rows, delete_acked)
     }
 
     fn recover_expired(&self, limit: usize) -> Result<u64> {
