@@ -40,11 +40,6 @@ fn ms(n: u64) -> Duration {
 
 fn worker_config(prefix: &str, mode: &str) -> Config {
     let claim = claim_mode(mode);
-    let processed_ttl = if mode == "lock-delete" {
-        Duration::ZERO
-    } else {
-        Duration::from_secs(86_400)
-    };
     Config::builder()
         .table_prefix(prefix)
         .defaults(
@@ -56,7 +51,7 @@ fn worker_config(prefix: &str, mode: &str) -> Config {
         )
         .event("k", EventOptions::new())
         .recovery_interval(ms(300))
-        .processed_ttl(processed_ttl)
+        .processed_ttl(common::processed_ttl(mode == "lock-delete"))
         .build()
         .unwrap()
 }
@@ -276,24 +271,14 @@ impl Sender for Hanging {
     }
 }
 
-#[test]
-fn a_sender_hanging_past_the_lease_is_fenced_out() {
-    hanging_past_the_lease("t_fault_hang_", ClaimMode::Lease, false);
-}
+each_claim_mode!(hanging_past_the_lease, "t_fault_hang":
+    a_sender_hanging_past_the_lease_is_fenced_out,
+    a_sender_hanging_past_the_lease_on_a_held_claim_is_fenced_out,
+    a_sender_hanging_past_the_lease_on_a_deleting_held_claim_is_fenced_out);
 
-#[test]
-fn a_sender_hanging_past_the_lease_on_a_held_claim_is_fenced_out() {
-    hanging_past_the_lease("t_fault_hangh_", ClaimMode::Lock, false);
-}
-
-/// The held claim deleted its rows: the session ended by the lease rolls that back,
-/// and the late failure writes nothing back.
-#[test]
-fn a_sender_hanging_past_the_lease_on_a_deleting_held_claim_is_fenced_out() {
-    hanging_past_the_lease("t_fault_hangd_", ClaimMode::Lock, true);
-}
-
-/// A relay whose sender hangs past the lease, and another that takes over.
+/// A relay whose sender hangs past the lease, and another that takes over. A
+/// held claim that deleted its rows has them back when the lease ends its session,
+/// and its late failure writes nothing back.
 /// `delete`: acked rows are deleted (`processed_ttl` zero).
 fn hanging_past_the_lease(p: &str, claim: ClaimMode, delete: bool) {
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
@@ -309,11 +294,7 @@ fn hanging_past_the_lease(p: &str, claim: ClaimMode, delete: bool) {
         )
         .event("h", EventOptions::new())
         .recovery_interval(ms(200))
-        .processed_ttl(if delete {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(86_400)
-        })
+        .processed_ttl(common::processed_ttl(delete))
         .build()
         .unwrap();
     let ids: HashSet<EventId> = fx.publish(&config, "h", 10, true).into_iter().collect();

@@ -225,20 +225,10 @@ fn thread_counts_and_an_idle_relay_shuts_down_at_once() {
     );
 }
 
-#[test]
-fn killed_database_connections_lose_nothing() {
-    killed_connections("t_rel_kill_", ClaimMode::Lease, false);
-}
-
-#[test]
-fn killed_database_connections_holding_claims_lose_nothing() {
-    killed_connections("t_rel_killh_", ClaimMode::Lock, false);
-}
-
-#[test]
-fn killed_database_connections_deleting_in_held_claims_lose_nothing() {
-    killed_connections("t_rel_killd_", ClaimMode::Lock, true);
-}
+each_claim_mode!(killed_connections, "t_rel_kill":
+    killed_database_connections_lose_nothing,
+    killed_database_connections_holding_claims_lose_nothing,
+    killed_database_connections_deleting_in_held_claims_lose_nothing);
 
 /// Kills the relay's database connections again and again while a producer
 /// publishes: every event is delivered, the relay's threads live on. `delete`:
@@ -261,11 +251,7 @@ fn killed_connections(p: &str, claim: ClaimMode, delete: bool) {
         )
         .event("k", EventOptions::new())
         .recovery_interval(ms(200))
-        .processed_ttl(if delete {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(86_400)
-        })
+        .processed_ttl(common::processed_ttl(delete))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -533,25 +519,15 @@ fn with_no_processed_ttl_acked_rows_are_deleted_and_failed_ones_stay() {
         .all(|id| !acked.contains(&EventId::from(*id))));
 }
 
-#[test]
-fn shutdown_finishes_the_batches_in_flight() {
-    shutdown_finishes("t_rel_drain_", ClaimMode::Lease, false);
-}
-
-/// Held claims: the batch finished last waits to go with the next claim (one round
-/// trip); a stop finishes it on its own.
-#[test]
-fn shutdown_finishes_the_held_batches_in_flight() {
-    shutdown_finishes("t_rel_drainh_", ClaimMode::Lock, false);
-}
-
-#[test]
-fn shutdown_finishes_the_deleting_held_batches_in_flight() {
-    shutdown_finishes("t_rel_draind_", ClaimMode::Lock, true);
-}
+each_claim_mode!(shutdown_finishes, "t_rel_drain":
+    shutdown_finishes_the_batches_in_flight,
+    shutdown_finishes_the_held_batches_in_flight,
+    shutdown_finishes_the_deleting_held_batches_in_flight);
 
 /// A relay stopped while batches are with the broker: every acked event is
-/// finished (PROCESSED or deleted), the rest is PENDING and free to claim.
+/// finished (PROCESSED or deleted), the rest is PENDING and free to claim. With
+/// held claims the batch finished last waits to go with the next claim (one round
+/// trip), and the stop finishes it on its own.
 fn shutdown_finishes(p: &str, claim: ClaimMode, delete: bool) {
     let Some((store, mut client)) = fresh(p) else {
         return;
@@ -560,11 +536,7 @@ fn shutdown_finishes(p: &str, claim: ClaimMode, delete: bool) {
         .table_prefix(p)
         .defaults(fast().claim(claim))
         .event("e", EventOptions::new().batch_size(100).in_flight(3))
-        .processed_ttl(if delete {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(86_400)
-        })
+        .processed_ttl(common::processed_ttl(delete))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -735,17 +707,22 @@ fn snapshot(
         .collect()
 }
 
-fn held_claim_semantics(p: &str, delete_acked: bool) {
-    let app = format!("txbox_{p}test");
-    let Some((store, mut client)) = fresh(p) else {
-        return;
-    };
+/// An outbox on the tables of prefix `p` with the one event type `x`.
+fn outbox_of_x(p: &str) -> Outbox {
     let config = Config::builder()
         .table_prefix(p)
         .event("x", EventOptions::new())
         .build()
         .unwrap();
-    let outbox = Outbox::new(&config).unwrap();
+    Outbox::new(&config).unwrap()
+}
+
+fn held_claim_semantics(p: &str, delete_acked: bool) {
+    let app = format!("txbox_{p}test");
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let outbox = outbox_of_x(p);
     let mut tx = client.transaction().unwrap();
     let mut ids = Vec::new();
     for i in 0..10 {
@@ -869,12 +846,7 @@ fn finish_and_claim(p: &str, delete: bool) {
     };
     let store = txbox::PgStore::connect(&pg_url_as(&app), p).unwrap();
     let other = txbox::PgStore::connect(&pg_url(), p).unwrap();
-    let config = Config::builder()
-        .table_prefix(p)
-        .event("x", EventOptions::new())
-        .build()
-        .unwrap();
-    let outbox = Outbox::new(&config).unwrap();
+    let outbox = outbox_of_x(p);
     let mut tx = client.transaction().unwrap();
     let ids = outbox.publish_batch(&mut tx, "x", 0..10).unwrap();
     tx.commit().unwrap();
@@ -928,25 +900,21 @@ fn finish_and_claim(p: &str, delete: bool) {
     assert_eq!(of(&rest), ids[8..]);
     drop(other_held); // rolled back: free again
 
-    let next = NextClaim {
-        after: b.last().map(|e| e.id),
-        ..next
+    // all acked, and the next claim after the batch's last id
+    let step = |held: Option<Box<dyn txbox::HeldBatch>>, events: &[txbox::Event]| {
+        let next = NextClaim {
+            after: events.last().map(|e| e.id),
+            ..next
+        };
+        held.unwrap()
+            .finish_and_claim(events, &all_acked(events), &next)
+            .unwrap()
     };
-    let (n, claim) = held
-        .unwrap()
-        .finish_and_claim(&b, &all_acked(&b), &next)
-        .unwrap();
+    let (n, claim) = step(held, &b);
     assert_eq!(n, 4);
     let (c, held) = claim.unwrap();
     assert_eq!(of(&c), ids[8..]);
-    let next = NextClaim {
-        after: c.last().map(|e| e.id),
-        ..next
-    };
-    let (n, claim) = held
-        .unwrap()
-        .finish_and_claim(&c, &all_acked(&c), &next)
-        .unwrap();
+    let (n, claim) = step(held, &c);
     assert_eq!(n, 2);
     let (none, no_tx) = claim.unwrap();
     assert!(none.is_empty() && no_tx.is_none());

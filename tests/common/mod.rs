@@ -287,3 +287,37 @@ pub fn shut_down_and_check_each_once(
     }
     assert_eq!(&seen, published);
 }
+
+/// Three tests of one scenario, one per claim mode: `body(prefix, claim, delete)`
+/// with lease claims, held claims, and held claims deleting acked rows
+/// (`processed_ttl` zero); the table prefixes are `$prefix` followed by `_`, `h_`
+/// and `d_`.
+#[macro_export]
+macro_rules! each_claim_mode {
+    ($body:ident, $prefix:literal: $lease:ident, $held:ident, $deleting:ident) => {
+        #[test]
+        fn $lease() {
+            $body(concat!($prefix, "_"), txbox::ClaimMode::Lease, false);
+        }
+
+        #[test]
+        fn $held() {
+            $body(concat!($prefix, "h_"), txbox::ClaimMode::Lock, false);
+        }
+
+        #[test]
+        fn $deleting() {
+            $body(concat!($prefix, "d_"), txbox::ClaimMode::Lock, true);
+        }
+    };
+}
+
+/// The `processed_ttl` of a test whose relay deletes acked rows (`delete`), or
+/// keeps them for a day.
+pub fn processed_ttl(delete: bool) -> std::time::Duration {
+    if delete {
+        std::time::Duration::ZERO
+    } else {
+        std::time::Duration::from_secs(86_400)
+    }
+}
