@@ -519,6 +519,75 @@ fn with_no_processed_ttl_acked_rows_are_deleted_and_failed_ones_stay() {
         .all(|id| !acked.contains(&EventId::from(*id))));
 }
 
+each_claim_mode!(failures_in_a_backlog, "t_rel_flaky":
+    failed_sends_in_a_backlog_are_retried_and_delivered_once,
+    failed_sends_in_a_backlog_of_held_claims_are_retried_and_delivered_once,
+    failed_sends_in_a_backlog_of_deleting_held_claims_are_retried_and_delivered_once);
+
+/// A backlog drained while the broker refuses every tenth event once: those are
+/// counted, wait for their retry and are delivered; every event is acked exactly
+/// once. With held claims the refused events' finish goes with the next claim (and,
+/// deleting acked rows, writes them back).
+fn failures_in_a_backlog(p: &str, claim: ClaimMode, delete: bool) {
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(
+            fast()
+                .claim(claim)
+                .batch_size(100)
+                .backoff_delay(ms(200))
+                .backoff_jitter(0.0),
+        )
+        .event("f", EventOptions::new())
+        .processed_ttl(common::processed_ttl(delete))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox.publish_batch(&mut tx, "f", 0..2000).unwrap();
+    tx.commit().unwrap();
+    let refuse: HashSet<EventId> = ids.iter().step_by(10).copied().collect();
+    let refused = Arc::new(Mutex::new(HashSet::new()));
+    let sender = MemorySender::new();
+    let (r, seen) = (refuse.clone(), refused.clone());
+    sender.fail_when(move |e| {
+        (r.contains(&e.id) && seen.lock().unwrap().insert(e.id)).then(|| "not now".to_string())
+    });
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    wait_until("every event acked", Duration::from_secs(30), || {
+        sender.len() >= ids.len()
+    });
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+
+    assert_eq!(*refused.lock().unwrap(), refuse, "each was refused once");
+    let acked: Vec<EventId> = sender.sent().iter().map(|e| e.id).collect();
+    let unique: HashSet<EventId> = acked.iter().copied().collect();
+    assert_eq!(acked.len(), unique.len(), "an event acked twice");
+    assert_eq!(unique, ids.iter().copied().collect::<HashSet<_>>());
+    // the refused ones counted their failed attempt before they went through
+    let rows: Vec<(uuid::Uuid, i32, String)> = client
+        .query(
+            &format!("SELECT id, attempts, status FROM {p}outbox_events"),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    if delete {
+        assert!(rows.is_empty(), "acked rows left: {}", rows.len());
+    } else {
+        assert_eq!(rows.len(), ids.len());
+        for (id, attempts, status) in rows {
+            let want = i32::from(refuse.contains(&EventId::from_uuid(id)));
+            assert_eq!((attempts, status.as_str()), (want, "PROCESSED"), "{id}");
+        }
+    }
+}
+
 each_claim_mode!(shutdown_finishes, "t_rel_drain":
     shutdown_finishes_the_batches_in_flight,
     shutdown_finishes_the_held_batches_in_flight,
