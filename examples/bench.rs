@@ -37,6 +37,9 @@ struct Size {
     burst: usize,
     idle_single: Duration,
     instances: usize,
+    /// `--rounds N`: how many times the relay floor's turns and the brokers' relay
+    /// and direct runs repeat; each figure is the median
+    rounds: usize,
     /// `--in-flight N`: the relay's window for the broker rows (default: the
     /// configuration's default)
     in_flight: Option<usize>,
@@ -98,6 +101,13 @@ fn config_with(prefix: &str, options: EventOptions, delete_acked: bool) -> Confi
 
 fn config(prefix: &str, options: EventOptions) -> Config {
     config_with(prefix, options, false)
+}
+
+/// The middle value (the mean of the middle two of an even count).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    (v[(n - 1) / 2] + v[n / 2]) / 2.0
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -420,10 +430,12 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
     let cfg = s.relay_config(p, EventOptions::new().batch_size(200));
     let outbox = Outbox::new(&cfg)?;
     let hand_loop = HandLoop::new(p, s);
-    // relay, hand, hand, relay: each on a freshly filled table, so neither profits
-    // from going first or second
-    let (mut ours, mut hand) = (Duration::ZERO, Duration::ZERO);
-    for turn in [true, false, false, true] {
+    // relay, hand, hand, relay, `rounds` times: each on a freshly filled table, so
+    // neither profits from going first or second; each side's median rate, so one
+    // slow turn (the machine busy elsewhere) moves neither
+    let (mut ours, mut hand) = (Vec::new(), Vec::new());
+    let rate = |d: Duration| s.floor as f64 / d.as_secs_f64();
+    for turn in [true, false, false, true].repeat(s.rounds) {
         let (store, mut c) = fresh(p)?;
         fill(&mut c, &outbox, s.floor)?;
         if analyzed {
@@ -435,16 +447,16 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
             let relay = Relay::start(store, &cfg, sender.clone())?;
             sender.wait_for(s.floor, Duration::from_secs(600));
             relay.shutdown(Duration::from_secs(10))?;
-            ours += t.elapsed();
+            ours.push(rate(t.elapsed()));
             continue;
         }
-        hand += hand_loop.drain(&mut c, s.floor)?;
+        hand.push(rate(hand_loop.drain(&mut c, s.floor)?));
     }
-    let n = 2.0 * s.floor as f64;
-    let (ours, hand) = (n / ours.as_secs_f64(), n / hand.as_secs_f64());
+    let (ours, hand) = (median(&mut ours), median(&mut hand));
     out.push(row(
         format!(
-            "relay floor, PG -> memory (2 x {} events){}{}",
+            "relay floor, PG -> memory (median of {} x {} events){}{}",
+            2 * s.rounds,
             s.floor,
             s.mode(),
             if analyzed {
@@ -470,7 +482,6 @@ fn broker_throughput(
     out: &mut Vec<Row>,
 ) -> Res<()> {
     let p = "bench_broker_";
-    let (store, mut c) = fresh(p)?;
     let cfg = s.relay_config(
         p,
         EventOptions::new()
@@ -484,7 +495,6 @@ fn broker_throughput(
     );
     let window = cfg.event("bench").map_or(1, |e| e.in_flight);
     let outbox = Outbox::new(&cfg)?;
-    fill(&mut c, &outbox, s.brokers)?;
     // a message as the relay hands it to the sender
     let event = |payload: String| Event {
         id: EventId::new(),
@@ -498,60 +508,48 @@ fn broker_throughput(
     };
     // warm up: connections and metadata are not what is measured
     let warm = event("{}".into());
-    let mut warmup = factory.create()?;
-    if warmup
+    let mut direct = factory.create()?;
+    if direct
         .send(std::slice::from_ref(&warm))
         .iter()
         .any(|r| r.is_err())
     {
         return Err(format!("{name}: warm-up send failed").into());
     }
-    reset()?;
-    let t = Instant::now();
-    let f = factory.clone();
-    let acks = Acks::default();
-    let a = acks.clone();
-    let relay = Relay::start(
-        store.clone(),
-        &cfg,
-        move || -> txbox::Result<Box<dyn Sender>> {
-            Ok(Box::new(Timed::new(f.create()?, a.clone())))
-        },
-    )?;
-    // the acks are counted as they come; the rows are finished right after
-    while acks.count.load(Ordering::Relaxed) < s.brokers as u64
-        && t.elapsed() < Duration::from_secs(600)
-    {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    relay.shutdown(Duration::from_secs(10))?;
-    let ours = s.brokers as f64 / t.elapsed().as_secs_f64();
-    if store.status()?.iter().any(|x| x.pending + x.in_process > 0) {
-        return Err(format!("{name}: events left unfinished").into());
-    }
-
     // the same client, same settings, the same messages in batches of 200, directly
-    let mut direct = warmup;
     let events: Vec<Event> = (0..s.brokers)
         .map(|i| event(serde_json::json!({"n": i}).to_string()))
         .collect();
-    // the same client: one batch at a time, with the relay's window of batches in
-    // flight, and at its ceiling (every batch handed over before the first ack)
-    // each from an empty queue, as the relay started
+    // each round: the relay on a freshly filled table, the same client directly
+    // with the relay's window of batches in flight, and the database alone (the
+    // relay's statements by hand, no broker); each from an empty queue
+    let (mut ours, mut windowed, mut db) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..s.rounds {
+        let (store, mut c) = fresh(p)?;
+        fill(&mut c, &outbox, s.brokers)?;
+        reset()?;
+        ours.push(relay_rate(name, s, &store, &cfg, &factory)?);
+        reset()?;
+        windowed.push(direct_rate(name, &mut *direct, &events, window)?);
+        let (_, mut c) = fresh(p)?;
+        fill(&mut c, &outbox, s.brokers)?;
+        db.push(s.brokers as f64 / HandLoop::new(p, s).drain(&mut c, s.brokers)?.as_secs_f64());
+    }
+    let (ours, windowed, db) = (median(&mut ours), median(&mut windowed), median(&mut db));
+    // and the same client one batch at a time, and at its ceiling (every batch
+    // handed over before the first ack)
     reset()?;
-    let single = direct_rate(name, &mut direct, &events, 1)?;
+    let single = direct_rate(name, &mut *direct, &events, 1)?;
     reset()?;
-    let windowed = direct_rate(name, &mut direct, &events, window)?;
-    reset()?;
-    let ceiling = direct_rate(name, &mut direct, &events, usize::MAX)?;
-    // and the database alone: the relay's statements by hand, no broker, on a table
-    // filled the same way
-    let (_, mut c) = fresh(p)?;
-    fill(&mut c, &outbox, s.brokers)?;
-    let db = s.brokers as f64 / HandLoop::new(p, s).drain(&mut c, s.brokers)?.as_secs_f64();
+    let ceiling = direct_rate(name, &mut *direct, &events, usize::MAX)?;
+    let rounds = if s.rounds > 1 {
+        format!(", median of {}", s.rounds)
+    } else {
+        String::new()
+    };
     out.push(row(
         format!(
-            "relay to {name} ({} events{}), vs direct, {window} batches in flight",
+            "relay to {name} ({} events{}{rounds}), vs direct, {window} batches in flight",
             s.brokers,
             s.mode()
         ),
@@ -583,6 +581,40 @@ fn broker_throughput(
         "-",
     ));
     Ok(())
+}
+
+/// Events/s of a relay draining the `s.brokers` events pending in `store` to
+/// the broker; counted by the acks as they come (the rows are finished right
+/// after).
+fn relay_rate(
+    name: &str,
+    s: &Size,
+    store: &Arc<PgStore>,
+    cfg: &Config,
+    factory: &Arc<dyn txbox::SenderFactory>,
+) -> Res<f64> {
+    let t = Instant::now();
+    let f = factory.clone();
+    let acks = Acks::default();
+    let a = acks.clone();
+    let relay = Relay::start(
+        store.clone(),
+        cfg,
+        move || -> txbox::Result<Box<dyn Sender>> {
+            Ok(Box::new(Timed::new(f.create()?, a.clone())))
+        },
+    )?;
+    while acks.count.load(Ordering::Relaxed) < s.brokers as u64
+        && t.elapsed() < Duration::from_secs(600)
+    {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    relay.shutdown(Duration::from_secs(10))?;
+    let rate = s.brokers as f64 / t.elapsed().as_secs_f64();
+    if store.status()?.iter().any(|x| x.pending + x.in_process > 0) {
+        return Err(format!("{name}: events left unfinished").into());
+    }
+    Ok(rate)
 }
 
 /// Events/s of `sender` publishing `events` in batches of 200 with at most
@@ -1001,6 +1033,7 @@ const PARTS: [&str; 7] = [
 
 const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N] [--delete-acked]
              [--claim lease|lock] [--events N] [--txs N] [--idle SECS] [--rate-secs SECS]
+             [--rounds N]
 
   --full           the full sizes (100,000 events, 5 minutes idle; about 9 minutes)
                    instead of the quick run (under a minute)
@@ -1012,6 +1045,9 @@ const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
                    single-event pick-up (quick 10 and 5; full 300 and 60)
   --rate-secs SECS how long events arrive at 100/s for the pick-up latency
                    (quick 3; full 30)
+  --rounds N       how often the relay floor's turns (relay, hand loop, hand loop,
+                   relay) and the brokers' runs (relay, direct, database alone)
+                   repeat; each figure is their median (quick 1; full 3)
   --only PARTS     run only these parts: publish, batch, floor, brokers, idle,
                    latency, instances
   --in-flight N    batches the relay keeps with the broker (1..=16; default: the
@@ -1036,6 +1072,7 @@ struct Args {
     txs: Option<usize>,
     idle: Option<u64>,
     rate_secs: Option<u64>,
+    rounds: Option<usize>,
 }
 
 impl Args {
@@ -1051,6 +1088,7 @@ impl Args {
             txs: None,
             idle: None,
             rate_secs: None,
+            rounds: None,
         };
         fn positive<T: std::str::FromStr + PartialOrd + Default>(
             flag: &str,
@@ -1096,6 +1134,7 @@ impl Args {
                 "--txs" => a.txs = positive(arg, it.next())?,
                 "--idle" => a.idle = positive(arg, it.next())?,
                 "--rate-secs" => a.rate_secs = positive(arg, it.next())?,
+                "--rounds" => a.rounds = positive(arg, it.next())?,
                 other => return Err(format!("unknown argument `{other}`")),
             }
         }
@@ -1134,6 +1173,7 @@ fn main() -> Res<()> {
             burst: 10_000,
             idle_single: Duration::from_secs(60),
             instances: 100_000,
+            rounds: 3,
             in_flight,
             delete_acked: args.delete_acked,
             claim: args.claim,
@@ -1149,6 +1189,7 @@ fn main() -> Res<()> {
             burst: 2_000,
             idle_single: Duration::from_secs(5),
             instances: 20_000,
+            rounds: 1,
             in_flight,
             delete_acked: args.delete_acked,
             claim: args.claim,
@@ -1163,6 +1204,7 @@ fn main() -> Res<()> {
         idle: args.idle.map_or(s.idle, Duration::from_secs),
         idle_single: args.idle.map_or(s.idle_single, Duration::from_secs),
         rate_secs: args.rate_secs.unwrap_or(s.rate_secs),
+        rounds: args.rounds.unwrap_or(s.rounds),
         ..s
     };
     let _ = env_logger::builder()

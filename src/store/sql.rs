@@ -90,7 +90,13 @@ impl Row {
         match self.get(i) {
             Val::Int(n) => *n,
             Val::Float(f) => *f as i64,
-            Val::Text(s) => s.trim().parse::<f64>().map(|f| f as i64).unwrap_or(0),
+            Val::Text(s) => {
+                let s = s.trim();
+                // whole numbers as such; "3.0" and the like through a float
+                s.parse::<i64>()
+                    .or_else(|_| s.parse::<f64>().map(|f| f as i64))
+                    .unwrap_or(0)
+            }
             Val::Bytes(b) => String::from_utf8_lossy(b)
                 .trim()
                 .parse::<f64>()
@@ -1016,13 +1022,20 @@ pub(crate) fn headers_json(h: &BTreeMap<String, String>) -> String {
 /// The event of a claimed row (id, type, key, headers, payload, attempts), its
 /// text moved out of the row.
 fn event_row(r: &mut Row) -> Result<Event> {
+    let id = r.id(0)?;
+    // parsed once: later reads of the id find it as such
+    r.0[0] = Val::Id(id.as_uuid());
+    let headers = match r.get(3) {
+        Val::Text(text) => parse_headers(text),
+        _ => parse_headers(&r.text(3)),
+    };
     Ok(Event {
-        id: r.id(0)?,
+        id,
         event_type: r.take_text(1).unwrap_or_default(),
         destination: String::new(),
         routing_key: String::new(),
         key: r.take_text(2),
-        headers: parse_headers(&r.opt_text(3).unwrap_or_default()),
+        headers,
         payload: r.take_text(4).unwrap_or_default(),
         attempts: r.int(5).max(0) as u32,
     })
