@@ -1035,7 +1035,7 @@ const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
              [--claim lease|lock] [--events N] [--txs N] [--idle SECS] [--rate-secs SECS]
              [--rounds N]
 
-  --full           the full sizes (100,000 events, 5 minutes idle, 3 rounds; about 11 minutes)
+  --full           the full sizes (100,000 events, 5 minutes idle, 3 rounds; about 10 minutes)
                    instead of the quick run (under a minute)
   --events N       pending events for the relay floor, the brokers and the many
                    instances (quick 20,000; full 100,000)
