@@ -99,4 +99,4 @@ pub use store::oracle::OracleStore;
 pub use store::postgres::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::SqliteStore;
-pub use store::{HeldBatch, NextClaim, Outcome, Store, Tables, TypeStatus};
+pub use store::{ClaimArgs, HeldBatch, Outcome, Store, Tables, TypeStatus};

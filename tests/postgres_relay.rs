@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 use txbox::{
-    ClaimMode, Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, NewEvent, NextClaim,
+    ClaimArgs, ClaimMode, Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, NewEvent,
     Outbox, Outcome, Relay, Store,
 };
 
@@ -806,6 +806,10 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
     let before = snapshot(&mut client, p);
     let other = txbox::PgStore::connect(&pg_url_as(&app), p).unwrap();
     let lease = Duration::from_secs(60);
+    let claim_x = ClaimArgs {
+        delete_acked,
+        ..ClaimArgs::new("x", 100, lease)
+    };
     let token = uuid::Uuid::now_v7();
     let sent = |events: &[txbox::Event]| -> Vec<(EventId, Outcome)> {
         let acked = if delete_acked {
@@ -816,9 +820,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
         events.iter().map(|e| (e.id, acked.clone())).collect()
     };
 
-    let (events, held) = store
-        .claim_held("x", None, 100, lease, delete_acked)
-        .unwrap();
+    let (events, held) = store.claim_held(&claim_x).unwrap();
     assert_eq!(events.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
     assert_eq!(events[0].key.as_deref(), Some("k'0"));
     assert_eq!(
@@ -828,16 +830,12 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
     // the rows stay PENDING to others, locked: another relay gets none of them, in
     // either mode
     assert_eq!(count(&mut client, p, "PENDING"), 10);
-    let (none, no_tx) = other
-        .claim_held("x", None, 100, lease, delete_acked)
-        .unwrap();
+    let (none, no_tx) = other.claim_held(&claim_x).unwrap();
     assert!(none.is_empty() && no_tx.is_none());
     assert!(other.claim("x", 100, lease, token).unwrap().is_empty());
     // a claim dropped unfinished (a panicking poller) rolls back: the rows are free
     drop(held);
-    let (again, held) = other
-        .claim_held("x", None, 100, lease, delete_acked)
-        .unwrap();
+    let (again, held) = other.claim_held(&claim_x).unwrap();
     assert_eq!(again.len(), 10);
     // its connection dies before the finish: the late finish fails, nothing changes,
     // and the rows are free again at once, not after the lease
@@ -846,9 +844,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
     assert!(late.is_err(), "a finish on a dead connection fails");
     assert_eq!(count(&mut client, p, "PENDING"), 10);
     assert_eq!(snapshot(&mut client, p), before);
-    let (last, held) = store
-        .claim_held("x", None, 100, lease, delete_acked)
-        .unwrap();
+    let (last, held) = store.claim_held(&claim_x).unwrap();
     assert_eq!(last.len(), 10);
     // failed sends count an attempt: a retry waits, the last one fails
     let mut outcomes = sent(&last);
@@ -889,9 +885,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
         &before[..]
     };
     assert_eq!(after, kept);
-    let (later, none) = store
-        .claim_held("x", None, 100, lease, delete_acked)
-        .unwrap();
+    let (later, none) = store.claim_held(&claim_x).unwrap();
     assert!(later.is_empty() && none.is_none(), "the retry is not due");
 }
 
@@ -930,19 +924,20 @@ fn finish_and_claim(p: &str, delete: bool) {
     };
     let lease = Duration::from_secs(60);
 
-    let (a, held) = store.claim_held("x", None, 4, lease, delete).unwrap();
+    let first = ClaimArgs {
+        delete_acked: delete,
+        ..ClaimArgs::new("x", 4, lease)
+    };
+    let (a, held) = store.claim_held(&first).unwrap();
     assert_eq!(of(&a), ids[..4]);
     let mut outcomes = all_acked(&a);
     outcomes[0].1 = Outcome::Retry {
         delay: Duration::from_secs(3600),
         error: "busy".into(),
     };
-    let next = NextClaim {
-        event_type: "x",
+    let next = ClaimArgs {
         after: a.last().map(|e| e.id),
-        limit: 4,
-        lease,
-        delete_acked: delete,
+        ..first
     };
     let (n, claim) = held
         .unwrap()
@@ -965,13 +960,13 @@ fn finish_and_claim(p: &str, delete: bool) {
         .get(0);
     assert_eq!(attempts, 1);
     // the new batch is held: another relay gets only the rest
-    let (rest, other_held) = other.claim_held("x", None, 10, lease, delete).unwrap();
+    let (rest, other_held) = other.claim_held(&ClaimArgs { limit: 10, ..first }).unwrap();
     assert_eq!(of(&rest), ids[8..]);
     drop(other_held); // rolled back: free again
 
     // all acked, and the next claim after the batch's last id
     let step = |held: Option<Box<dyn txbox::HeldBatch>>, events: &[txbox::Event]| {
-        let next = NextClaim {
+        let next = ClaimArgs {
             after: events.last().map(|e| e.id),
             ..next
         };
@@ -1022,7 +1017,7 @@ fn held_claims_need_a_store_that_can_hold_them() {
     );
     assert!(err.to_string().contains("PostgreSQL"), "{err}");
     assert!(store
-        .claim_held("y", None, 10, Duration::from_secs(1), false)
+        .claim_held(&ClaimArgs::new("y", 10, Duration::from_secs(1)))
         .is_err());
 }
 
@@ -1056,7 +1051,7 @@ fn held_claims_write_odd_event_types_as_exact_literals() {
     tx.commit().unwrap();
     for (t, ids) in odd.iter().zip(&published) {
         let (events, held) = store
-            .claim_held(t, None, 10, Duration::from_secs(60), false)
+            .claim_held(&ClaimArgs::new(t, 10, Duration::from_secs(60)))
             .unwrap();
         assert_eq!(&events.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "{t}");
         assert!(events.iter().all(|e| e.event_type == *t), "{t}");

@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::metrics::{self, Counter};
 use crate::sender::{SendError, Sender, SenderFactory, Started};
-use crate::store::{HeldBatch, HeldClaim, NextClaim, Outcome, Store};
+use crate::store::{ClaimArgs, HeldBatch, HeldClaim, Outcome, Store};
 
 mod polling;
 
@@ -654,16 +654,15 @@ impl Poller {
     /// when there is one.
     fn claim_held(&mut self, after: Option<crate::EventId>) -> Result<HeldClaim> {
         let stash = self.stash.take();
-        let s = &self.settings;
+        let args = ClaimArgs {
+            event_type: &self.event_type,
+            after,
+            limit: self.settings.batch_size,
+            lease: self.settings.lease,
+            delete_acked: self.delete_acked,
+        };
         if let Some(st) = stash {
-            let next = NextClaim {
-                event_type: &self.event_type,
-                after,
-                limit: s.batch_size,
-                lease: s.lease,
-                delete_acked: self.delete_acked,
-            };
-            match st.held.finish_and_claim(&st.events, &st.outcomes, &next) {
+            match st.held.finish_and_claim(&st.events, &st.outcomes, &args) {
                 Ok((_, Some(claim))) => return Ok(claim),
                 Ok((_, None)) => {} // finished only: the store claims
                 Err(e) => {
@@ -678,13 +677,7 @@ impl Poller {
                 }
             }
         }
-        self.ctx.store.claim_held(
-            &self.event_type,
-            after,
-            s.batch_size,
-            s.lease,
-            self.delete_acked,
-        )
+        self.ctx.store.claim_held(&args)
     }
 
     /// Finishes a stashed held batch on its own.

@@ -83,17 +83,17 @@ pub trait HeldBatch: Send {
         self: Box<Self>,
         events: &[Event],
         outcomes: &[(EventId, Outcome)],
-        next: &NextClaim<'_>,
+        next: &ClaimArgs<'_>,
     ) -> Result<(u64, Option<HeldClaim>)> {
         let _ = next;
         Ok((self.finish(events, outcomes)?, None))
     }
 }
 
-/// A claim of [`Store::claim_held`]'s arguments, made by
+/// What a held claim takes: the arguments of [`Store::claim_held`] and
 /// [`HeldBatch::finish_and_claim`].
 #[derive(Debug, Clone, Copy)]
-pub struct NextClaim<'a> {
+pub struct ClaimArgs<'a> {
     /// The event type.
     pub event_type: &'a str,
     /// Claim only ids greater than this (a backlog's last id).
@@ -104,6 +104,20 @@ pub struct NextClaim<'a> {
     pub lease: Duration,
     /// Delete the rows in the claim (`processed_ttl` zero).
     pub delete_acked: bool,
+}
+
+impl<'a> ClaimArgs<'a> {
+    /// Up to `limit` events of `event_type` from the lowest id, held for at most
+    /// `lease`, acked rows kept.
+    pub fn new(event_type: &'a str, limit: usize, lease: Duration) -> Self {
+        ClaimArgs {
+            event_type,
+            after: None,
+            limit,
+            lease,
+            delete_acked: false,
+        }
+    }
 }
 
 /// What [`Store::claim_held`] returns: the events, sorted by id, and the
@@ -184,20 +198,13 @@ pub trait Store: Send + Sync + 'static {
     /// frees the rows. No [`HeldBatch`] when nothing was claimed. The default: an
     /// error, for stores that cannot hold a claim open.
     ///
-    /// `delete_acked` (`processed_ttl` zero, the finish's acked outcomes are
-    /// [`Outcome::SentDelete`]): the claim deletes the rows in its transaction
-    /// instead of only locking them, so a finish with every event acked is the
-    /// commit alone, and the events not acked are written back. Until the commit
-    /// other sessions see the rows as before, PENDING.
-    fn claim_held(
-        &self,
-        event_type: &str,
-        after: Option<EventId>,
-        limit: usize,
-        lease: Duration,
-        delete_acked: bool,
-    ) -> Result<HeldClaim> {
-        let _ = (event_type, after, limit, lease, delete_acked);
+    /// With [`ClaimArgs::delete_acked`] (`processed_ttl` zero, the finish's acked
+    /// outcomes are [`Outcome::SentDelete`]) the claim deletes the rows in its
+    /// transaction instead of only locking them, so a finish with every event
+    /// acked is the commit alone, and the events not acked are written back.
+    /// Until the commit other sessions see the rows as before, PENDING.
+    fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
+        let _ = args;
         Err(cannot_hold_claims())
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::{HeldBatch, HeldClaim, NextClaim, Outcome, Store, Tables, TypeStatus};
+use super::{ClaimArgs, HeldBatch, HeldClaim, Outcome, Store, Tables, TypeStatus};
 use crate::dlq::{DeadLetter, DlqFilter, DlqStatus};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId, NewEvent};
@@ -212,14 +212,9 @@ macro_rules! delegate_store {
             }
             fn claim_held(
                 &self,
-                event_type: &str,
-                after: Option<$crate::EventId>,
-                limit: usize,
-                lease: std::time::Duration,
-                delete_acked: bool,
+                args: &$crate::store::ClaimArgs<'_>,
             ) -> $crate::Result<$crate::store::HeldClaim> {
-                self.inner
-                    .claim_held(event_type, after, limit, lease, delete_acked)
+                self.inner.claim_held(args)
             }
             fn recover_expired(&self, limit: usize) -> $crate::Result<u64> {
                 self.inner.recover_expired(limit)
@@ -845,7 +840,7 @@ impl HeldTx {
     }
 
     /// The script that opens the transaction, with its idle timeout, and claims.
-    fn claim_script(&self, hold: &HoldClaim, next: &NextClaim<'_>) -> String {
+    fn claim_script(&self, hold: &HoldClaim, next: &ClaimArgs<'_>) -> String {
         let after = Val::Id(next.after.map_or(Uuid::nil(), |id| id.as_uuid()));
         let params = [next.event_type.into(), after, Val::Int(next.limit as i64)];
         let claim = if next.delete_acked {
@@ -906,7 +901,7 @@ impl HeldBatch for HeldTx {
         mut self: Box<Self>,
         events: &[Event],
         outcomes: &[(EventId, Outcome)],
-        next: &NextClaim<'_>,
+        next: &ClaimArgs<'_>,
     ) -> Result<(u64, Option<HeldClaim>)> {
         let d = self.d.clone();
         let Some(hold) = &d.hold_claim else {
@@ -1306,14 +1301,7 @@ impl<P: Pool> Store for SqlStore<P> {
         self.d.hold_claim.is_some()
     }
 
-    fn claim_held(
-        &self,
-        event_type: &str,
-        after: Option<EventId>,
-        limit: usize,
-        lease: Duration,
-        delete_acked: bool,
-    ) -> Result<HeldClaim> {
+    fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
         let d = &self.d;
         let Some(hold) = &d.hold_claim else {
             return Err(super::cannot_hold_claims());
@@ -1326,24 +1314,24 @@ impl<P: Pool> Store for SqlStore<P> {
             deleted: None,
         };
         // not resuming a backlog: maybe there is nothing to claim (an idle type)
-        if after.is_none()
-            && run_query(&mut *held.conn, d, &hold.probe, &[event_type.into()], &[])?.is_empty()
+        if args.after.is_none()
+            && run_query(
+                &mut *held.conn,
+                d,
+                &hold.probe,
+                &[args.event_type.into()],
+                &[],
+            )?
+            .is_empty()
         {
             return Ok((Vec::new(), None));
         }
-        let next = NextClaim {
-            event_type,
-            after,
-            limit,
-            lease,
-            delete_acked,
-        };
         // the transaction, its idle timeout and the locking claim: one round trip
-        let script = held.claim_script(hold, &next);
+        let script = held.claim_script(hold, args);
         // marked open first: should a statement fail, the drop rolls back
         held.open = true;
         let rows = held.conn.script(&script)?.rows;
-        Box::new(held).take_claim(rows, delete_acked)
+        Box::new(held).take_claim(rows, args.delete_acked)
     }
 
     fn recover_expired(&self, limit: usize) -> Result<u64> {
