@@ -793,8 +793,6 @@ fn failure(outcome: &Outcome) -> Option<(&'static str, Duration, &str)> {
 struct HeldTx {
     conn: Box<dyn Conn + Send>,
     d: std::sync::Arc<Dialect>,
-    /// The dialect's literals ([`HoldClaim::literal`]).
-    literal: fn(&Val) -> String,
     /// The transaction is open (rolled back on drop).
     open: bool,
     /// What a deleting claim ([`HoldClaim::claim_delete`]) keeps of its rows to
@@ -811,6 +809,15 @@ struct Deleted {
 }
 
 impl HeldTx {
+    /// The dialect's held-claim statements (a held claim exists only on a dialect
+    /// that has them).
+    fn hold(&self) -> Result<&HoldClaim> {
+        self.d
+            .hold_claim
+            .as_ref()
+            .ok_or_else(super::cannot_hold_claims)
+    }
+
     /// The statements that finish the batch, the commit last. The rows are locked
     /// by this transaction, so no token is needed to fence.
     fn finish_script(
@@ -818,14 +825,15 @@ impl HeldTx {
         events: &[Event],
         outcomes: &[(EventId, Outcome)],
     ) -> Result<Vec<String>> {
-        let d = &self.d;
-        let mut script: Vec<String> = match (&self.deleted, &d.hold_claim) {
-            (Some(rows), Some(hold)) => restore_steps(&hold.restore, rows, events, outcomes)?,
-            _ => finish_steps(d, &d.common.finish_held, Uuid::nil(), outcomes),
-        }
-        .iter()
-        .map(|(template, fixed, ids)| inline(template, fixed, ids, self.literal))
-        .collect();
+        let (d, hold) = (&self.d, self.hold()?);
+        let steps = match &self.deleted {
+            Some(rows) => restore_steps(&hold.restore, rows, events, outcomes)?,
+            None => finish_steps(d, &d.common.finish_held, Uuid::nil(), outcomes),
+        };
+        let mut script: Vec<String> = steps
+            .iter()
+            .map(|(template, fixed, ids)| inline(template, fixed, ids, hold.literal))
+            .collect();
         script.push("COMMIT".into());
         Ok(script)
     }
@@ -840,7 +848,8 @@ impl HeldTx {
     }
 
     /// The script that opens the transaction, with its idle timeout, and claims.
-    fn claim_script(&self, hold: &HoldClaim, next: &ClaimArgs<'_>) -> String {
+    fn claim_script(&self, next: &ClaimArgs<'_>) -> Result<String> {
+        let hold = self.hold()?;
         let after = Val::Id(next.after.map_or(Uuid::nil(), |id| id.as_uuid()));
         let params = [next.event_type.into(), after, Val::Int(next.limit as i64)];
         let claim = if next.delete_acked {
@@ -848,12 +857,12 @@ impl HeldTx {
         } else {
             &self.d.claim_select
         };
-        format!(
+        Ok(format!(
             "{}; {}",
             hold.open
                 .replace("{ms}", &next.lease.as_millis().to_string()),
-            inline(claim, &params, &[], self.literal)
-        )
+            inline(claim, &params, &[], hold.literal)
+        ))
     }
 
     /// The claim's `rows` as a batch held by this open transaction; with none, the
@@ -903,15 +912,11 @@ impl HeldBatch for HeldTx {
         outcomes: &[(EventId, Outcome)],
         next: &ClaimArgs<'_>,
     ) -> Result<(u64, Option<HeldClaim>)> {
-        let d = self.d.clone();
-        let Some(hold) = &d.hold_claim else {
-            return Ok((self.finish(events, outcomes)?, None));
-        };
         // the finish, its commit, the next transaction and its claim: one round
         // trip; should any statement fail, the drop rolls back what is open
         let mut script = self.finish_script(events, outcomes)?;
         let statements = script.len() - 1;
-        script.push(self.claim_script(hold, next));
+        script.push(self.claim_script(next)?);
         let done = self.conn.script(&script.join("; "))?;
         let counts = &done.counts[..statements.min(done.counts.len())];
         let finished = self.finished(counts, outcomes.len());
@@ -1309,7 +1314,6 @@ impl<P: Pool> Store for SqlStore<P> {
         let mut held = HeldTx {
             conn: self.pool.get_owned()?,
             d: d.clone(),
-            literal: hold.literal,
             open: false,
             deleted: None,
         };
@@ -1327,7 +1331,7 @@ impl<P: Pool> Store for SqlStore<P> {
             return Ok((Vec::new(), None));
         }
         // the transaction, its idle timeout and the locking claim: one round trip
-        let script = held.claim_script(hold, args);
+        let script = held.claim_script(args)?;
         // marked open first: should a statement fail, the drop rolls back
         held.open = true;
         let rows = held.conn.script(&script)?.rows;
