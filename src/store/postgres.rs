@@ -34,6 +34,15 @@ fn dialect(t: &Tables) -> Dialect {
          to_char(created_at AT TIME ZONE 'UTC', {TS}), to_char(moved_at AT TIME ZONE 'UTC', {TS})"
     );
     let filter = "($1::text IS NULL OR event_type = $1) AND ($2::text IS NULL OR status = $2)";
+    // what every claim takes: due PENDING rows of type $1 above an id, oldest first,
+    // skipping rows another claim holds; and what it returns of them
+    let due = |after: &str, limit: &str| {
+        format!(
+            "FROM {o} WHERE event_type = $1 AND id > {after} AND status = 'PENDING' \
+             AND next_attempt_at <= now() ORDER BY id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+        )
+    };
+    let claimed = "id, event_type, event_key, headers::text, payload, attempts";
     Dialect {
         style: Style::Dollar,
         begin: "BEGIN",
@@ -56,10 +65,8 @@ fn dialect(t: &Tables) -> Dialect {
             // table, while `= ANY` looks each id up in the primary key
             "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $3, \
                lease_until = now() + $4 * interval '1 millisecond' \
-             WHERE id = ANY(ARRAY(SELECT id FROM {o} WHERE event_type = $1 AND id > $5 \
-               AND status = 'PENDING' AND next_attempt_at <= now() ORDER BY id LIMIT $2 \
-               FOR UPDATE SKIP LOCKED)) \
-             RETURNING id, event_type, event_key, headers::text, payload, attempts"
+             WHERE id = ANY(ARRAY(SELECT id {})) RETURNING {claimed}",
+            due("$5", "$2")
         )),
         hold_claim: Some(sql::HoldClaim {
             open: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {ms}",
@@ -69,11 +76,9 @@ fn dialect(t: &Tables) -> Dialect {
             ),
             literal,
             claim_delete: format!(
-                "DELETE FROM {o} WHERE id = ANY(ARRAY(SELECT id FROM {o} WHERE event_type = $1 \
-                   AND id > $2 AND status = 'PENDING' AND next_attempt_at <= now() ORDER BY id \
-                   LIMIT $3 FOR UPDATE SKIP LOCKED)) \
-                 RETURNING id, event_type, event_key, headers::text, payload, attempts, \
-                   to_char(created_at AT TIME ZONE 'UTC', {TS})"
+                "DELETE FROM {o} WHERE id = ANY(ARRAY(SELECT id {})) \
+                 RETURNING {claimed}, to_char(created_at AT TIME ZONE 'UTC', {TS})",
+                due("$2", "$3")
             ),
             restore: format!(
                 "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, \
@@ -82,11 +87,7 @@ fn dialect(t: &Tables) -> Dialect {
                 plus("$2")
             ),
         }),
-        claim_select: format!(
-            "SELECT id, event_type, event_key, headers::text, payload, attempts FROM {o} \
-             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= now() \
-             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
-        ),
+        claim_select: format!("SELECT {claimed} {}", due("$2", "$3")),
         select_expired: format!(
             "SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < now() LIMIT $1 FOR UPDATE SKIP LOCKED"
         ),
