@@ -1115,13 +1115,8 @@ impl Args {
                     a.only = Some(parts);
                 }
                 "--claim" => {
-                    a.claim = match it.next().map(String::as_str) {
-                        Some("lease") => ClaimMode::Lease,
-                        Some("lock") => ClaimMode::Lock,
-                        other => {
-                            return Err(format!("--claim: {other:?} is not `lease` or `lock`"))
-                        }
-                    }
+                    let v = it.next().ok_or("--claim needs `lease` or `lock`")?;
+                    a.claim = v.parse().map_err(|e| format!("--claim {e}"))?;
                 }
                 "--in-flight" => {
                     let v = it.next().ok_or("--in-flight needs a number")?;

@@ -65,6 +65,19 @@ pub enum ClaimMode {
     Lock,
 }
 
+impl std::str::FromStr for ClaimMode {
+    type Err = String;
+    /// `"lease"` or `"lock"`, as in the TOML configuration; the error says what
+    /// is allowed.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "lease" => Ok(ClaimMode::Lease),
+            "lock" => Ok(ClaimMode::Lock),
+            other => Err(format!("must be \"lease\" or \"lock\", not {other:?}")),
+        }
+    }
+}
+
 /// Polling settings of one event type.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Polling {
@@ -857,17 +870,12 @@ mod toml_model {
                     ))
                 }
             };
-            let claim = match self.claim.as_deref() {
-                None => None,
-                Some("lease") => Some(ClaimMode::Lease),
-                Some("lock") => Some(ClaimMode::Lock),
-                Some(other) => {
-                    return Err(Error::config(
-                        p("claim"),
-                        format!("must be \"lease\" or \"lock\", not {other:?}"),
-                    ))
-                }
-            };
+            let claim = self
+                .claim
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(|e| Error::config(p("claim"), e))?;
             Ok(EventOptions {
                 destination: self.destination.clone(),
                 routing_key: self.routing_key.clone(),
