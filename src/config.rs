@@ -65,6 +65,16 @@ pub enum ClaimMode {
     Lock,
 }
 
+impl std::fmt::Display for ClaimMode {
+    /// `lease` or `lock`, as the TOML configuration spells it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ClaimMode::Lease => "lease",
+            ClaimMode::Lock => "lock",
+        })
+    }
+}
+
 impl std::str::FromStr for ClaimMode {
     type Err = String;
     /// `"lease"` or `"lock"`, as in the TOML configuration; the error says what

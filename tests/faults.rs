@@ -24,34 +24,18 @@ use txbox::{
     ClaimMode, Config, Event, EventId, EventOptions, MemorySender, Relay, SendError, Sender,
 };
 
-/// The claim mode a relay child process runs with (`TXBOX_FAULT_CLAIM`: `lease`,
-/// `lock`, or `lock-delete`: held claims with acked rows deleted, so the claim
-/// itself deletes the rows in its open transaction).
-fn claim_mode(name: &str) -> ClaimMode {
-    match name {
-        "lock" | "lock-delete" => ClaimMode::Lock,
-        _ => ClaimMode::Lease,
-    }
-}
-
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn worker_config(prefix: &str, mode: &str) -> Config {
-    let claim = claim_mode(mode);
-    Config::builder()
-        .table_prefix(prefix)
-        .defaults(
-            EventOptions::new()
-                .adaptive_polling(ms(10), ms(100), 1.5)
-                .batch_size(50)
-                .lease(ms(1500))
-                .claim(claim),
-        )
+fn worker_config(prefix: &str, claim: ClaimMode, delete: bool) -> Config {
+    let defaults = EventOptions::new()
+        .adaptive_polling(ms(10), ms(100), 1.5)
+        .batch_size(50)
+        .lease(ms(1500));
+    common::mode_config(prefix, defaults, claim, delete)
         .event("k", EventOptions::new())
         .recovery_interval(ms(300))
-        .processed_ttl(common::processed_ttl(mode == "lock-delete"))
         .build()
         .unwrap()
 }
@@ -116,12 +100,20 @@ fn relay_worker_process() {
             in_flight: Default::default(),
         }))
     };
-    let mode = std::env::var("TXBOX_FAULT_CLAIM").unwrap_or_default();
-    let _relay = Relay::start(store, &worker_config(&prefix, &mode), factory).unwrap();
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let claim: ClaimMode = var("TXBOX_FAULT_CLAIM").parse().unwrap();
+    let delete = var("TXBOX_FAULT_DELETE") == "true";
+    let config = worker_config(&prefix, claim, delete);
+    let _relay = Relay::start(store, &config, factory).unwrap();
     std::thread::sleep(Duration::from_secs(120)); // until killed
 }
 
-fn spawn_worker(prefix: &str, file: &std::path::Path, claim: &str) -> std::process::Child {
+fn spawn_worker(
+    prefix: &str,
+    file: &std::path::Path,
+    claim: ClaimMode,
+    delete: bool,
+) -> std::process::Child {
     std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -133,37 +125,28 @@ fn spawn_worker(prefix: &str, file: &std::path::Path, claim: &str) -> std::proce
         ])
         .env("TXBOX_FAULT_WORKER", prefix)
         .env("TXBOX_FAULT_FILE", file)
-        .env("TXBOX_FAULT_CLAIM", claim)
+        .env("TXBOX_FAULT_CLAIM", claim.to_string())
+        .env("TXBOX_FAULT_DELETE", delete.to_string())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap()
 }
 
-#[test]
-fn a_relay_process_killed_again_and_again_loses_nothing() {
-    killed_again_and_again("t_fault_kill_", "lease");
-}
-
-#[test]
-fn a_relay_process_holding_its_claims_killed_again_and_again_loses_nothing() {
-    killed_again_and_again("t_fault_killh_", "lock");
-}
-
-/// The claim deletes its rows before the broker acks them: a kill between the two
-/// must roll the deletes back.
-#[test]
-fn a_relay_process_deleting_in_its_held_claims_killed_again_and_again_loses_nothing() {
-    killed_again_and_again("t_fault_killd_", "lock-delete");
-}
+each_claim_mode!(killed_again_and_again, "t_fault_kill":
+    a_relay_process_killed_again_and_again_loses_nothing,
+    a_relay_process_holding_its_claims_killed_again_and_again_loses_nothing,
+    a_relay_process_deleting_in_its_held_claims_killed_again_and_again_loses_nothing);
 
 /// Relay processes with claim mode `claim` SIGKILLed while a producer publishes.
-fn killed_again_and_again(p: &'static str, claim: &str) {
+/// A held claim that deletes its rows (`delete`) does so before the broker acks
+/// them: a kill between the two must roll the deletes back.
+fn killed_again_and_again(p: &'static str, claim: ClaimMode, delete: bool) {
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
     };
-    let config = worker_config(p, claim);
-    let file = std::env::temp_dir().join(format!("txbox-fault-{}-{claim}.ids", std::process::id()));
+    let config = worker_config(p, claim, delete);
+    let file = std::env::temp_dir().join(format!("txbox-fault-{}-{p}.ids", std::process::id()));
     let _ = std::fs::remove_file(&file);
 
     // a producer keeps publishing while relay processes die
@@ -182,7 +165,7 @@ fn killed_again_and_again(p: &'static str, claim: &str) {
     };
     let mut kills = 0;
     for round in 0..12 {
-        let mut child = spawn_worker(p, &file, claim);
+        let mut child = spawn_worker(p, &file, claim, delete);
         std::thread::sleep(ms(400 + fastrand::u64(0..500) + round * 10));
         // only a relay still running counts as killed (not one that died on its own)
         if child.try_wait().unwrap().is_none() {
@@ -195,7 +178,7 @@ fn killed_again_and_again(p: &'static str, claim: &str) {
     producer.join().unwrap();
 
     // one last relay drains what is left, including the batches the dead ones held
-    let mut last = spawn_worker(p, &file, claim);
+    let mut last = spawn_worker(p, &file, claim, delete);
     wait_until("the outbox drained", Duration::from_secs(60), || {
         let s = fx.counts("k");
         s.pending == 0 && s.in_process == 0
@@ -220,12 +203,15 @@ fn killed_again_and_again(p: &'static str, claim: &str) {
         .map(|id| times.get(id).copied().unwrap_or(0).saturating_sub(1))
         .sum();
     eprintln!(
-        "relay ({claim} claims) SIGKILLed {kills} times: published={} delivered={} duplicates={duplicates} lost={}",
+        "relay ({claim} claims, acked rows deleted: {delete}) SIGKILLed {kills} times: published={} delivered={} duplicates={duplicates} lost={}",
         published.len(),
         published.len() - lost.len(),
         lost.len()
     );
     let _ = std::fs::remove_file(&file);
+    // the children ran in the mode asked for: acked rows deleted, or kept
+    let processed = common::count(&mut common::client().unwrap(), p, "PROCESSED");
+    assert_eq!(processed == 0, delete, "{processed} PROCESSED rows");
     assert!(
         kills >= 10,
         "{kills} relay processes were killed while running"
@@ -284,17 +270,12 @@ fn hanging_past_the_lease(p: &str, claim: ClaimMode, delete: bool) {
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
     };
-    let config = Config::builder()
-        .table_prefix(p)
-        .defaults(
-            EventOptions::new()
-                .adaptive_polling(ms(10), ms(100), 1.5)
-                .lease(Duration::from_secs(1))
-                .claim(claim),
-        )
+    let defaults = EventOptions::new()
+        .adaptive_polling(ms(10), ms(100), 1.5)
+        .lease(Duration::from_secs(1));
+    let config = common::mode_config(p, defaults, claim, delete)
         .event("h", EventOptions::new())
         .recovery_interval(ms(200))
-        .processed_ttl(common::processed_ttl(delete))
         .build()
         .unwrap();
     let ids: HashSet<EventId> = fx.publish(&config, "h", 10, true).into_iter().collect();

@@ -239,19 +239,12 @@ fn killed_connections(p: &str, claim: ClaimMode, delete: bool) {
     let Some((store, mut client)) = fresh_with_url(p, &pg_url_as(app)) else {
         return;
     };
-    let config = Config::builder()
-        .table_prefix(p)
-        // a claim whose connection dies before its reply is committed but unseen: its
-        // rows come back after the lease, so the lease is short here
-        .defaults(
-            fast()
-                .batch_size(50)
-                .lease(Duration::from_secs(2))
-                .claim(claim),
-        )
+    // a claim whose connection dies before its reply is committed but unseen: its
+    // rows come back after the lease, so the lease is short here
+    let defaults = fast().batch_size(50).lease(Duration::from_secs(2));
+    let config = common::mode_config(p, defaults, claim, delete)
         .event("k", EventOptions::new())
         .recovery_interval(ms(200))
-        .processed_ttl(common::processed_ttl(delete))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -532,17 +525,12 @@ fn failures_in_a_backlog(p: &str, claim: ClaimMode, delete: bool) {
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
-    let config = Config::builder()
-        .table_prefix(p)
-        .defaults(
-            fast()
-                .claim(claim)
-                .batch_size(100)
-                .backoff_delay(ms(200))
-                .backoff_jitter(0.0),
-        )
+    let defaults = fast()
+        .batch_size(100)
+        .backoff_delay(ms(200))
+        .backoff_jitter(0.0);
+    let config = common::mode_config(p, defaults, claim, delete)
         .event("f", EventOptions::new())
-        .processed_ttl(common::processed_ttl(delete))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -601,11 +589,8 @@ fn shutdown_finishes(p: &str, claim: ClaimMode, delete: bool) {
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
-    let config = Config::builder()
-        .table_prefix(p)
-        .defaults(fast().claim(claim))
+    let config = common::mode_config(p, fast(), claim, delete)
         .event("e", EventOptions::new().batch_size(100).in_flight(3))
-        .processed_ttl(common::processed_ttl(delete))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();

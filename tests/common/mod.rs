@@ -312,12 +312,22 @@ macro_rules! each_claim_mode {
     };
 }
 
-/// The `processed_ttl` of a test whose relay deletes acked rows (`delete`), or
-/// keeps them for a day.
-pub fn processed_ttl(delete: bool) -> std::time::Duration {
-    if delete {
-        std::time::Duration::ZERO
+/// A configuration for the tables of `prefix` whose defaults are `defaults` with
+/// claim mode `claim`, acked rows deleted (`processed_ttl` zero) when `delete`,
+/// else kept for a day: what one test of [`each_claim_mode!`] builds on.
+pub fn mode_config(
+    prefix: &str,
+    defaults: txbox::EventOptions,
+    claim: txbox::ClaimMode,
+    delete: bool,
+) -> txbox::ConfigBuilder {
+    let ttl = if delete {
+        Duration::ZERO
     } else {
-        std::time::Duration::from_secs(86_400)
-    }
+        Duration::from_secs(86_400)
+    };
+    txbox::Config::builder()
+        .table_prefix(prefix)
+        .defaults(defaults.claim(claim))
+        .processed_ttl(ttl)
 }
