@@ -523,6 +523,7 @@ fn broker_throughput(
     // each round: the relay on a freshly filled table, the same client directly
     // with the relay's window of batches in flight, and the database alone (the
     // relay's statements by hand, no broker); each from an empty queue
+    let hand_loop = HandLoop::new(p, s);
     let (mut ours, mut windowed, mut db) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..s.rounds {
         let (store, mut c) = fresh(p)?;
@@ -533,7 +534,7 @@ fn broker_throughput(
         windowed.push(direct_rate(name, &mut *direct, &events, window)?);
         let (_, mut c) = fresh(p)?;
         fill(&mut c, &outbox, s.brokers)?;
-        db.push(s.brokers as f64 / HandLoop::new(p, s).drain(&mut c, s.brokers)?.as_secs_f64());
+        db.push(s.brokers as f64 / hand_loop.drain(&mut c, s.brokers)?.as_secs_f64());
     }
     let (ours, windowed, db) = (median(&mut ours), median(&mut windowed), median(&mut db));
     // and the same client one batch at a time, and at its ceiling (every batch
