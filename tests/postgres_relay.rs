@@ -985,6 +985,45 @@ fn finish_and_claim(p: &str, delete: bool) {
     assert_eq!(count(&mut client, p, "PENDING"), 1, "the retry");
 }
 
+/// An idle type costs one statement per poll with held claims too: the claim first
+/// asks whether anything is due, and opens no transaction when nothing is.
+#[test]
+fn an_idle_held_claim_sends_only_its_probe() {
+    let p = "t_rel_holdidle_";
+    let app = "txbox_holdidle_test";
+    let Some((_, mut client)) = fresh(p) else {
+        return;
+    };
+    let store = txbox::PgStore::connect(&pg_url_as(app), p).unwrap();
+    for delete_acked in [false, true] {
+        let args = ClaimArgs {
+            delete_acked,
+            ..ClaimArgs::new("x", 100, Duration::from_secs(60))
+        };
+        let (events, held) = store.claim_held(&args).unwrap();
+        assert!(events.is_empty() && held.is_none());
+    }
+    // each backend's last statement: the probe, and no transaction was opened
+    let ran: Vec<(String, String)> = client
+        .query(
+            "SELECT state, query FROM pg_stat_activity \
+             WHERE application_name = $1 AND query <> ''",
+            &[&app],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let probe = format!("SELECT 1 FROM {p}outbox_events WHERE");
+    assert!(ran.iter().any(|(_, q)| q.starts_with(&probe)), "{ran:?}");
+    assert!(
+        ran.iter().all(|(state, q)| state == "idle"
+            && !q.contains("FOR UPDATE")
+            && !q.contains("COMMIT")),
+        "{ran:?}"
+    );
+}
+
 #[test]
 fn held_claims_need_a_store_that_can_hold_them() {
     let config = Config::builder()
