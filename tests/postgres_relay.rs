@@ -4,6 +4,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -1147,4 +1148,181 @@ fn lease_and_held_claims_share_a_table_and_deliver_each_event_once() {
         "both kinds of relay took a share: {:?}",
         senders.iter().map(MemorySender::len).collect::<Vec<_>>()
     );
+}
+
+/// A held batch of someone else's store: it implements only `finish`, so it gets
+/// the trait's `finish_and_claim`, which finishes and leaves the next claim to the
+/// store.
+struct FinishOnly(Box<dyn txbox::HeldBatch>, Arc<AtomicUsize>);
+
+impl txbox::HeldBatch for FinishOnly {
+    fn finish(
+        self: Box<Self>,
+        events: &[txbox::Event],
+        outcomes: &[(EventId, Outcome)],
+    ) -> txbox::Result<u64> {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        self.0.finish(events, outcomes)
+    }
+}
+
+/// PostgreSQL whose held batches are [`FinishOnly`]; counts its held claims and
+/// their finishes.
+struct DefaultHeld {
+    pg: Arc<txbox::PgStore>,
+    claims: Arc<AtomicUsize>,
+    finishes: Arc<AtomicUsize>,
+}
+
+impl Store for DefaultHeld {
+    fn can_hold_claims(&self) -> bool {
+        true
+    }
+    fn claim_held(&self, args: &ClaimArgs<'_>) -> txbox::Result<txbox::store::HeldClaim> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        let (events, held) = self.pg.claim_held(args)?;
+        let held = held
+            .map(|h| Box::new(FinishOnly(h, self.finishes.clone())) as Box<dyn txbox::HeldBatch>);
+        Ok((events, held))
+    }
+    fn migrate(&self) -> txbox::Result<()> {
+        self.pg.migrate()
+    }
+    fn claim_after(
+        &self,
+        event_type: &str,
+        after: Option<EventId>,
+        limit: usize,
+        lease: Duration,
+        token: uuid::Uuid,
+    ) -> txbox::Result<Vec<txbox::Event>> {
+        self.pg.claim_after(event_type, after, limit, lease, token)
+    }
+    fn finish(&self, token: uuid::Uuid, outcomes: &[(EventId, Outcome)]) -> txbox::Result<u64> {
+        self.pg.finish(token, outcomes)
+    }
+    fn recover_expired(&self, limit: usize) -> txbox::Result<u64> {
+        self.pg.recover_expired(limit)
+    }
+    fn delete_processed(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
+        self.pg.delete_processed(ttl, limit)
+    }
+    fn move_failed_to_dlq(&self, limit: usize) -> txbox::Result<u64> {
+        self.pg.move_failed_to_dlq(limit)
+    }
+    fn requeue_dlq_retries(&self, limit: usize) -> txbox::Result<u64> {
+        self.pg.requeue_dlq_retries(limit)
+    }
+    fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
+        self.pg.delete_resolved_dlq(ttl, limit)
+    }
+    fn try_lock(&self, name: &str, owner: uuid::Uuid, lease: Duration) -> txbox::Result<bool> {
+        self.pg.try_lock(name, owner, lease)
+    }
+    fn unlock(&self, name: &str, owner: uuid::Uuid) -> txbox::Result<()> {
+        self.pg.unlock(name, owner)
+    }
+    fn dlq_list(&self, filter: &txbox::DlqFilter) -> txbox::Result<Vec<txbox::DeadLetter>> {
+        self.pg.dlq_list(filter)
+    }
+    fn dlq_count(&self, filter: &txbox::DlqFilter) -> txbox::Result<u64> {
+        self.pg.dlq_count(filter)
+    }
+    fn dlq_get(&self, id: EventId) -> txbox::Result<Option<txbox::DeadLetter>> {
+        self.pg.dlq_get(id)
+    }
+    fn dlq_set_status(
+        &self,
+        ids: &[EventId],
+        from: &[DlqStatus],
+        to: DlqStatus,
+    ) -> txbox::Result<Vec<EventId>> {
+        self.pg.dlq_set_status(ids, from, to)
+    }
+    fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> txbox::Result<Vec<EventId>> {
+        self.pg.dlq_delete(ids, from)
+    }
+    fn status(&self) -> txbox::Result<Vec<txbox::TypeStatus>> {
+        self.pg.status()
+    }
+    fn inbox_insert(&self, ids: &[EventId]) -> txbox::Result<Vec<EventId>> {
+        self.pg.inbox_insert(ids)
+    }
+    fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
+        self.pg.delete_expired_inbox(ttl, limit)
+    }
+}
+
+/// A store of one's own whose held batches keep the trait's `finish_and_claim`
+/// (finish only): the relay claims each next batch through the store instead, and
+/// a backlog still drains with every event sent once and every row finished.
+#[test]
+fn held_batches_without_their_own_finish_and_claim_drain_a_backlog() {
+    let p = "t_rel_heldef_";
+    let app = "txbox_heldef_test";
+    let Some((pg, mut client)) = fresh_with_url(p, &pg_url_as(app)) else {
+        return;
+    };
+    let (claims, finishes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let store = Arc::new(DefaultHeld {
+        pg,
+        claims: claims.clone(),
+        finishes: finishes.clone(),
+    });
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(
+            fast()
+                .batch_size(40)
+                .in_flight(3)
+                .claim(ClaimMode::Lock)
+                .backoff_delay(ms(3_600_000)),
+        )
+        .event("h", EventOptions::new())
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = MemorySender::new();
+    sender.fail_when(|e| e.payload.ends_with('7').then(|| "refused".to_string()));
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox.publish_batch(&mut tx, "h", 0..1000).unwrap();
+    tx.commit().unwrap();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    wait_until("the acked rows processed", Duration::from_secs(20), || {
+        count(&mut client, p, "PROCESSED") == 900
+    });
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+
+    let sent: Vec<EventId> = sender.sent().iter().map(|e| e.id).collect();
+    let acked: HashSet<EventId> = sent.iter().copied().collect();
+    assert_eq!(
+        (sent.len(), acked.len()),
+        (900, 900),
+        "each acked event sent once"
+    );
+    assert!(ids
+        .iter()
+        .enumerate()
+        .all(|(i, id)| (i % 10 == 7) != acked.contains(id)));
+    assert_eq!(
+        count(&mut client, p, "PENDING"),
+        100,
+        "the refused wait to retry"
+    );
+    // 25 full batches, each claimed through the store and finished by its own batch
+    let (claims, finishes) = (
+        claims.load(Ordering::SeqCst),
+        finishes.load(Ordering::SeqCst),
+    );
+    assert!(claims >= 25, "{claims} claims through the store");
+    assert_eq!(finishes, 25, "each batch finished once");
+    let open: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+             AND state LIKE 'idle in transaction%'",
+            &[&app],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(open, 0, "no held transaction left open");
 }
