@@ -96,7 +96,7 @@ pub use store::mysql::MySqlStore;
 #[cfg(feature = "oracle")]
 pub use store::oracle::OracleStore;
 #[cfg(feature = "postgres")]
-pub use store::postgres::PgStore;
+pub use store::postgres::{PgPublisher, PgStore};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::SqliteStore;
 pub use store::{ClaimArgs, HeldBatch, Outcome, Store, Tables, TypeStatus};

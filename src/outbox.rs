@@ -128,6 +128,12 @@ impl Outbox {
         Ok(events.iter().map(|e| e.id).collect())
     }
 
+    /// The table names events are written to.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn tables(&self) -> &Tables {
+        &self.inner.tables
+    }
+
     fn check_type(&self, event_type: &str) -> Result<()> {
         if self.inner.types.contains(event_type) {
             Ok(())

@@ -338,3 +338,114 @@ fn overrides_inherit_from_defaults() {
     assert_eq!(x.lease, Duration::from_secs(300));
     assert!(d.require_event("nope").is_err());
 }
+
+/// `PgPublisher`: the same rows as `Outbox::publish`, written with a statement
+/// prepared once; the same checks; a clear error on another connection.
+#[test]
+fn a_prepared_publisher_writes_the_same_rows_and_refuses_another_connection() {
+    let p = "t_pub_prep_";
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
+    let outbox = Outbox::new(&config(p)).unwrap();
+    let publisher = outbox.prepare_pg(&mut client).unwrap();
+
+    let mut tx = client.transaction().unwrap();
+    publisher
+        .publish(&mut tx, "order-created", &json!({"rolled": true}))
+        .unwrap();
+    tx.rollback().unwrap();
+    let mut tx = client.transaction().unwrap();
+    let plain = publisher
+        .publish(&mut tx, "order-created", &json!({"n": 1}))
+        .unwrap();
+    let built = NewEvent::new("order-paid", &json!({"paid": true}))
+        .unwrap()
+        .key("order-7")
+        .header("trace-id", "abc");
+    let keyed = publisher.publish_event(&mut tx, built).unwrap();
+    // the same checks as the outbox's, and the transaction stays usable after them
+    assert!(matches!(
+        publisher.publish(&mut tx, "order-lost", &1),
+        Err(Error::UnknownEventType(t)) if t == "order-lost"
+    ));
+    assert!(matches!(
+        publisher.publish(&mut tx, "order-paid", &"x".repeat(2000)),
+        Err(Error::PayloadTooLarge { .. })
+    ));
+    let batch = publisher
+        .outbox()
+        .publish_batch(&mut tx, "order-created", [1, 2])
+        .unwrap();
+    tx.commit().unwrap();
+
+    let rows: Vec<(uuid::Uuid, String, Option<String>, String, String)> = client
+        .query(
+            &format!(
+                "SELECT id, event_type, event_key, headers::text, payload FROM {p}outbox_events \
+                 WHERE status = 'PENDING' ORDER BY id"
+            ),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect();
+    let expected = vec![
+        (plain, "order-created", None, "{}", r#"{"n":1}"#),
+        (
+            keyed,
+            "order-paid",
+            Some("order-7"),
+            r#"{"trace-id": "abc"}"#,
+            r#"{"paid":true}"#,
+        ),
+        (batch[0], "order-created", None, "{}", "1"),
+        (batch[1], "order-created", None, "{}", "2"),
+    ];
+    let expected: Vec<_> = expected
+        .into_iter()
+        .map(|(id, t, k, h, pl)| {
+            (
+                id.as_uuid(),
+                t.to_string(),
+                k.map(str::to_string),
+                h.to_string(),
+                pl.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(rows, expected, "the rolled-back event is not there");
+    // the three single events went through the one prepared statement (PostgreSQL
+    // counts the plans each execution used), the batch did not
+    let executions: i64 = client
+        .query_one(
+            &format!(
+                "SELECT coalesce(sum(generic_plans + custom_plans), 0)::int8 \
+                 FROM pg_prepared_statements WHERE statement LIKE 'INSERT INTO {p}outbox_events%'"
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(executions, 3);
+
+    // on a transaction of another client: a clear error, nothing written, and that
+    // client goes on once the aborted transaction is rolled back
+    let mut other = common::client().unwrap();
+    let mut tx = other.transaction().unwrap();
+    let err = publisher
+        .publish(&mut tx, "order-created", &json!({"n": 2}))
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput(m) if m.contains("PgPublisher")),
+        "{err}"
+    );
+    tx.rollback().unwrap();
+    let mut tx = other.transaction().unwrap();
+    outbox
+        .publish(&mut tx, "order-created", &json!({"n": 3}))
+        .unwrap();
+    tx.commit().unwrap();
+    assert_eq!(count(&mut client, p, "PENDING"), 5);
+}

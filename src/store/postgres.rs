@@ -405,6 +405,135 @@ impl PgStore {
 
 sql::transaction_impls!(postgres::Transaction<'_>, "postgres", dialect);
 
+/// [`Outbox::publish`](crate::Outbox::publish) with its `INSERT` prepared once on
+/// one connection, for a service that keeps its connection (a worker thread's own
+/// `postgres::Client`): each event then costs the database no parsing or planning.
+/// On a connection from a pool, use [`Outbox::publish`](crate::Outbox::publish).
+///
+/// A `PgPublisher` works only with transactions of the client it was prepared on,
+/// and only while that session lasts. Used on another connection (or after a
+/// pooler reset the session), the database refuses the statement: the error says
+/// so, and the transaction is aborted, so roll it back.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let config = txbox::Config::builder().event("order-created", txbox::EventOptions::new()).build()?;
+/// let outbox = txbox::Outbox::new(&config)?;
+/// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
+/// let publisher = outbox.prepare_pg(&mut client)?;
+/// for order in 0..3 {
+///     let mut tx = client.transaction()?;
+///     tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&order])?;
+///     publisher.publish(&mut tx, "order-created", &serde_json::json!({ "id": order }))?;
+///     tx.commit()?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct PgPublisher {
+    outbox: crate::Outbox,
+    insert: postgres::Statement,
+}
+
+impl std::fmt::Debug for PgPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgPublisher")
+            .field("outbox", &self.outbox.tables().outbox)
+            .finish_non_exhaustive()
+    }
+}
+
+impl crate::Outbox {
+    /// Prepares this outbox's one-event `INSERT` on `client` (one round trip) for
+    /// [`PgPublisher`].
+    pub fn prepare_pg(&self, client: &mut impl GenericClient) -> Result<PgPublisher> {
+        let d = sql::cached("postgres", self.tables(), dialect);
+        let sql = format!(
+            "{}{}{}",
+            d.insert_events, d.insert_event_row, d.insert_events_suffix
+        );
+        let types = [Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT];
+        Ok(PgPublisher {
+            outbox: self.clone(),
+            insert: client.prepare_typed(&sql, &types)?,
+        })
+    }
+}
+
+impl PgPublisher {
+    /// Like [`Outbox::publish`](crate::Outbox::publish): writes one event of
+    /// `event_type` in `tx`, which must be a transaction of the client this
+    /// publisher was prepared on.
+    pub fn publish<P>(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        event_type: &str,
+        payload: &P,
+    ) -> Result<EventId>
+    where
+        P: serde::Serialize + ?Sized,
+    {
+        let mut on = Prepared {
+            tx,
+            insert: &self.insert,
+        };
+        self.outbox.publish(&mut on, event_type, payload)
+    }
+
+    /// Like [`Outbox::publish_event`](crate::Outbox::publish_event), with the
+    /// prepared statement.
+    pub fn publish_event(
+        &self,
+        tx: &mut postgres::Transaction<'_>,
+        event: NewEvent,
+    ) -> Result<EventId> {
+        let mut on = Prepared {
+            tx,
+            insert: &self.insert,
+        };
+        self.outbox.publish_event(&mut on, event)
+    }
+
+    /// The outbox this publisher writes for: its batch methods write several events
+    /// in one statement, on any connection.
+    pub fn outbox(&self) -> &crate::Outbox {
+        &self.outbox
+    }
+}
+
+/// A transaction with the publisher's statement, as `publish` writes to it.
+struct Prepared<'p, 't, 'c> {
+    tx: &'t mut postgres::Transaction<'c>,
+    insert: &'p postgres::Statement,
+}
+
+impl crate::outbox::sealed::Sealed for Prepared<'_, '_, '_> {}
+
+impl crate::outbox::OutboxTransaction for Prepared<'_, '_, '_> {
+    fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
+        let [e] = events else {
+            return self.tx.insert_events(tables, events);
+        };
+        let headers = sql::headers_json(&e.headers);
+        let params: [&(dyn ToSql + Sync); 5] =
+            [&e.id.as_uuid(), &e.event_type, &e.key, &headers, &e.payload];
+        match self.tx.execute(self.insert, &params) {
+            Ok(_) => Ok(()),
+            Err(err)
+                if err.code() == Some(&postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME) =>
+            {
+                Err(Error::InvalidInput(format!(
+                    "PgPublisher: this transaction's connection does not know the prepared \
+                     statement (a transaction of another client, or a session that was reset); \
+                     the transaction is aborted, roll it back: {}",
+                    crate::error::PgError(err)
+                )))
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+}
+
 impl crate::inbox::Inbox {
     /// Transactional, on a transaction the inbox opens from `pool`: records `id`,
     /// runs `handler` in the same transaction and commits both, or rolls both back
