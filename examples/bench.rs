@@ -110,6 +110,31 @@ fn median(v: &mut [f64]) -> f64 {
     (v[(n - 1) / 2] + v[n / 2]) / 2.0
 }
 
+/// CPU time the whole machine spent busy so far (every process, every core:
+/// `/proc/stat`), or None where there is no `/proc/stat`.
+fn machine_busy() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map(|t| t.parse().unwrap_or(0.0))
+        .collect();
+    // user nice system idle iowait irq softirq steal ...; in USER_HZ (100 on Linux)
+    let idle = ticks.get(3)? + ticks.get(4).unwrap_or(&0.0);
+    let total: f64 = ticks.iter().take(8).sum();
+    Some((total - idle) / 100.0)
+}
+
+/// Runs `f` and returns its result with the machine's CPU seconds it took (every
+/// process: the client, the database, the broker), if they can be read.
+fn with_cpu<T>(f: impl FnOnce() -> Res<T>) -> Res<(T, Option<f64>)> {
+    let before = machine_busy();
+    let r = f()?;
+    Ok((r, before.zip(machine_busy()).map(|(b, a)| a - b)))
+}
+
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() - 1) as f64 * p).round() as usize]
@@ -155,38 +180,78 @@ fn publish_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     let (_store, mut c) = fresh(p)?;
     c.batch_execute("DROP TABLE IF EXISTS bench_orders; CREATE TABLE bench_orders (id bigserial PRIMARY KEY, total bigint)")?;
     let outbox = Outbox::new(&config(p, EventOptions::new()))?;
-    let (mut with, mut without) = (Vec::new(), Vec::new());
-    for i in 0..s.txs * 2 {
+    // the least any outbox adds: the same row inserted by hand in the transaction,
+    // with a statement prepared once (one round trip)
+    let by_hand = c.prepare(&format!(
+        "INSERT INTO {p}outbox_events (id, event_type, event_key, headers, payload) \
+         VALUES ($1, $2, NULL, '{{}}', $3)"
+    ))?;
+    // the same `publish` with its statement prepared once on this connection
+    let publisher = outbox.prepare_pg(&mut c)?;
+    // in turn: without an event, with `publish`, with the prepared `publish`, with
+    // the hand-written insert
+    let mut ms: [Vec<f64>; 4] = Default::default();
+    for i in 0..s.txs * 4 {
         let t = Instant::now();
         let mut tx = c.transaction()?;
         tx.execute(
             "INSERT INTO bench_orders (total) VALUES ($1)",
             &[&(i as i64)],
         )?;
-        if i % 2 == 0 {
-            outbox.publish(
-                &mut tx,
-                "bench",
-                &serde_json::json!({"order": i, "total": i}),
-            )?;
+        let payload = serde_json::json!({"order": i, "total": i});
+        match i % 4 {
+            1 => {
+                outbox.publish(&mut tx, "bench", &payload)?;
+            }
+            2 => {
+                publisher.publish(&mut tx, "bench", &payload)?;
+            }
+            3 => {
+                let id = uuid::Uuid::now_v7();
+                tx.execute(&by_hand, &[&id, &"bench", &payload.to_string()])?;
+            }
+            _ => {}
         }
         tx.commit()?;
-        let ms = t.elapsed().as_secs_f64() * 1000.0;
-        if i % 2 == 0 {
-            with.push(ms)
-        } else {
-            without.push(ms)
-        }
+        ms[i % 4].push(t.elapsed().as_secs_f64() * 1000.0);
     }
-    let (m1, m0) = (pct(&mut with, 0.5), pct(&mut without, 0.5));
-    let (p1, p0) = (pct(&mut with, 0.99), pct(&mut without, 0.99));
+    let [without, with, prepared, hand] = &mut ms;
+    let (m0, m1, m2, mh) = (
+        pct(without, 0.5),
+        pct(with, 0.5),
+        pct(prepared, 0.5),
+        pct(hand, 0.5),
+    );
     out.push(ms_row(
         format!("publish overhead, median ({} tx)", s.txs),
         m1,
         m0,
         "<= 1.3",
     ));
-    out.push(ms_row("publish overhead, p99", p1, p0, "-"));
+    out.push(ms_row(
+        "publish overhead, p99",
+        pct(with, 0.99),
+        pct(without, 0.99),
+        "-",
+    ));
+    out.push(ms_row(
+        "publish overhead, prepared (PgPublisher), median",
+        m2,
+        m0,
+        "<= 1.3",
+    ));
+    out.push(ms_row(
+        "publish overhead, prepared (PgPublisher), p99",
+        pct(prepared, 0.99),
+        pct(without, 0.99),
+        "-",
+    ));
+    out.push(ms_row(
+        "  the row by hand (prepared INSERT) vs no event: what any outbox adds",
+        mh,
+        m0,
+        "-",
+    ));
     Ok(())
 }
 
@@ -525,16 +590,27 @@ fn broker_throughput(
     // relay's statements by hand, no broker); each from an empty queue
     let hand_loop = HandLoop::new(p, s);
     let (mut ours, mut windowed, mut db) = (Vec::new(), Vec::new(), Vec::new());
+    // the machine's CPU seconds per event of each (client, database and broker)
+    let (mut ours_cpu, mut windowed_cpu, mut db_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let per_event = |cpu: Option<f64>, v: &mut Vec<f64>| {
+        v.extend(cpu.map(|c| c / s.brokers as f64));
+    };
     for _ in 0..s.rounds {
         let (store, mut c) = fresh(p)?;
         fill(&mut c, &outbox, s.brokers)?;
         reset()?;
-        ours.push(relay_rate(name, s, &store, &cfg, &factory)?);
+        let (rate, cpu) = with_cpu(|| relay_rate(name, s, &store, &cfg, &factory))?;
+        ours.push(rate);
+        per_event(cpu, &mut ours_cpu);
         reset()?;
-        windowed.push(direct_rate(name, &mut *direct, &events, window)?);
+        let (rate, cpu) = with_cpu(|| direct_rate(name, &mut *direct, &events, window))?;
+        windowed.push(rate);
+        per_event(cpu, &mut windowed_cpu);
         let (_, mut c) = fresh(p)?;
         fill(&mut c, &outbox, s.brokers)?;
-        db.push(s.brokers as f64 / hand_loop.drain(&mut c, s.brokers)?.as_secs_f64());
+        let (took, cpu) = with_cpu(|| hand_loop.drain(&mut c, s.brokers))?;
+        db.push(s.brokers as f64 / took.as_secs_f64());
+        per_event(cpu, &mut db_cpu);
     }
     let (ours, windowed, db) = (median(&mut ours), median(&mut windowed), median(&mut db));
     // and the same client one batch at a time, and at its ceiling (every batch
@@ -581,6 +657,29 @@ fn broker_throughput(
         ours / db,
         "-",
     ));
+    if ours_cpu.len() == s.rounds {
+        // a relay does the database's work and the client's work for each event:
+        // with every core busy it can go no faster than the cores over their sum
+        let us = |v: &mut Vec<f64>| median(v) * 1e6;
+        let (ours_us, direct_us, db_us) =
+            (us(&mut ours_cpu), us(&mut windowed_cpu), us(&mut db_cpu));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let bound = cores as f64 * 1e6 / (direct_us + db_us);
+        out.push(row(
+            format!("  {name}: machine CPU per event, relay vs direct + database alone"),
+            format!("{ours_us:.1} us"),
+            format!("{direct_us:.1} + {db_us:.1} us"),
+            ours_us / (direct_us + db_us),
+            "-",
+        ));
+        out.push(row(
+            format!("  {name}: CPU bound for any relay ({cores} cores / that sum), vs direct"),
+            format!("{bound:.0} ev/s"),
+            format!("{windowed:.0} ev/s"),
+            bound / windowed,
+            "-",
+        ));
+    }
     Ok(())
 }
 
