@@ -669,6 +669,32 @@ fn held_claims_deliver_every_event_and_finish_in_their_transaction() {
     let Some((store, mut client)) = fresh_with_url(p, &pg_url_as(app)) else {
         return;
     };
+    held_backlog(p, store, &mut client);
+    // the refused ones wait for their retry with the attempt counted, never claimed
+    // under a token
+    let (pending, attempts, stamped): (i64, i64, i64) = {
+        let r = client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FILTER (WHERE status = 'PENDING'), \
+                       coalesce(sum(attempts) FILTER (WHERE status = 'PENDING'), 0)::int8, \
+                       count(*) FILTER (WHERE claim_token IS NOT NULL OR status = 'IN_PROCESS') \
+                     FROM {p}outbox_events"
+                ),
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!((pending, attempts, stamped), (100, 100, 0));
+    // every held transaction ended: none of the store's sessions is left in one
+    assert_eq!(open_transactions(&mut client, app), 0);
+}
+
+/// Drains a backlog of 1,000 events of type "h" with held claims (batches of 40,
+/// 3 in flight) from `store` into a sender that refuses every tenth event; checks
+/// that each acked event was sent once and the refused ones were not.
+fn held_backlog(p: &str, store: Arc<impl Store>, client: &mut postgres::Client) {
     let config = Config::builder()
         .table_prefix(p)
         .defaults(
@@ -690,7 +716,7 @@ fn held_claims_deliver_every_event_and_finish_in_their_transaction() {
     tx.commit().unwrap();
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
     wait_until("the acked rows processed", Duration::from_secs(20), || {
-        count(&mut client, p, "PROCESSED") == 900
+        count(client, p, "PROCESSED") == 900
     });
     relay.shutdown(Duration::from_secs(5)).unwrap();
 
@@ -702,33 +728,18 @@ fn held_claims_deliver_every_event_and_finish_in_their_transaction() {
         .iter()
         .enumerate()
         .all(|(i, id)| (i % 10 == 7) != acked.contains(id)));
-    // the refused ones wait for their retry with the attempt counted, never claimed
-    // under a token
-    let (pending, attempts, stamped): (i64, i64, i64) = {
-        let r = client
-            .query_one(
-                &format!(
-                    "SELECT count(*) FILTER (WHERE status = 'PENDING'), \
-                       coalesce(sum(attempts) FILTER (WHERE status = 'PENDING'), 0)::int8, \
-                       count(*) FILTER (WHERE claim_token IS NOT NULL OR status = 'IN_PROCESS') \
-                     FROM {p}outbox_events"
-                ),
-                &[],
-            )
-            .unwrap();
-        (r.get(0), r.get(1), r.get(2))
-    };
-    assert_eq!((pending, attempts, stamped), (100, 100, 0));
-    // every held transaction ended: none of the store's sessions is left in one
-    let open: i64 = client
+}
+
+/// How many sessions of application `app` idle in an open transaction.
+fn open_transactions(client: &mut postgres::Client, app: &str) -> i64 {
+    client
         .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-             AND state LIKE 'idle in transaction%'",
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
             &[&app],
         )
         .unwrap()
-        .get(0);
-    assert_eq!(open, 0);
+        .get(0)
 }
 
 #[test]
@@ -969,15 +980,11 @@ fn finish_and_claim(p: &str, delete: bool) {
     let (none, no_tx) = claim.unwrap();
     assert!(none.is_empty() && no_tx.is_none());
     // nothing left open on the store's connections
-    let open: i64 = client
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
-            &[&app],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(open, 0, "a transaction was left open");
+    assert_eq!(
+        open_transactions(&mut client, &app),
+        0,
+        "a transaction was left open"
+    );
     let rows: i64 = client
         .query_one(&format!("SELECT count(*) FROM {p}outbox_events"), &[])
         .unwrap()
@@ -1269,41 +1276,7 @@ fn held_batches_without_their_own_finish_and_claim_drain_a_backlog() {
         claims: claims.clone(),
         finishes: finishes.clone(),
     });
-    let config = Config::builder()
-        .table_prefix(p)
-        .defaults(
-            fast()
-                .batch_size(40)
-                .in_flight(3)
-                .claim(ClaimMode::Lock)
-                .backoff_delay(ms(3_600_000)),
-        )
-        .event("h", EventOptions::new())
-        .build()
-        .unwrap();
-    let outbox = Outbox::new(&config).unwrap();
-    let sender = MemorySender::new();
-    sender.fail_when(|e| e.payload.ends_with('7').then(|| "refused".to_string()));
-    let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "h", 0..1000).unwrap();
-    tx.commit().unwrap();
-    let relay = Relay::start(store, &config, sender.clone()).unwrap();
-    wait_until("the acked rows processed", Duration::from_secs(20), || {
-        count(&mut client, p, "PROCESSED") == 900
-    });
-    relay.shutdown(Duration::from_secs(5)).unwrap();
-
-    let sent: Vec<EventId> = sender.sent().iter().map(|e| e.id).collect();
-    let acked: HashSet<EventId> = sent.iter().copied().collect();
-    assert_eq!(
-        (sent.len(), acked.len()),
-        (900, 900),
-        "each acked event sent once"
-    );
-    assert!(ids
-        .iter()
-        .enumerate()
-        .all(|(i, id)| (i % 10 == 7) != acked.contains(id)));
+    held_backlog(p, store, &mut client);
     assert_eq!(
         count(&mut client, p, "PENDING"),
         100,
@@ -1316,13 +1289,9 @@ fn held_batches_without_their_own_finish_and_claim_drain_a_backlog() {
     );
     assert!(claims >= 25, "{claims} claims through the store");
     assert_eq!(finishes, 25, "each batch finished once");
-    let open: i64 = client
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-             AND state LIKE 'idle in transaction%'",
-            &[&app],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(open, 0, "no held transaction left open");
+    assert_eq!(
+        open_transactions(&mut client, app),
+        0,
+        "no held transaction left open"
+    );
 }
