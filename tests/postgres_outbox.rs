@@ -449,3 +449,59 @@ fn a_prepared_publisher_writes_the_same_rows_and_refuses_another_connection() {
     tx.commit().unwrap();
     assert_eq!(count(&mut client, p, "PENDING"), 5);
 }
+
+/// `prepare_pg_pooled`: the statement is kept with the pooled connection, prepared
+/// once across check-outs, and prepared again after the session lost it.
+#[test]
+fn a_pooled_connection_keeps_its_prepared_publisher() {
+    let p = "t_pub_pool_";
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
+    let outbox = Outbox::new(&config(p)).unwrap();
+    // one connection, so every check-out is the same session
+    let manager =
+        r2d2_postgres::PostgresConnectionManager::new(pg_url().parse().unwrap(), postgres::NoTls);
+    let pool = r2d2::Pool::builder().max_size(1).build(manager).unwrap();
+    // (statements of this outbox prepared on the session, executions through them)
+    let prepared = |c: &mut postgres::Client| -> (i64, i64) {
+        let r = c
+            .query_one(
+                &format!(
+                    "SELECT count(*), coalesce(sum(generic_plans + custom_plans), 0)::int8 \
+                     FROM pg_prepared_statements \
+                     WHERE statement LIKE 'INSERT INTO {p}outbox_events%'"
+                ),
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    type Conn = r2d2::PooledConnection<r2d2_postgres::PostgresConnectionManager<postgres::NoTls>>;
+    let publish = |conn: &mut Conn, n: i32| -> txbox::Result<()> {
+        let publisher = outbox.prepare_pg_pooled(conn)?;
+        let mut tx = conn.transaction()?;
+        publisher.publish(&mut tx, "order-created", &json!({ "n": n }))?;
+        tx.commit()?;
+        Ok(())
+    };
+    for n in 0..3 {
+        let mut conn = pool.get().unwrap();
+        publish(&mut conn, n).unwrap();
+        assert_eq!(prepared(&mut conn), (1, n as i64 + 1), "check-out {n}");
+    }
+    // the session forgets it: that publish fails by name and writes nothing, the
+    // next check-out prepares again
+    let mut conn = pool.get().unwrap();
+    conn.batch_execute("DEALLOCATE ALL").unwrap();
+    let err = publish(&mut conn, 3).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput(m) if m.contains("PgPublisher")),
+        "{err}"
+    );
+    drop(conn);
+    let mut conn = pool.get().unwrap();
+    publish(&mut conn, 4).unwrap();
+    assert_eq!(prepared(&mut conn), (1, 1));
+    assert_eq!(count(&mut client, p, "PENDING"), 4);
+}

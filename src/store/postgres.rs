@@ -408,7 +408,9 @@ sql::transaction_impls!(postgres::Transaction<'_>, "postgres", dialect);
 /// [`Outbox::publish`](crate::Outbox::publish) with its `INSERT` prepared once on
 /// one connection, for a service that keeps its connection (a worker thread's own
 /// `postgres::Client`): each event then costs the database no parsing or planning.
-/// On a connection from a pool, use [`Outbox::publish`](crate::Outbox::publish).
+/// For a connection from an r2d2 pool,
+/// [`Outbox::prepare_pg_pooled`](crate::Outbox::prepare_pg_pooled) keeps the
+/// statement with the pooled connection.
 ///
 /// A `PgPublisher` works only with transactions of the client it was prepared on,
 /// and only while that session lasts. Used on another connection (or after a
@@ -432,7 +434,24 @@ sql::transaction_impls!(postgres::Transaction<'_>, "postgres", dialect);
 /// ```
 pub struct PgPublisher {
     outbox: crate::Outbox,
-    insert: postgres::Statement,
+    insert: Kept,
+}
+
+/// A prepared one-event `INSERT`, and whether its connection turned out not to know
+/// it (then a pooled connection prepares it again).
+#[derive(Clone)]
+struct Kept {
+    statement: postgres::Statement,
+    unknown: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Kept {
+    fn new(statement: postgres::Statement) -> Self {
+        Kept {
+            statement,
+            unknown: Default::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for PgPublisher {
@@ -443,22 +462,83 @@ impl std::fmt::Debug for PgPublisher {
     }
 }
 
+/// The statements [`crate::Outbox::prepare_pg_pooled`] prepared on one pooled
+/// connection, by their text (r2d2 connection extension).
+#[derive(Default)]
+struct PreparedInserts(std::collections::HashMap<String, Kept>);
+
 impl crate::Outbox {
     /// Prepares this outbox's one-event `INSERT` on `client` (one round trip) for
     /// [`PgPublisher`].
     pub fn prepare_pg(&self, client: &mut impl GenericClient) -> Result<PgPublisher> {
-        let d = sql::cached("postgres", self.tables(), dialect);
-        let sql = format!(
-            "{}{}{}",
-            d.insert_events, d.insert_event_row, d.insert_events_suffix
-        );
-        let types = [Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT];
+        let sql = self.insert_one();
         Ok(PgPublisher {
             outbox: self.clone(),
-            insert: client.prepare_typed(&sql, &types)?,
+            insert: Kept::new(client.prepare_typed(&sql, &INSERT_ONE_TYPES)?),
         })
     }
+
+    /// [`Outbox::prepare_pg`](crate::Outbox::prepare_pg) for a connection from an
+    /// r2d2 pool (such as [`PgStore::pool`]): the statement is prepared on the
+    /// connection's first use and kept with it in the pool, so later check-outs of
+    /// the same connection find it without a round trip. Should the connection have
+    /// lost it (`DISCARD ALL`), the publish that finds out fails and the next call
+    /// prepares it again.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let config = txbox::Config::builder().event("order-created", txbox::EventOptions::new()).build()?;
+    /// # let store = txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?;
+    /// let outbox = txbox::Outbox::new(&config)?;
+    /// let mut conn = store.pool().get()?;
+    /// let publisher = outbox.prepare_pg_pooled(&mut conn)?;
+    /// let mut tx = conn.transaction()?;
+    /// publisher.publish(&mut tx, "order-created", &serde_json::json!({ "id": 7 }))?;
+    /// tx.commit()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn prepare_pg_pooled<M>(&self, conn: &mut r2d2::PooledConnection<M>) -> Result<PgPublisher>
+    where
+        M: r2d2::ManageConnection<Connection = postgres::Client>,
+    {
+        let sql = self.insert_one();
+        let kept = r2d2::PooledConnection::extensions(conn)
+            .get::<PreparedInserts>()
+            .and_then(|p| p.0.get(&sql).cloned())
+            .filter(|k| !k.unknown.load(std::sync::atomic::Ordering::Relaxed));
+        let insert = match kept {
+            Some(insert) => insert,
+            None => {
+                let insert = Kept::new(conn.prepare_typed(&sql, &INSERT_ONE_TYPES)?);
+                let extensions = r2d2::PooledConnection::extensions_mut(conn);
+                if extensions.get::<PreparedInserts>().is_none() {
+                    extensions.insert(PreparedInserts::default());
+                }
+                if let Some(p) = extensions.get_mut::<PreparedInserts>() {
+                    p.0.insert(sql, insert.clone());
+                }
+                insert
+            }
+        };
+        Ok(PgPublisher {
+            outbox: self.clone(),
+            insert,
+        })
+    }
+
+    /// The dialect's `INSERT` of one event into this outbox's table.
+    fn insert_one(&self) -> String {
+        let d = sql::cached("postgres", self.tables(), dialect);
+        format!(
+            "{}{}{}",
+            d.insert_events, d.insert_event_row, d.insert_events_suffix
+        )
+    }
 }
+
+/// The parameter types of the one-event `INSERT`: id, type, key, headers, payload.
+const INSERT_ONE_TYPES: [Type; 5] = [Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT];
 
 impl PgPublisher {
     /// Like [`Outbox::publish`](crate::Outbox::publish): writes one event of
@@ -504,7 +584,7 @@ impl PgPublisher {
 /// A transaction with the publisher's statement, as `publish` writes to it.
 struct Prepared<'p, 't, 'c> {
     tx: &'t mut postgres::Transaction<'c>,
-    insert: &'p postgres::Statement,
+    insert: &'p Kept,
 }
 
 impl crate::outbox::sealed::Sealed for Prepared<'_, '_, '_> {}
@@ -517,11 +597,14 @@ impl crate::outbox::OutboxTransaction for Prepared<'_, '_, '_> {
         let headers = sql::headers_json(&e.headers);
         let params: [&(dyn ToSql + Sync); 5] =
             [&e.id.as_uuid(), &e.event_type, &e.key, &headers, &e.payload];
-        match self.tx.execute(self.insert, &params) {
+        match self.tx.execute(&self.insert.statement, &params) {
             Ok(_) => Ok(()),
             Err(err)
                 if err.code() == Some(&postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME) =>
             {
+                self.insert
+                    .unknown
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 Err(Error::InvalidInput(format!(
                     "PgPublisher: this transaction's connection does not know the prepared \
                      statement (a transaction of another client, or a session that was reset); \
