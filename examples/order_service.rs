@@ -166,6 +166,8 @@ fn run(broker: &str) -> Result<bool, Box<dyn std::error::Error>> {
     let (relay, consumer) = start(broker, store, &config, received.clone(), &stop)?;
 
     // The service: each order and its event in one transaction; every 10th is rolled back.
+    // It keeps its connection, so the outbox's INSERT is prepared on it once.
+    let publisher = outbox.prepare_pg(&mut db)?;
     let mut published = HashSet::new();
     for i in 0..100i64 {
         let mut tx = db.transaction()?;
@@ -187,7 +189,7 @@ fn run(broker: &str) -> Result<bool, Box<dyn std::error::Error>> {
         )?
         .key(customer)
         .header("source", "order_service");
-        let id = outbox.publish_event(&mut tx, event)?;
+        let id = publisher.publish_event(&mut tx, event)?;
         if i % 10 == 9 {
             tx.rollback()?;
         } else {
