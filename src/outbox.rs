@@ -71,6 +71,10 @@ impl Outbox {
     /// [`Error::PayloadTooLarge`], [`Error::Database`]. After an error the caller's
     /// transaction is still the caller's to roll back (PostgreSQL will refuse further
     /// statements in it after a database error).
+    ///
+    /// On PostgreSQL the statement is parsed and planned on every call; a
+    /// `PgPublisher` (`Outbox::prepare_pg`, feature `postgres`) prepares it once per
+    /// connection instead.
     pub fn publish<T, P>(&self, tx: &mut T, event_type: &str, payload: &P) -> Result<EventId>
     where
         T: OutboxTransaction + ?Sized,
