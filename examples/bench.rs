@@ -121,9 +121,10 @@ fn machine_busy() -> Option<f64> {
         .skip(1)
         .map(|t| t.parse().unwrap_or(0.0))
         .collect();
-    // user nice system idle iowait irq softirq steal ...; in USER_HZ (100 on Linux)
+    // user nice system idle iowait irq softirq steal ...; in USER_HZ (100 on Linux);
+    // busy: all but idle, iowait and what the hypervisor took (steal)
     let idle = ticks.get(3)? + ticks.get(4).unwrap_or(&0.0);
-    let total: f64 = ticks.iter().take(8).sum();
+    let total: f64 = ticks.iter().take(7).sum();
     Some((total - idle) / 100.0)
 }
 
