@@ -529,15 +529,12 @@ impl crate::Outbox {
 
     /// The dialect's `INSERT` of one event into this outbox's table.
     fn insert_one(&self) -> String {
-        let d = sql::cached("postgres", self.tables(), dialect);
-        format!(
-            "{}{}{}",
-            d.insert_events, d.insert_event_row, d.insert_events_suffix
-        )
+        sql::insert_events_sql(&sql::cached("postgres", self.tables(), dialect), 1)
     }
 }
 
-/// The parameter types of the one-event `INSERT`: id, type, key, headers, payload.
+/// The parameter types of the one-event `INSERT`, as [`typed`] passes
+/// [`sql::event_values`]: id, type, key, headers, payload.
 const INSERT_ONE_TYPES: [Type; 5] = [Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT];
 
 impl PgPublisher {
@@ -594,10 +591,12 @@ impl crate::outbox::OutboxTransaction for Prepared<'_, '_, '_> {
         let [e] = events else {
             return self.tx.insert_events(tables, events);
         };
-        let headers = sql::headers_json(&e.headers);
-        let params: [&(dyn ToSql + Sync); 5] =
-            [&e.id.as_uuid(), &e.event_type, &e.key, &headers, &e.payload];
-        match self.tx.execute(&self.insert.statement, &params) {
+        // the driver's error as it is (inside Ok), to tell a statement unknown here
+        let executed = typed(&sql::event_values(e), |p| {
+            let params: Vec<&(dyn ToSql + Sync)> = p.iter().map(|(v, _)| *v).collect();
+            Ok(self.tx.execute(&self.insert.statement, &params))
+        })?;
+        match executed {
             Ok(_) => Ok(()),
             Err(err)
                 if err.code() == Some(&postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME) =>

@@ -1091,23 +1091,34 @@ pub(crate) fn split_statements(sql: &str) -> Vec<String> {
 /// Inserts new events: one multi-row `INSERT` (one round trip) per chunk.
 pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Dialect, events: &[NewEvent]) -> Result<()> {
     for chunk in events.chunks((d.max_ids / 5).max(1)) {
-        let mut template = d.insert_events.clone();
-        let mut params = Vec::with_capacity(chunk.len() * 5);
-        for (i, e) in chunk.iter().enumerate() {
-            if i > 0 {
-                template.push_str(d.insert_events_sep);
-            }
-            template.push_str(&shift(&d.insert_event_row, i * 5));
-            params.push(Val::Id(e.id.as_uuid()));
-            params.push(Val::Text(e.event_type.clone()));
-            params.push(e.key.as_deref().into());
-            params.push(Val::Text(headers_json(&e.headers)));
-            params.push(Val::Text(e.payload.clone()));
-        }
-        template.push_str(d.insert_events_suffix);
-        run_execute(conn, d, &template, &params, &[])?;
+        let params: Vec<Val> = chunk.iter().flat_map(event_values).collect();
+        run_execute(conn, d, &insert_events_sql(d, chunk.len()), &params, &[])?;
     }
     Ok(())
+}
+
+/// The dialect's `INSERT` of `rows` events, [`event_values`] of each in turn.
+pub(crate) fn insert_events_sql(d: &Dialect, rows: usize) -> String {
+    let mut template = d.insert_events.clone();
+    for i in 0..rows {
+        if i > 0 {
+            template.push_str(d.insert_events_sep);
+        }
+        template.push_str(&shift(&d.insert_event_row, i * 5));
+    }
+    template.push_str(d.insert_events_suffix);
+    template
+}
+
+/// What [`insert_events_sql`] writes of one event: id, type, key, headers, payload.
+pub(crate) fn event_values(e: &NewEvent) -> [Val; 5] {
+    [
+        Val::Id(e.id.as_uuid()),
+        Val::Text(e.event_type.clone()),
+        e.key.as_deref().into(),
+        Val::Text(headers_json(&e.headers)),
+        Val::Text(e.payload.clone()),
+    ]
 }
 
 /// Records ids; returns the new ones. The unique key decides: a conflicting insert
