@@ -218,10 +218,10 @@ fn publish_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     }
     let [without, with, prepared, hand] = &mut ms;
     let (m0, m1, m2, mh) = (
-        pct(without, 0.5),
-        pct(with, 0.5),
-        pct(prepared, 0.5),
-        pct(hand, 0.5),
+        median(without),
+        median(with),
+        median(prepared),
+        median(hand),
     );
     out.push(ms_row(
         format!("publish overhead, median ({} tx)", s.txs),
@@ -298,7 +298,7 @@ fn batch_publish(s: &Size, out: &mut Vec<Row>) -> Res<()> {
         tx.commit()?;
         hand.push(t.elapsed().as_secs_f64() * 1000.0);
     }
-    let (a, b) = (pct(&mut ours, 0.5), pct(&mut hand, 0.5));
+    let (a, b) = (median(&mut ours), median(&mut hand));
     out.push(ms_row(
         format!("batch publish of 100, median ({}x)", s.batches),
         a,
@@ -963,7 +963,7 @@ fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
     let p50_p99 = |what: String, mut l: Vec<f64>| {
         row(
             what,
-            format!("{:.1} ms", pct(&mut l, 0.5)),
+            format!("{:.1} ms", median(&mut l)),
             format!("{:.1} ms", pct(&mut l, 0.99)),
             0.0,
             "-",
