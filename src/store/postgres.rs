@@ -463,7 +463,7 @@ impl std::fmt::Debug for PgPublisher {
 }
 
 /// The statements [`crate::Outbox::prepare_pg_pooled`] prepared on one pooled
-/// connection, by their text (r2d2 connection extension).
+/// connection, by outbox table (r2d2 connection extension).
 #[derive(Default)]
 struct PreparedInserts(std::collections::HashMap<String, Kept>);
 
@@ -502,22 +502,21 @@ impl crate::Outbox {
     where
         M: r2d2::ManageConnection<Connection = postgres::Client>,
     {
-        let sql = self.insert_one();
+        // by the outbox table: a check-out that finds it builds no SQL
+        let table = self.tables().outbox.as_str();
         let kept = r2d2::PooledConnection::extensions(conn)
             .get::<PreparedInserts>()
-            .and_then(|p| p.0.get(&sql).cloned())
-            .filter(|k| !k.unknown.load(std::sync::atomic::Ordering::Relaxed));
+            .and_then(|p| p.0.get(table))
+            .filter(|k| !k.unknown.load(std::sync::atomic::Ordering::Relaxed))
+            .cloned();
         let insert = match kept {
             Some(insert) => insert,
             None => {
-                let insert = Kept::new(conn.prepare_typed(&sql, &INSERT_ONE_TYPES)?);
+                let insert = Kept::new(conn.prepare_typed(&self.insert_one(), &INSERT_ONE_TYPES)?);
                 let extensions = r2d2::PooledConnection::extensions_mut(conn);
-                if extensions.get::<PreparedInserts>().is_none() {
-                    extensions.insert(PreparedInserts::default());
-                }
-                if let Some(p) = extensions.get_mut::<PreparedInserts>() {
-                    p.0.insert(sql, insert.clone());
-                }
+                let mut prepared = extensions.remove::<PreparedInserts>().unwrap_or_default();
+                prepared.0.insert(table.to_owned(), insert.clone());
+                extensions.insert(prepared);
                 insert
             }
         };
