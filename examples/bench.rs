@@ -78,6 +78,7 @@ fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
         "outbox_dead_letters",
         "inbox_consumed",
         "job_locks",
+        "txbox_schema_version",
     ] {
         c.batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))?;
     }
@@ -782,7 +783,7 @@ counting! {
     dlq_set_status(ids: &[EventId], from: &[txbox::DlqStatus], to: txbox::DlqStatus) -> Vec<EventId>;
     dlq_delete(ids: &[EventId], from: &[txbox::DlqStatus]) -> Vec<EventId>;
     status() -> Vec<txbox::TypeStatus>;
-    inbox_insert(ids: &[EventId]) -> Vec<EventId>;
+    inbox_insert(consumer: &str, ids: &[EventId]) -> Vec<EventId>;
     delete_expired_inbox(ttl: Duration, limit: usize) -> u64;
 }
 

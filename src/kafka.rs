@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Display;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,50 @@ fn kafka_err(what: &str, e: KafkaError) -> Error {
     Error::Broker(format!("kafka {what}: {e}"))
 }
 
+/// Errors after which the idempotent producer cannot go on (a broker that forgot
+/// or replaced its producer id, e.g. after a restart or a long freeze): the
+/// producer is replaced, and the records are the transport's failure.
+fn producer_state_lost(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::ProducerFenced
+            | C::InvalidProducerEpoch
+            | C::UnknownProducerId
+            | C::OutOfOrderSequenceNumber
+            | C::InvalidProducerIdMapping
+            | C::Fenced
+    )
+}
+
+/// A failed record as a [`SendError`]: the broker's verdicts on the record itself
+/// (too large, invalid, unknown topic or partition, not authorized, refused by a
+/// policy) count an attempt; everything else is the transport's (timeouts, brokers
+/// down or unreachable, leaders moving, a full local queue) and counts none.
+fn send_error(message: String, code: Option<RDKafkaErrorCode>) -> SendError {
+    use RDKafkaErrorCode as C;
+    match code {
+        Some(
+            C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            | C::InvalidMessage
+            | C::BadMessage
+            | C::MessageBatchTooLarge
+            | C::UnknownTopic
+            | C::UnknownTopicOrPartition
+            | C::UnknownPartition
+            | C::InvalidTopic
+            | C::TopicAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::PolicyViolation
+            | C::InvalidTimestamp
+            | C::InvalidRecord
+            | C::UnsupportedForMessageFormat,
+        ) => SendError::new(message),
+        _ => SendError::transient(message),
+    }
+}
+
 /// One slot per record of a batch, and how many are filled.
 type Slots = (Vec<Option<Result<(), SendError>>>, usize);
 
@@ -59,6 +103,9 @@ struct Batch {
     results: Mutex<Slots>,
     done: Condvar,
     timeouts: AtomicUsize,
+    /// A report said the producer's idempotence state is no longer valid (fenced,
+    /// unknown producer id, sequence out of order): only a new producer gets on.
+    fenced: AtomicBool,
 }
 
 impl Batch {
@@ -103,10 +150,14 @@ impl ProducerContext for Reports {
         let outcome = match result {
             Ok(_) => Ok(()),
             Err((e, _)) => {
-                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageTimedOut) {
+                let code = e.rdkafka_error_code();
+                if code == Some(RDKafkaErrorCode::MessageTimedOut) {
                     batch.timeouts.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(SendError::new(format!("kafka delivery failed: {e}")))
+                if code.is_some_and(producer_state_lost) {
+                    batch.fenced.store(true, Ordering::Relaxed);
+                }
+                Err(send_error(format!("kafka delivery failed: {e}"), code))
             }
         };
         batch.set(index, outcome);
@@ -153,6 +204,9 @@ const REBUILD_AFTER: usize = 3;
 struct Shared {
     config: ClientConfig,
     timed_out_batches: AtomicUsize,
+    /// A batch failed for the transport: [`Sender::ready`] asks the brokers for
+    /// metadata before the next claim.
+    unreachable: AtomicBool,
     producer: RwLock<(u64, ThreadedProducer<Reports>)>,
     wait: Duration,
 }
@@ -196,6 +250,7 @@ impl KafkaSenderBuilder {
             shared: Arc::new(Shared {
                 config,
                 timed_out_batches: AtomicUsize::new(0),
+                unreachable: AtomicBool::new(false),
                 producer: RwLock::new((0, producer)),
                 wait: Duration::from_millis(timeout_ms) + Duration::from_secs(5),
             }),
@@ -296,10 +351,11 @@ impl KafkaSender {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 Err((err, _)) => {
-                    return Err(SendError::new(format!(
-                        "kafka produce to {}: {err}",
-                        e.destination
-                    )))
+                    let code = err.rdkafka_error_code();
+                    return Err(send_error(
+                        format!("kafka produce to {}: {err}", e.destination),
+                        code,
+                    ));
                 }
             }
         }
@@ -313,6 +369,7 @@ impl KafkaSender {
             results: Mutex::new((vec![None; events.len()], 0)),
             done: Condvar::new(),
             timeouts: AtomicUsize::new(0),
+            fenced: AtomicBool::new(false),
         });
         let deadline = Instant::now() + self.shared.wait;
         let guard = self
@@ -360,6 +417,9 @@ impl KafkaSender {
             match guard.1.client().fatal_error() {
                 _ if guard.0 != p.generation => None, // replaced already
                 Some((code, msg)) => Some(format!("fatal error {code:?}: {msg}")),
+                None if p.batch.fenced.load(Ordering::Relaxed) => {
+                    Some("the broker no longer knows its producer id".into())
+                }
                 None if stuck => Some(format!("{REBUILD_AFTER} batches in a row timed out")),
                 None => None,
             }
@@ -369,17 +429,52 @@ impl KafkaSender {
         }
         let wait = self.shared.wait;
         let mut g = p.batch.results.lock().unwrap_or_else(|p| p.into_inner());
-        g.0.iter_mut()
-            .map(|r| {
-                r.take().unwrap_or_else(|| {
-                    Err(SendError::new(format!(
-                        "kafka: no delivery report within {wait:?}"
-                    )))
+        let results: Vec<_> =
+            g.0.iter_mut()
+                .map(|r| {
+                    r.take().unwrap_or_else(|| {
+                        Err(SendError::transient(format!(
+                            "kafka: no delivery report within {wait:?}"
+                        )))
+                    })
                 })
-            })
-            .collect()
+                .collect();
+        if results
+            .iter()
+            .any(|r| r.as_ref().is_err_and(SendError::is_transient))
+        {
+            self.shared.unreachable.store(true, Ordering::Relaxed);
+        }
+        results
+    }
+
+    /// [`Sender::ready`]: after a transport failure, ready once the brokers answer
+    /// a metadata request again.
+    fn check(&self) -> std::result::Result<(), SendError> {
+        if !self.shared.unreachable.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let guard = self
+            .shared
+            .producer
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        match guard.1.client().fetch_metadata(None, READY_TIMEOUT) {
+            Ok(_) => {
+                self.shared.unreachable.store(false, Ordering::Relaxed);
+                log::info!("txbox: kafka brokers answer again");
+                Ok(())
+            }
+            Err(e) => Err(SendError::transient(format!(
+                "kafka brokers do not answer: {e}"
+            ))),
+        }
     }
 }
+
+/// How long [`Sender::ready`] waits for the brokers' metadata after a transport
+/// failure.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 crate::sender::pipelined_sender!(KafkaSender);
 
@@ -571,14 +666,16 @@ impl KafkaConsumer {
                     let (topic, partition, offset) =
                         (msg.topic().to_string(), msg.partition(), msg.offset());
                     drop(msg);
-                    if let Err(e) = self.consumer.seek(
-                        &topic,
-                        partition,
-                        Offset::Offset(offset),
-                        Duration::from_secs(5),
-                    ) {
-                        log::error!("txbox: kafka seek back to {topic}/{partition}@{offset}: {e}");
-                    }
+                    // A message that cannot be rewound must not be skipped: the
+                    // next message's commit would move the offset past it.
+                    self.consumer
+                        .seek(
+                            &topic,
+                            partition,
+                            Offset::Offset(offset),
+                            Duration::from_secs(5),
+                        )
+                        .map_err(|e| rewind_failed(&topic, partition, offset, e))?;
                     stop.sleep(self.retry_delay);
                     continue;
                 }
@@ -592,6 +689,14 @@ impl KafkaConsumer {
         }
         Ok(())
     }
+}
+
+/// The error that stops a consumer loop whose message to retry cannot be rewound.
+fn rewind_failed(topic: &str, partition: i32, offset: i64, e: KafkaError) -> Error {
+    Error::Broker(format!(
+        "kafka consumer stopped: could not seek back to {topic}/{partition}@{offset} to \
+         handle it again ({e}); nothing past it was committed"
+    ))
 }
 
 /// Creates `topic` with `partitions` partitions (replication 1) unless it exists.

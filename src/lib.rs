@@ -90,7 +90,7 @@ pub use error::{Error, Result};
 pub use event::{Event, EventId, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
 pub use outbox::{Outbox, OutboxTransaction};
 pub use relay::{Relay, RelayProbe};
-pub use sender::{MemorySender, SendError, Sender, SenderFactory, Started};
+pub use sender::{MemorySender, SendError, SendErrorKind, Sender, SenderFactory, Started};
 #[cfg(feature = "mysql")]
 pub use store::mysql::MySqlStore;
 #[cfg(feature = "oracle")]

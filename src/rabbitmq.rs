@@ -178,15 +178,34 @@ impl RabbitSender {
     }
 
     /// Closes the channel; the unconfirmed messages of the batches in flight fail.
-    fn drop_connection(&mut self, why: &str) {
+    fn drop_connection(&mut self, why: &SendError) {
         for b in &mut self.in_flight {
-            b.broken.get_or_insert_with(|| why.to_string());
+            b.broken.get_or_insert_with(|| why.clone());
         }
         if self.open.take().is_some() {
             log::warn!("txbox: rabbitmq sender: {why}; reconnecting");
-            self.last_error = why.to_string();
+            self.last_error = why.message.clone();
             self.retry_at = Instant::now() + self.backoff;
         }
+    }
+
+    /// [`Sender::ready`]: connected, or connecting now succeeds (with backoff
+    /// between tries).
+    fn check(&mut self) -> std::result::Result<(), SendError> {
+        self.connect().map(|_| ()).map_err(SendError::transient)
+    }
+}
+
+/// Whose fault a channel or connection error is: the server closing the channel
+/// for a missing exchange (404) or a refused access (403) is a verdict on the
+/// batch's destination, counted as an attempt; anything else (a lost or refused
+/// connection) is the transport's.
+fn classify(context: String, err: &amiquip::Error) -> SendError {
+    match err {
+        amiquip::Error::ServerClosedChannel {
+            code: 403 | 404, ..
+        } => SendError::new(format!("{context}: {err}")),
+        _ => SendError::transient(format!("{context}: {err}")),
     }
 }
 
@@ -228,7 +247,7 @@ struct Unconfirmed {
     results: Vec<Option<Result<(), SendError>>>,
     deadline: Instant,
     /// Why the batch's unsettled messages failed (channel lost, no confirm).
-    broken: Option<String>,
+    broken: Option<SendError>,
 }
 
 impl Unconfirmed {
@@ -271,10 +290,12 @@ impl Unconfirmed {
     }
 
     fn into_results(self) -> Vec<Result<(), SendError>> {
-        let why = self.broken.unwrap_or_default();
+        let why = self
+            .broken
+            .unwrap_or_else(|| SendError::transient("rabbitmq: no publisher confirm"));
         self.results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(SendError::new(why.clone()))))
+            .map(|r| r.unwrap_or_else(|| Err(why.clone())))
             .collect()
     }
 }
@@ -293,7 +314,7 @@ impl RabbitSender {
         let open = match self.connect() {
             Ok(o) => o,
             Err(msg) => {
-                batch.broken = Some(msg);
+                batch.broken = Some(SendError::transient(msg));
                 return batch;
             }
         };
@@ -306,7 +327,10 @@ impl RabbitSender {
             );
             publish.mandatory = true;
             if let Err(err) = open.channel.basic_publish(e.destination.clone(), publish) {
-                let why = format!("rabbitmq publish to exchange {:?}: {err}", e.destination);
+                let why = classify(
+                    format!("rabbitmq publish to exchange {:?}", e.destination),
+                    &err,
+                );
                 batch.broken = Some(why.clone());
                 self.drop_connection(&why);
                 return batch;
@@ -319,21 +343,41 @@ impl RabbitSender {
 
     /// Waits for the confirms of `batch`; confirms and returns of later batches
     /// are kept with them.
+    ///
+    /// The broker sends a `mandatory` message's return before its ack, so the
+    /// returns queued when a confirm arrives are applied before that confirm: an
+    /// ack never marks a returned message sent, whatever happens to its batch or
+    /// the connection afterwards.
     fn collect(&mut self, mut batch: Unconfirmed) -> Vec<Result<(), SendError>> {
         while !batch.settled() && batch.broken.is_none() {
             let Some(open) = &self.open else {
-                batch.broken = Some("rabbitmq: connection lost before the confirms".into());
+                batch.broken = Some(SendError::transient(
+                    "rabbitmq: connection lost before the confirms",
+                ));
                 break;
             };
             let wait = batch.deadline.saturating_duration_since(Instant::now());
-            let (payload, ok) = match open.confirms.recv_timeout(wait) {
+            let confirm = open.confirms.recv_timeout(wait);
+            Self::apply_returns(open, &mut batch, &mut self.in_flight);
+            let (payload, ok) = match confirm {
                 Ok(Confirm::Ack(p)) => (p, true),
                 Ok(Confirm::Nack(p)) => (p, false),
-                Err(_) => {
-                    let why = format!(
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let why = SendError::transient(format!(
                         "rabbitmq: no publisher confirm within {:?}",
                         self.confirm_timeout
-                    );
+                    ));
+                    batch.broken = Some(why.clone());
+                    self.drop_connection(&why);
+                    break;
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    // the channel is gone: its next call tells why (a missing
+                    // exchange closes it with 404)
+                    let why = match open.channel.qos(0, 0, false) {
+                        Err(err) => classify("rabbitmq channel closed".into(), &err),
+                        Ok(()) => SendError::transient("rabbitmq: publisher confirms stopped"),
+                    };
                     batch.broken = Some(why.clone());
                     self.drop_connection(&why);
                     break;
@@ -346,16 +390,21 @@ impl RabbitSender {
                 later.confirm(from, upto, ok);
             }
         }
-        // Returns arrive before the ack of the same message: all are queued by now.
         if let Some(open) = &self.open {
-            while let Ok(ret) = open.returns.try_recv() {
-                batch.returned(&ret);
-                for later in &mut self.in_flight {
-                    later.returned(&ret);
-                }
-            }
+            Self::apply_returns(open, &mut batch, &mut self.in_flight);
         }
         batch.into_results()
+    }
+
+    /// Fails every returned (unroutable) message of `batch` and `later` that the
+    /// broker has sent back so far.
+    fn apply_returns(open: &Open, batch: &mut Unconfirmed, later: &mut VecDeque<Unconfirmed>) {
+        while let Ok(ret) = open.returns.try_recv() {
+            batch.returned(&ret);
+            for b in later.iter_mut() {
+                b.returned(&ret);
+            }
+        }
     }
 }
 

@@ -452,8 +452,11 @@ fn inbox_inserts_if_absent(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = config(p);
     let (x, y) = (txbox::EventId::new(), txbox::EventId::new());
-    assert_eq!(fx.store.inbox_insert(&[x, y, x]).unwrap(), vec![x, y]);
-    assert!(fx.store.inbox_insert(&[x]).unwrap().is_empty());
+    assert_eq!(
+        fx.store.inbox_insert("svc", &[x, y, x]).unwrap(),
+        vec![x, y]
+    );
+    assert!(fx.store.inbox_insert("svc", &[x]).unwrap().is_empty());
     let inbox = Inbox::new(&c, "svc").unwrap();
     let z = txbox::EventId::new();
     assert!(fx.inbox_tx::<()>(&inbox, z, false).is_err());
@@ -476,6 +479,68 @@ fn inbox_inserts_if_absent(b: Backend, p: &str) {
         "bounded"
     );
     assert_eq!(fx.store.delete_expired_inbox(ms(10), 10).unwrap(), 1);
+}
+
+/// Two consumers of the same events in one database (billing and shipping) each
+/// handle every event once: the inbox's key is (consumer, event id).
+fn the_inbox_deduplicates_per_consumer(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = config(p);
+    let ids: Vec<EventId> = (0..500).map(|_| EventId::new()).collect();
+    for consumer in ["billing", "shipping"] {
+        assert_eq!(
+            fx.store.inbox_insert(consumer, &ids).unwrap(),
+            ids,
+            "{consumer} sees every id as new"
+        );
+        assert!(
+            fx.store.inbox_insert(consumer, &ids).unwrap().is_empty(),
+            "{consumer} sees its redeliveries as duplicates"
+        );
+    }
+    // through each inbox in a business transaction: each runs its handler once
+    let (billing, shipping) = (
+        Inbox::new(&c, "billing").unwrap(),
+        Inbox::new(&c, "shipping").unwrap(),
+    );
+    let x = EventId::new();
+    let mut handled = 0;
+    for _ in 0..2 {
+        for inbox in [&billing, &shipping] {
+            if !fx.inbox_tx::<()>(inbox, x, true).unwrap().is_duplicate() {
+                handled += 1;
+            }
+        }
+    }
+    assert_eq!(handled, 2, "once per consumer");
+}
+
+/// A 0.1 inbox (keyed by the event id alone) is upgraded in place by `migrate`,
+/// once: its rows are kept and still count as consumed for every consumer, and
+/// new ids are kept per consumer.
+fn migrate_upgrades_a_0_1_inbox_in_place_keeping_its_rows(b: Backend, p: &str) {
+    let old: Vec<EventId> = (0..20).map(|_| EventId::new()).collect();
+    let Some(fx) = Fixture::schema_v1(b, p, &old) else {
+        return;
+    };
+    fx.store.migrate().unwrap();
+    fx.store.migrate().unwrap(); // version 2 is applied once
+    for consumer in ["billing", "shipping"] {
+        assert!(
+            fx.store.inbox_insert(consumer, &old).unwrap().is_empty(),
+            "an id consumed before the upgrade is not handled again by {consumer}"
+        );
+    }
+    let new = EventId::new();
+    assert_eq!(fx.store.inbox_insert("billing", &[new]).unwrap(), vec![new]);
+    assert_eq!(
+        fx.store.inbox_insert("shipping", &[new]).unwrap(),
+        vec![new]
+    );
+    assert!(fx.store.inbox_insert("billing", &[new]).unwrap().is_empty());
+    // every row is still there, and the cleanup takes them by age
+    std::thread::sleep(ms(30));
+    assert_eq!(fx.store.delete_expired_inbox(ms(10), 100).unwrap(), 22);
 }
 
 fn four_relays_deliver_every_event_exactly_once(b: Backend, p: &str) {
@@ -677,6 +742,8 @@ macro_rules! suite {
             cleanup_deletes_old_processed_rows_in_bounded_batches => "clean",
             lease_locks_have_one_holder => "lock",
             inbox_inserts_if_absent => "inbox",
+            the_inbox_deduplicates_per_consumer => "fan",
+            migrate_upgrades_a_0_1_inbox_in_place_keeping_its_rows => "up",
             four_relays_deliver_every_event_exactly_once => "four",
             failing_sender_ends_in_the_dlq_and_a_retry_delivers => "relay",
             pipelined_batches_finish_in_order_and_retry => "pipe",

@@ -451,3 +451,46 @@ fn cleanup_honours_the_ttl_and_the_batch_bound() {
         assert_eq!(recorded(&mut client, p, *id), 1, "young ids stay");
     }
 }
+
+/// Two consumers of the same events in one database (billing and shipping, two
+/// handlers in one monolith): 500 shared ids, each delivered twice to each
+/// consumer, make 1,000 handled effects, one per (consumer, event).
+#[test]
+fn two_consumers_of_the_same_events_each_handle_every_event_once() {
+    let p = "t_inbox_fan_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {p}effects; CREATE TABLE {p}effects (consumer text, id uuid)"
+        ))
+        .unwrap();
+    let effect = format!("INSERT INTO {p}effects VALUES ($1, $2)");
+    let ids: Vec<EventId> = (0..500).map(|_| EventId::new()).collect();
+    for consumer in ["billing", "shipping"] {
+        let inbox = Inbox::new(&config(p), consumer).unwrap();
+        for _delivery in 0..2 {
+            for id in &ids {
+                inbox
+                    .handle_pg(store.pool(), *id, |tx| {
+                        tx.execute(&effect, &[&consumer, &id.as_uuid()])
+                            .map_err(Error::from)?;
+                        Ok::<_, Error>(())
+                    })
+                    .unwrap();
+            }
+        }
+    }
+    let row = client
+        .query_one(
+            &format!("SELECT count(*), count(DISTINCT (consumer, id)) FROM {p}effects"),
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+        (1000, 1000),
+        "each consumer handled each event exactly once"
+    );
+}

@@ -523,11 +523,28 @@ each_claim_mode!(failures_in_a_backlog, "t_rel_flaky":
 /// once. With held claims the refused events' finish goes with the next claim (and,
 /// deleting acked rows, writes them back).
 fn failures_in_a_backlog(p: &str, claim: ClaimMode, delete: bool) {
+    refusals_in_a_backlog(p, claim, delete, false);
+}
+
+each_claim_mode!(outage_in_a_backlog, "t_rel_outage":
+    transport_failures_in_a_backlog_count_no_attempt,
+    transport_failures_in_a_held_backlog_count_no_attempt,
+    transport_failures_in_a_deleting_held_backlog_count_no_attempt);
+
+/// As [`failures_in_a_backlog`], but the refusals are transport failures (the
+/// broker could not be reached): the refused events go back to PENDING with no
+/// attempt counted, so even with no retry allowed none becomes FAILED.
+fn outage_in_a_backlog(p: &str, claim: ClaimMode, delete: bool) {
+    refusals_in_a_backlog(p, claim, delete, true);
+}
+
+fn refusals_in_a_backlog(p: &str, claim: ClaimMode, delete: bool, transient: bool) {
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
     let defaults = fast()
         .batch_size(100)
+        .max_retries(if transient { 0 } else { 3 })
         .backoff_delay(ms(200))
         .backoff_jitter(0.0);
     let config = common::mode_config(p, defaults, claim, delete)
@@ -542,9 +559,14 @@ fn failures_in_a_backlog(p: &str, claim: ClaimMode, delete: bool) {
     let refused = Arc::new(Mutex::new(HashSet::new()));
     let sender = MemorySender::new();
     let (r, seen) = (refuse.clone(), refused.clone());
-    sender.fail_when(move |e| {
+    let refusal = move |e: &txbox::Event| {
         (r.contains(&e.id) && seen.lock().unwrap().insert(e.id)).then(|| "not now".to_string())
-    });
+    };
+    if transient {
+        sender.fail_transiently_when(refusal);
+    } else {
+        sender.fail_when(refusal);
+    }
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
     wait_until("every event acked", Duration::from_secs(30), || {
         sender.len() >= ids.len()
@@ -571,7 +593,7 @@ fn failures_in_a_backlog(p: &str, claim: ClaimMode, delete: bool) {
     } else {
         assert_eq!(rows.len(), ids.len());
         for (id, attempts, status) in rows {
-            let want = i32::from(refuse.contains(&EventId::from_uuid(id)));
+            let want = i32::from(!transient && refuse.contains(&EventId::from_uuid(id)));
             assert_eq!((attempts, status.as_str()), (want, "PROCESSED"), "{id}");
         }
     }
@@ -1252,8 +1274,8 @@ impl Store for DefaultHeld {
     fn status(&self) -> txbox::Result<Vec<txbox::TypeStatus>> {
         self.pg.status()
     }
-    fn inbox_insert(&self, ids: &[EventId]) -> txbox::Result<Vec<EventId>> {
-        self.pg.inbox_insert(ids)
+    fn inbox_insert(&self, consumer: &str, ids: &[EventId]) -> txbox::Result<Vec<EventId>> {
+        self.pg.inbox_insert(consumer, ids)
     }
     fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
         self.pg.delete_expired_inbox(ttl, limit)
@@ -1294,4 +1316,54 @@ fn held_batches_without_their_own_finish_and_claim_drain_a_backlog() {
         0,
         "no held transaction left open"
     );
+}
+
+/// A broker's error text with a NUL byte (which PostgreSQL's text refuses) is
+/// stored escaped: the attempt is counted and the row goes on to its retry, instead
+/// of a finish that fails and a row sent again forever after each lease.
+#[test]
+fn an_error_text_with_a_nul_byte_is_stored_and_counted() {
+    let p = "t_rel_nul_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event(
+            "n",
+            fast()
+                .lease(Duration::from_secs(60))
+                .max_retries(3)
+                .backoff_delay(Duration::from_secs(60)),
+        )
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = MemorySender::new();
+    sender.fail_when(|_| Some("broker said \0 no".to_string()));
+    let relay = Relay::start(store, &config, sender).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let id = outbox.publish(&mut tx, "n", &json!({})).unwrap();
+    tx.commit().unwrap();
+    let mut row: Option<(String, i32, Option<String>)> = None;
+    wait_until(
+        "the failed attempt is recorded",
+        Duration::from_secs(10),
+        || {
+            let r = client
+                .query_one(
+                    &format!(
+                        "SELECT status, attempts, last_error FROM {p}outbox_events WHERE id = $1"
+                    ),
+                    &[&id.as_uuid()],
+                )
+                .unwrap();
+            row = Some((r.get(0), r.get(1), r.get(2)));
+            r.get::<_, i32>(1) == 1
+        },
+    );
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    let (status, _, error) = row.unwrap();
+    assert_eq!(status, "PENDING", "waiting for its retry");
+    assert_eq!(error.as_deref(), Some("broker said \\0 no"));
 }

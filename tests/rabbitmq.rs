@@ -265,3 +265,47 @@ fn two_batches_in_flight_get_their_own_confirms_and_returns() {
         .collect();
     assert_eq!(order, expected, "one queue keeps the start order");
 }
+
+/// A returned (unroutable) message stays failed when its batch breaks afterwards:
+/// here the channel closes on the next message, sent to an exchange that does not
+/// exist, after the broker returned and acked the first one.
+#[test]
+fn a_returned_message_fails_even_when_its_batch_breaks_afterwards() {
+    use txbox::{SendErrorKind, Sender, Started};
+    if !rabbit_up() {
+        return;
+    }
+    let (exchange, _queue) = direct("k");
+    let missing = format!("txbox-missing-{}", unique());
+    let unroutable = claimed(&exchange, "nowhere", "{\"n\":1}".into());
+    let to_missing = claimed(&missing, "k", "{\"n\":2}".into());
+    let mut sender = txbox::rabbitmq::RabbitSender::new(&rabbit_url(), Duration::from_secs(10));
+    let r = sender.send(&[unroutable.clone(), to_missing.clone()]);
+    assert_eq!(r.len(), 2);
+    let first = r[0].as_ref().expect_err("a returned message is never sent");
+    assert!(first.message.contains("unroutable"), "{first:?}");
+    assert_eq!(first.kind, SendErrorKind::Permanent);
+    // a missing exchange is the destination's fault, not the transport's
+    let second = r[1].as_ref().expect_err("no exchange took it");
+    assert_eq!(second.kind, SendErrorKind::Permanent, "{second:?}");
+
+    // the same with the returned message in a later batch in flight, once the
+    // sender has its connection again (it waits a moment before reconnecting)
+    wait_until("the sender reconnected", Duration::from_secs(10), || {
+        sender.ready().is_ok()
+    });
+    let (exchange2, _q2) = direct("k");
+    let returned = claimed(&exchange2, "nowhere", "{\"n\":3}".into());
+    assert!(matches!(sender.start(&[returned]), Started::InFlight));
+    assert!(matches!(sender.start(&[to_missing]), Started::InFlight));
+    let ra = sender.wait();
+    assert!(
+        ra.len() == 1
+            && ra[0]
+                .as_ref()
+                .is_err_and(|e| e.message.contains("unroutable")),
+        "{ra:?}"
+    );
+    let rb = sender.wait();
+    assert!(rb.len() == 1 && rb[0].is_err(), "{rb:?}");
+}

@@ -52,3 +52,11 @@ CREATE TABLE IF NOT EXISTS {prefix}job_locks (
     locked_at    DATETIME(6)  NOT NULL,
     locked_until DATETIME(6)  NOT NULL
 ) ENGINE = InnoDB;
+
+-- Schema versions applied after this file: each later file (002_...sql on) records
+-- its number here as its last statement, and `migrate` applies a file only when its
+-- number is not here yet. This file is the baseline and records nothing.
+CREATE TABLE IF NOT EXISTS {prefix}txbox_schema_version (
+    version    INT         NOT NULL PRIMARY KEY,
+    applied_at DATETIME(6) NOT NULL
+) ENGINE = InnoDB;

@@ -55,3 +55,11 @@ CREATE TABLE {prefix}job_locks (
     locked_at    TIMESTAMP WITH TIME ZONE NOT NULL,
     locked_until TIMESTAMP WITH TIME ZONE NOT NULL
 );
+
+-- Schema versions applied after this file: each later file (002_...sql on) records
+-- its number here as its last statement, and `migrate` applies a file only when its
+-- number is not here yet. This file is the baseline and records nothing.
+CREATE TABLE {prefix}txbox_schema_version (
+    version    NUMBER(10) NOT NULL PRIMARY KEY,
+    applied_at TIMESTAMP WITH TIME ZONE DEFAULT SYSTIMESTAMP NOT NULL
+);

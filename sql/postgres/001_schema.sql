@@ -82,3 +82,11 @@ CREATE TABLE IF NOT EXISTS {prefix}job_locks (
     locked_at    timestamptz  NOT NULL DEFAULT now(),
     locked_until timestamptz  NOT NULL
 );
+
+-- Schema versions applied after this file: each later file (002_...sql on) records
+-- its number here as its last statement, and `migrate` applies a file only when its
+-- number is not here yet. This file is the baseline and records nothing.
+CREATE TABLE IF NOT EXISTS {prefix}txbox_schema_version (
+    version    integer     PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);

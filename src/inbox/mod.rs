@@ -50,7 +50,12 @@ pub(crate) mod sealed {
 /// their features). Sealed: txbox implements it per driver.
 pub trait InboxTransaction: sealed::Sealed {
     #[doc(hidden)]
-    fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>>;
+    fn insert_new_ids(
+        &mut self,
+        tables: &Tables,
+        consumer: &str,
+        ids: &[EventId],
+    ) -> Result<Vec<EventId>>;
 }
 
 /// Whether the handler ran.
@@ -269,7 +274,7 @@ impl Inbox {
         let mut seen = std::collections::HashSet::new();
         let distinct: Vec<EventId> = ids.iter().copied().filter(|id| seen.insert(*id)).collect();
         self.count(Stat::Statements, distinct.len() as u64);
-        tx.insert_new_ids(&self.inner.tables, &distinct)
+        tx.insert_new_ids(&self.inner.tables, &self.inner.service, &distinct)
     }
 
     /// Transactional: records `id` in `tx` and runs `handler` in the same
@@ -379,7 +384,7 @@ impl Inbox {
             Error::InvalidInput("handle_at_most_once needs Inbox::with_store".into())
         })?;
         self.count(Stat::Statements, 1);
-        if store.inbox_insert(&[id])?.is_empty() {
+        if store.inbox_insert(&self.inner.service, &[id])?.is_empty() {
             self.count(Stat::Duplicates, 1);
             return Ok(Handled::Duplicate);
         }

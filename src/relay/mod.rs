@@ -577,6 +577,13 @@ impl Poller {
         if self.sender.is_none() {
             self.sender = Some(self.factory.create()?);
         }
+        // a broker that cannot be reached: claim nothing (the events stay
+        // PENDING, no attempt counted) until it can
+        if let Some(Err(e)) = self.sender.as_mut().map(|s| s.ready()) {
+            self.resume = None;
+            self.drain(0, false);
+            return Err(Error::Broker(format!("sender not ready: {e}")));
+        }
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
         let after = self.resume.map(|(id, _)| id);
@@ -646,7 +653,16 @@ impl Poller {
         };
         // a full batch is followed by the next claim at once: the last batch
         // finished now waits to go with it
-        self.drain(keep, claimed >= s.batch_size);
+        let released = self.drain(keep, claimed >= s.batch_size);
+        if released > 0 {
+            // the transport failed: back off before the next claim (and ask the
+            // sender whether it is ready) instead of claiming the same rows again
+            self.resume = None;
+            return Err(Error::Broker(format!(
+                "{released} events went back to pending, no attempt counted: \
+                 the broker could not be reached"
+            )));
+        }
         Ok(claimed)
     }
 
@@ -689,11 +705,13 @@ impl Poller {
 
     /// Waits for and finishes the oldest batches until `keep` are in flight. With
     /// `stash` (the next claim follows at once) the last held batch waits to be
-    /// finished together with that claim.
-    fn drain(&mut self, keep: usize, stash: bool) {
+    /// finished together with that claim. Returns how many events went back to
+    /// PENDING for a transport failure ([`Outcome::Release`]).
+    fn drain(&mut self, keep: usize, stash: bool) -> usize {
+        let mut released = 0;
         while self.in_flight.len() > keep {
             let Some(batch) = self.in_flight.pop_front() else {
-                return;
+                break;
             };
             let results = match (batch.results, &mut self.sender) {
                 (Some(results), _) => results,
@@ -708,6 +726,7 @@ impl Poller {
                     Outcome::Sent | Outcome::SentDelete => sent += 1,
                     Outcome::Retry { .. } => retried += 1,
                     Outcome::Failed { .. } => failed += 1,
+                    Outcome::Release { .. } => released += 1,
                 }
             }
             metrics::acked(
@@ -733,6 +752,7 @@ impl Poller {
         if !stash {
             self.flush_stash();
         }
+        released
     }
 
     /// Finishes a held batch in its transaction: once, for a lost connection has
@@ -812,7 +832,7 @@ fn outcomes(
         .iter()
         .map(|e| {
             let result = results.next().unwrap_or_else(|| {
-                Err(SendError::new(format!(
+                Err(SendError::transient(format!(
                     "sender returned {got} results for {} events",
                     events.len()
                 )))
@@ -820,8 +840,11 @@ fn outcomes(
             let outcome = match result {
                 Ok(()) if delete_acked => Outcome::SentDelete,
                 Ok(()) => Outcome::Sent,
+                Err(err) if err.is_transient() => Outcome::Release {
+                    error: clean_error(&err.message),
+                },
                 Err(err) => {
-                    let error = truncate(&err.message, MAX_ERROR_LEN);
+                    let error = clean_error(&err.message);
                     let retry = e.attempts + 1;
                     if retry > s.max_retries {
                         Outcome::Failed { error }
@@ -836,6 +859,13 @@ fn outcomes(
             (e.id, outcome)
         })
         .collect()
+}
+
+/// An error text as it can be stored: NUL bytes (which PostgreSQL's text refuses,
+/// so the finish would fail and the row be sent again forever) written as `\0`,
+/// cut to [`MAX_ERROR_LEN`].
+fn clean_error(message: &str) -> String {
+    truncate(&message.replace('\0', "\\0"), MAX_ERROR_LEN)
 }
 
 fn truncate(s: &str, max: usize) -> String {
@@ -887,8 +917,30 @@ mod tests {
             }
         );
         assert_eq!(o[2].1, Outcome::Failed { error: "y".into() });
+        // a missing result is not the event's fault: no attempt counted
+        assert!(matches!(&o[3].1, Outcome::Release { error } if error.contains("3 results for 4")));
+    }
+
+    #[test]
+    fn transient_errors_release_without_an_attempt_and_nul_bytes_are_escaped() {
+        let s = EventSettings::default();
+        let events = vec![event(3), event(0)];
+        let results = vec![
+            Err(SendError::transient("broker down")),
+            Err(SendError::new("bad\0byte")),
+        ];
+        let o = outcomes(&events, results, &s, false);
+        // even with no retry left, an outage does not fail the event
+        assert_eq!(
+            o[0].1,
+            Outcome::Release {
+                error: "broker down".into()
+            }
+        );
         assert!(
-            matches!(&o[3].1, Outcome::Retry { error, .. } if error.contains("3 results for 4"))
+            matches!(&o[1].1, Outcome::Retry { error, .. } if error == "bad\\0byte"),
+            "{:?}",
+            o[1].1
         );
     }
 

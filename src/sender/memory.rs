@@ -3,7 +3,7 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{SendError, Sender, SenderFactory};
+use super::{SendError, SendErrorKind, Sender, SenderFactory};
 use crate::error::Result;
 use crate::event::Event;
 
@@ -26,7 +26,7 @@ pub struct MemorySender {
 struct Inner {
     sent: Mutex<Vec<Event>>,
     changed: Condvar,
-    fail: Mutex<Option<Arc<FailFn>>>,
+    fail: Mutex<Option<(Arc<FailFn>, SendErrorKind)>>,
 }
 
 impl MemorySender {
@@ -35,9 +35,26 @@ impl MemorySender {
         Self::default()
     }
 
-    /// From now on, events for which `f` returns `Some(reason)` fail with that reason.
+    /// From now on, events for which `f` returns `Some(reason)` fail with that
+    /// reason, as the broker's verdict on them ([`SendError::new`]: an attempt is
+    /// counted).
     pub fn fail_when(&self, f: impl Fn(&Event) -> Option<String> + Send + Sync + 'static) {
-        *lock(&self.inner.fail) = Some(Arc::new(f));
+        *lock(&self.inner.fail) = Some((Arc::new(f), SendErrorKind::Permanent));
+    }
+
+    /// From now on, events for which `f` returns `Some(reason)` fail as if the
+    /// broker could not be reached ([`SendError::transient`]: they go back to
+    /// PENDING with no attempt counted).
+    ///
+    /// ```
+    /// let sender = txbox::MemorySender::new();
+    /// sender.fail_transiently_when(|_| Some("connection refused".to_string()));
+    /// ```
+    pub fn fail_transiently_when(
+        &self,
+        f: impl Fn(&Event) -> Option<String> + Send + Sync + 'static,
+    ) {
+        *lock(&self.inner.fail) = Some((Arc::new(f), SendErrorKind::Transient));
     }
 
     /// From now on, every event is acked.
@@ -88,13 +105,18 @@ impl Sender for MemorySender {
         let mut sent = lock(&self.inner.sent);
         let results = events
             .iter()
-            .map(|e| match fail.as_ref().and_then(|f| f(e)) {
-                Some(reason) => Err(SendError::new(reason)),
-                None => {
-                    sent.push(e.clone());
-                    Ok(())
-                }
-            })
+            .map(
+                |e| match fail.as_ref().and_then(|(f, kind)| Some((f(e)?, *kind))) {
+                    Some((reason, kind)) => Err(SendError {
+                        message: reason,
+                        kind,
+                    }),
+                    None => {
+                        sent.push(e.clone());
+                        Ok(())
+                    }
+                },
+            )
             .collect();
         self.inner.changed.notify_all();
         results

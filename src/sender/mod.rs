@@ -12,18 +12,60 @@ mod memory;
 pub use memory::MemorySender;
 
 /// Why one event could not be sent.
+///
+/// Its [`kind`](SendError::kind) tells the relay whose fault it was: a
+/// [`Permanent`](SendErrorKind::Permanent) verdict on this event (nack, unroutable,
+/// too large, unknown topic, not authorized) counts an attempt and leads, once the
+/// retries are used up, to FAILED and the dead letters; a
+/// [`Transient`](SendErrorKind::Transient) transport failure (broker unreachable,
+/// connection lost, no confirm in time) returns the event to PENDING without
+/// counting an attempt, and the poller stops claiming until the sender is
+/// [ready](Sender::ready) again.
+///
+/// ```
+/// use txbox::{SendError, SendErrorKind};
+/// let e = SendError::transient("connection refused");
+/// assert_eq!(e.kind, SendErrorKind::Transient);
+/// assert!(!SendError::new("nacked").is_transient());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendError {
     /// What the broker or client said.
     pub message: String,
+    /// Whose fault it was.
+    pub kind: SendErrorKind,
+}
+
+/// Whether a failed send is the event's fault ([`SendError::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendErrorKind {
+    /// The broker's verdict on this event: counts an attempt.
+    Permanent,
+    /// The transport failed (the broker is down or unreachable): the event goes
+    /// back to PENDING with no attempt counted.
+    Transient,
 }
 
 impl SendError {
-    /// A failure with its reason.
+    /// A verdict on this event ([`SendErrorKind::Permanent`]): counts an attempt.
     pub fn new(message: impl Into<String>) -> Self {
         SendError {
             message: message.into(),
+            kind: SendErrorKind::Permanent,
         }
+    }
+
+    /// A transport failure ([`SendErrorKind::Transient`]): no attempt counted.
+    pub fn transient(message: impl Into<String>) -> Self {
+        SendError {
+            message: message.into(),
+            kind: SendErrorKind::Transient,
+        }
+    }
+
+    /// True for a transport failure ([`SendErrorKind::Transient`]).
+    pub fn is_transient(&self) -> bool {
+        self.kind == SendErrorKind::Transient
     }
 }
 
@@ -70,12 +112,20 @@ pub trait Sender: Send {
     fn wait(&mut self) -> Vec<Result<(), SendError>> {
         Vec::new()
     }
+
+    /// Whether the broker can be reached now. The poller asks before every claim
+    /// and claims nothing while this fails (it backs off and asks again), so an
+    /// outage leaves events PENDING instead of failing them batch after batch. The
+    /// default: always ready.
+    fn ready(&mut self) -> Result<(), SendError> {
+        Ok(())
+    }
 }
 
 /// Implements [`Sender`] for a pipelining sender with a field `in_flight` (a queue
-/// of its batches) and two methods: `publish(&events) -> batch`, which hands a batch
-/// to the client without waiting, and `collect(batch) -> results`, which waits for
-/// its acks.
+/// of its batches) and three methods: `publish(&events) -> batch`, which hands a
+/// batch to the client without waiting, `collect(batch) -> results`, which waits
+/// for its acks, and `check()`, its [`Sender::ready`].
 #[cfg_attr(
     not(any(feature = "kafka", feature = "rabbitmq")),
     allow(unused_macros)
@@ -102,6 +152,10 @@ macro_rules! pipelined_sender {
                     Some(batch) => self.collect(batch),
                     None => Vec::new(),
                 }
+            }
+
+            fn ready(&mut self) -> Result<(), $crate::sender::SendError> {
+                self.check()
             }
         }
     };
@@ -137,5 +191,8 @@ impl<S: Sender + ?Sized> Sender for Box<S> {
     }
     fn wait(&mut self) -> Vec<Result<(), SendError>> {
         (**self).wait()
+    }
+    fn ready(&mut self) -> Result<(), SendError> {
+        (**self).ready()
     }
 }

@@ -46,6 +46,13 @@ pub enum Outcome {
         /// Why it failed.
         error: String,
     },
+    /// The transport failed (the broker could not be reached, no confirm came):
+    /// back to PENDING at once with no attempt counted, for an outage is not the
+    /// event's fault.
+    Release {
+        /// Why the send failed.
+        error: String,
+    },
 }
 
 impl Outcome {
@@ -255,9 +262,10 @@ pub trait Store: Send + Sync + 'static {
     /// Per-type counts of the outbox (bounded, index-backed queries).
     fn status(&self) -> Result<Vec<TypeStatus>>;
 
-    /// Records consumed ids in a transaction of its own; returns those that were new
-    /// (the unique key decides, never a check-then-insert).
-    fn inbox_insert(&self, ids: &[EventId]) -> Result<Vec<EventId>>;
+    /// Records ids consumed by `consumer` in a transaction of its own; returns those
+    /// that were new for that consumer (the unique key (consumer, event id) decides,
+    /// never a check-then-insert).
+    fn inbox_insert(&self, consumer: &str, ids: &[EventId]) -> Result<Vec<EventId>>;
 
     /// Deletes up to `limit` consumed ids recorded more than `ttl` ago.
     fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64>;
@@ -347,6 +355,8 @@ pub struct Tables {
     pub inbox: String,
     /// Lease locks.
     pub locks: String,
+    /// The schema versions applied after the baseline.
+    pub schema_version: String,
 }
 
 impl Tables {
@@ -359,6 +369,7 @@ impl Tables {
             dlq: format!("{prefix}outbox_dead_letters"),
             inbox: format!("{prefix}inbox_consumed"),
             locks: format!("{prefix}job_locks"),
+            schema_version: format!("{prefix}txbox_schema_version"),
         })
     }
 

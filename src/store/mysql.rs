@@ -15,6 +15,8 @@ use crate::event::{EventId, NewEvent};
 
 /// The schema, embedded: the same file a DBA reads in `sql/mysql/`.
 pub const SCHEMA: &str = include_str!("../../sql/mysql/001_schema.sql");
+/// Schema version 2: the inbox keyed by (consumer, event id).
+pub const SCHEMA_2: &str = include_str!("../../sql/mysql/002_inbox_per_consumer.sql");
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 const TS: &str = "'%Y-%m-%dT%H:%i:%s.%fZ'";
@@ -33,7 +35,8 @@ fn dialect(t: &Tables) -> Dialect {
     Dialect {
         style: Style::Question,
         begin: "START TRANSACTION",
-        schema: SCHEMA,
+        schema: &[SCHEMA, SCHEMA_2],
+        transactional_ddl: false,
         migrate_lock: None,
         exists_errors: &["1061", "Duplicate key name"],
         ping: "SELECT 1",
@@ -76,7 +79,10 @@ fn dialect(t: &Tables) -> Dialect {
                TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status = 'PENDING' THEN created_at END), {NOW}) / 1e6 \
              FROM {o} WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') GROUP BY event_type ORDER BY event_type"
         ),
-        inbox_insert: format!("INSERT IGNORE INTO {i} (event_id, consumed_at) VALUES ($1, {NOW})"),
+        inbox_insert: format!(
+            "INSERT IGNORE INTO {i} (consumer, event_id, consumed_at) SELECT $1, $2, {NOW} FROM DUAL \
+             WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2)"
+        ),
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) VALUES "
         ),

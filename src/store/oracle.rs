@@ -22,6 +22,8 @@ use crate::event::{EventId, NewEvent};
 
 /// The schema, embedded: the same file a DBA reads in `sql/oracle/`.
 pub const SCHEMA: &str = include_str!("../../sql/oracle/001_schema.sql");
+/// Schema version 2: the inbox keyed by (consumer, event id).
+pub const SCHEMA_2: &str = include_str!("../../sql/oracle/002_inbox_per_consumer.sql");
 
 const NOW: &str = "SYSTIMESTAMP";
 const TS: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS.FF6\"Z\"'";
@@ -41,7 +43,8 @@ fn dialect(t: &Tables) -> Dialect {
     Dialect {
         style: Style::Colon,
         begin: "BEGIN",
-        schema: SCHEMA,
+        schema: &[SCHEMA, SCHEMA_2],
+        transactional_ddl: false,
         migrate_lock: None,
         exists_errors: &["ORA-00955", "ORA-01408"],
         ping: "SELECT 1 FROM DUAL",
@@ -88,7 +91,10 @@ fn dialect(t: &Tables) -> Dialect {
             count("IN_PROCESS"),
             count("FAILED")
         ),
-        inbox_insert: format!("INSERT INTO {i} (event_id, consumed_at) VALUES ($1, {NOW})"),
+        inbox_insert: format!(
+            "INSERT INTO {i} (consumer, event_id, consumed_at) SELECT $1, $2, {NOW} FROM dual \
+             WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2)"
+        ),
         insert_events: "INSERT ALL ".into(),
         insert_event_row: format!(
             "INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) \

@@ -17,6 +17,8 @@ use crate::event::{EventId, NewEvent};
 
 /// The schema, embedded: the same file a DBA reads in `sql/postgres/`.
 pub const SCHEMA: &str = include_str!("../../sql/postgres/001_schema.sql");
+/// Schema version 2: the inbox keyed by (consumer, event id).
+pub const SCHEMA_2: &str = include_str!("../../sql/postgres/002_inbox_per_consumer.sql");
 
 /// A connection pool of the `postgres` crate, as [`PgStore`] uses it.
 pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
@@ -46,7 +48,8 @@ fn dialect(t: &Tables) -> Dialect {
     Dialect {
         style: Style::Dollar,
         begin: "BEGIN",
-        schema: SCHEMA,
+        schema: &[SCHEMA, SCHEMA_2],
+        transactional_ddl: true,
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
         exists_errors: &[],
         ping: "SELECT 1",
@@ -83,7 +86,7 @@ fn dialect(t: &Tables) -> Dialect {
             restore: format!(
                 "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, \
                    next_attempt_at, last_error, created_at) \
-                 VALUES ($4, $5, $6, $7::jsonb, $8, $1, $9 + 1, {}, $3, $10::timestamptz)",
+                 VALUES ($4, $5, $6, $7::jsonb, $8, $1, $9, {}, $3, $10::timestamptz)",
                 plus("$2")
             ),
         }),
@@ -125,7 +128,11 @@ fn dialect(t: &Tables) -> Dialect {
                UNION ALL SELECT event_type, 0, 0, count(*), NULL FROM {o} WHERE status = 'FAILED' GROUP BY event_type \
              ) s GROUP BY event_type ORDER BY event_type"
         ),
-        inbox_insert: format!("INSERT INTO {i} (event_id) VALUES ($1) ON CONFLICT (event_id) DO NOTHING"),
+        inbox_insert: format!(
+            "INSERT INTO {i} (consumer, event_id) SELECT $1, $2 \
+             WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2) \
+             ON CONFLICT (consumer, event_id) DO NOTHING"
+        ),
         insert_events: format!("INSERT INTO {o} (id, event_type, event_key, headers, payload) VALUES "),
         insert_event_row: "($1, $2, $3, $4::jsonb, $5)".into(),
         insert_events_sep: ", ",

@@ -282,9 +282,10 @@ macro_rules! delegate_store {
             }
             fn inbox_insert(
                 &self,
+                consumer: &str,
                 ids: &[$crate::EventId],
             ) -> $crate::Result<Vec<$crate::EventId>> {
-                self.inner.inbox_insert(ids)
+                self.inner.inbox_insert(consumer, ids)
             }
             fn delete_expired_inbox(
                 &self,
@@ -445,7 +446,7 @@ pub(crate) struct Finish {
     pub sent: String,
     /// $1 token, {ids}
     pub delete: String,
-    /// $1 status, $2 delay ms, $3 error, $4 id, $5 token
+    /// $1 status, $2 delay ms, $3 error, $4 id, $5 token, $6 attempts to add (0 or 1)
     pub failed: String,
 }
 
@@ -468,7 +469,7 @@ impl Finish {
             ),
             delete: format!("DELETE FROM {o} WHERE {fence} AND {ids}"),
             failed: format!(
-                "UPDATE {o} SET status = $1, attempts = attempts + 1, \
+                "UPDATE {o} SET status = $1, attempts = attempts + $6, \
                    next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
                    last_error = $3, claim_token = NULL, lease_until = NULL \
                  WHERE id = $4 AND {fence_one}",
@@ -494,6 +495,7 @@ pub(crate) struct Common {
     pub delete_dlq: String,
     pub copy_to_dlq: String,
     pub copy_to_outbox: String,
+    /// $1 TTL ms, {ids}
     pub delete_inbox: String,
     /// $1 owner, $2 lease ms, $3 name -> affected rows 1 when taken
     pub lock_take: String,
@@ -544,7 +546,11 @@ pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String, finish_ids
              SELECT id, event_type, event_key, headers, payload, 'PENDING', 0, {now}, last_error, created_at \
              FROM {d} WHERE id IN ({{ids}})"
         ),
-        delete_inbox: format!("DELETE FROM {i} WHERE event_id IN ({{ids}})"),
+        // an event's row of each consumer expires on its own
+        delete_inbox: format!(
+            "DELETE FROM {i} WHERE consumed_at < {} AND event_id IN ({{ids}})",
+            ago(plus, "$1")
+        ),
         lock_take: format!(
             "UPDATE {l} SET owner = $1, locked_at = {now}, locked_until = {} \
              WHERE name = $3 AND (locked_until < {now} OR owner = $1)",
@@ -575,8 +581,8 @@ pub(crate) struct HoldClaim {
     pub claim_delete: String,
     /// Writes back a row that such a claim deleted and the broker did not ack:
     /// $1 status, $2 delay ms, $3 error, $4 id (as [`Finish::failed`]), then the
-    /// claimed row's $5 type, $6 key, $7 headers, $8 payload, $9 attempts (before
-    /// this one), $10 created_at.
+    /// claimed row's $5 type, $6 key, $7 headers, $8 payload, $9 attempts (this
+    /// one included when it counts), $10 created_at.
     pub restore: String,
 }
 
@@ -594,8 +600,14 @@ pub(crate) struct Dialect {
     /// Opens a transaction ("BEGIN", "START TRANSACTION", "BEGIN IMMEDIATE"; "" when
     /// the driver is always in one).
     pub begin: &'static str,
-    /// The schema file (with `{prefix}`).
-    pub schema: &'static str,
+    /// The schema files in order (with `{prefix}`): the first (`001`) is the
+    /// idempotent baseline, applied on every migration; file n (from 2 on) is
+    /// applied once, when the version table does not list n yet, and records n
+    /// there as its last statement.
+    pub schema: &'static [&'static str],
+    /// DDL runs inside a transaction (PostgreSQL, SQLite): a migration is all or
+    /// nothing. Elsewhere each DDL statement commits on its own.
+    pub transactional_ddl: bool,
     /// Serializes concurrent migrations (PostgreSQL's advisory lock), run in the
     /// migration's transaction.
     pub migrate_lock: Option<&'static str>,
@@ -636,7 +648,8 @@ pub(crate) struct Dialect {
     pub dlq_lock: String,
     /// -> type, pending, in process, failed, oldest pending age in seconds
     pub status: String,
-    /// $1 id -> affected rows 1 when new
+    /// $1 consumer, $2 id -> affected rows 1 when new (for this consumer, and
+    /// not recorded before the per-consumer key by the consumer `'*'`)
     pub inbox_insert: String,
     /// `INSERT INTO outbox (id, event_type, event_key, headers, payload) VALUES `
     pub insert_events: String,
@@ -764,7 +777,7 @@ fn finish_steps<'a>(
         }
     }
     for (id, outcome) in outcomes {
-        let Some((status, delay, error)) = failure(outcome) else {
+        let Some((status, delay, error, counted)) = failure(outcome) else {
             continue;
         };
         let fixed = vec![
@@ -773,18 +786,20 @@ fn finish_steps<'a>(
             error.into(),
             Val::Id(id.as_uuid()),
             Val::Id(token),
+            Val::Int(i64::from(counted)),
         ];
         steps.push((sql.failed.as_str(), fixed, Vec::new()));
     }
     steps
 }
 
-/// What a failed send writes: the status, the delay before the next attempt and
-/// the error; none for an acked event.
-fn failure(outcome: &Outcome) -> Option<(&'static str, Duration, &str)> {
+/// What a failed send writes: the status, the delay before the next attempt, the
+/// error and whether it counts an attempt; none for an acked event.
+fn failure(outcome: &Outcome) -> Option<(&'static str, Duration, &str, bool)> {
     match outcome {
-        Outcome::Retry { delay, error } => Some(("PENDING", *delay, error)),
-        Outcome::Failed { error } => Some(("FAILED", Duration::ZERO, error)),
+        Outcome::Retry { delay, error } => Some(("PENDING", *delay, error, true)),
+        Outcome::Failed { error } => Some(("FAILED", Duration::ZERO, error, true)),
+        Outcome::Release { error } => Some(("PENDING", Duration::ZERO, error, false)),
         Outcome::Sent | Outcome::SentDelete => None,
     }
 }
@@ -938,7 +953,7 @@ fn restore_steps<'a>(
 ) -> Result<Vec<Step<'a>>> {
     let mut steps = Vec::new();
     for (id, outcome) in outcomes {
-        let Some((status, delay, error)) = failure(outcome) else {
+        let Some((status, delay, error, counted)) = failure(outcome) else {
             continue;
         };
         let (Some(row), Some(e)) = (
@@ -958,7 +973,7 @@ fn restore_steps<'a>(
             e.key.as_deref().into(),
             row.headers.as_str().into(),
             e.payload.as_str().into(),
-            Val::Int(i64::from(e.attempts)),
+            Val::Int(i64::from(e.attempts) + i64::from(counted)),
             row.created_at.as_str().into(),
         ];
         steps.push((restore, fixed, Vec::new()));
@@ -1127,11 +1142,13 @@ pub(crate) fn event_values(e: &NewEvent) -> [Val; 5] {
 pub(crate) fn insert_inbox_ids(
     conn: &mut dyn Conn,
     d: &Dialect,
+    consumer: &str,
     ids: &[EventId],
 ) -> Result<Vec<EventId>> {
     let mut new = Vec::new();
     for id in ids {
-        match run_execute(conn, d, &d.inbox_insert, &[Val::Id(id.as_uuid())], &[]) {
+        let values = [consumer.into(), Val::Id(id.as_uuid())];
+        match run_execute(conn, d, &d.inbox_insert, &values, &[]) {
             Ok(1) => new.push(*id),
             Ok(_) => {}
             Err(e) if is::<UniqueViolation>(&e) => {}
@@ -1160,6 +1177,19 @@ impl<P: Pool> SqlStore<P> {
         ttl: Option<Duration>,
         apply: &[&str],
     ) -> Result<u64> {
+        self.select_apply_with(what, select, limit, ttl, apply, &[])
+    }
+
+    /// [`SqlStore::select_apply`] with `apply_fixed` before each chunk of ids.
+    fn select_apply_with(
+        &self,
+        what: &str,
+        select: &str,
+        limit: usize,
+        ttl: Option<Duration>,
+        apply: &[&str],
+        apply_fixed: &[Val],
+    ) -> Result<u64> {
         let d = &self.d;
         let mut fixed = vec![Val::Int(limit as i64)];
         fixed.extend(ttl.map(ms));
@@ -1169,7 +1199,7 @@ impl<P: Pool> SqlStore<P> {
                 let ids = id_vals(&run_query_max(c, d, select, &fixed, limit)?)?;
                 for chunk in ids.chunks(d.max_ids) {
                     for stmt in apply {
-                        run_execute(c, d, stmt, &[], chunk)?;
+                        run_execute(c, d, stmt, apply_fixed, chunk)?;
                     }
                 }
                 Ok(ids.len() as u64)
@@ -1219,12 +1249,19 @@ impl<P: Pool> Store for SqlStore<P> {
     fn migrate(&self) -> Result<()> {
         let d = &self.d;
         let mut conn = self.pool.get()?;
-        let statements = split_statements(&self.tables.render(d.schema));
+        let Some((baseline, upgrades)) = d.schema.split_first() else {
+            return Ok(());
+        };
+        let baseline = split_statements(&self.tables.render(baseline));
+        let version_query = format!(
+            "SELECT COALESCE(MAX(version), 0) FROM {}",
+            self.tables.schema_version
+        );
         let apply = |c: &mut dyn Conn| -> Result<()> {
             if let Some(lock) = d.migrate_lock {
                 c.batch(lock)?;
             }
-            for stmt in &statements {
+            for stmt in &baseline {
                 match c.batch(stmt) {
                     Ok(()) => {}
                     Err(e)
@@ -1236,10 +1273,47 @@ impl<P: Pool> Store for SqlStore<P> {
             }
             Ok(())
         };
-        if d.migrate_lock.is_some() {
-            transaction(&mut *conn, d, apply)
+        let current = |c: &mut dyn Conn| -> Result<i64> {
+            Ok(run_query(c, d, &version_query, &[], &[])?
+                .first()
+                .map_or(0, |r| r.int(0)))
+        };
+        // the baseline, then each upgrade not yet recorded, each in a transaction
+        // of its own where the database has transactional DDL (PostgreSQL,
+        // SQLite; MySQL and Oracle commit each DDL statement)
+        let upgrade = |c: &mut dyn Conn| -> Result<()> {
+            apply(c)?;
+            let mut at = current(c)?;
+            for (version, file) in (2_i64..).zip(upgrades) {
+                if version <= at {
+                    continue;
+                }
+                for stmt in split_statements(&self.tables.render(file)) {
+                    c.batch(&stmt).inspect_err(|e| {
+                        log::error!("txbox: applying schema version {version}: {e}")
+                    })?;
+                }
+                log::info!(
+                    "txbox: schema of prefix {:?} upgraded to version {version}",
+                    self.tables.prefix
+                );
+                at = version;
+            }
+            Ok(())
+        };
+        if d.transactional_ddl {
+            // all or nothing; PostgreSQL's lock and SQLite's write lock hold until
+            // the transaction ends: one migrator at a time
+            transaction(&mut *conn, d, upgrade)
         } else {
-            apply(&mut *conn)
+            upgrade(&mut *conn).or_else(|e| {
+                // another instance may have applied the same upgrade meanwhile
+                if current(&mut *conn)? as usize > upgrades.len() {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
         }
     }
 
@@ -1511,20 +1585,21 @@ impl<P: Pool> Store for SqlStore<P> {
             .collect())
     }
 
-    fn inbox_insert(&self, ids: &[EventId]) -> Result<Vec<EventId>> {
+    fn inbox_insert(&self, consumer: &str, ids: &[EventId]) -> Result<Vec<EventId>> {
         let d = &self.d;
         let mut conn = self.pool.get()?;
-        transaction(&mut *conn, d, |c| insert_inbox_ids(c, d, ids))
+        transaction(&mut *conn, d, |c| insert_inbox_ids(c, d, consumer, ids))
     }
 
     fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64> {
         let c = &self.d.common;
-        self.select_apply(
+        self.select_apply_with(
             "inbox cleanup",
             &self.d.select_inbox_expired,
             limit,
             Some(ttl),
             &[&c.delete_inbox],
+            &[ms(ttl)],
         )
     }
 }
@@ -1545,9 +1620,14 @@ macro_rules! transaction_impls {
         impl crate::inbox::sealed::Sealed for $tx {}
 
         impl crate::inbox::InboxTransaction for $tx {
-            fn insert_new_ids(&mut self, tables: &Tables, ids: &[EventId]) -> Result<Vec<EventId>> {
+            fn insert_new_ids(
+                &mut self,
+                tables: &Tables,
+                consumer: &str,
+                ids: &[EventId],
+            ) -> Result<Vec<EventId>> {
                 $($check(self)?;)?
-                sql::insert_inbox_ids(self, &sql::cached($name, tables, $dialect), ids)
+                sql::insert_inbox_ids(self, &sql::cached($name, tables, $dialect), consumer, ids)
             }
         }
     };

@@ -21,6 +21,8 @@ use crate::event::{EventId, NewEvent};
 
 /// The schema, embedded: the same file a DBA reads in `sql/sqlite/`.
 pub const SCHEMA: &str = include_str!("../../sql/sqlite/001_schema.sql");
+/// Schema version 2: the inbox keyed by (consumer, event id).
+pub const SCHEMA_2: &str = include_str!("../../sql/sqlite/002_inbox_per_consumer.sql");
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -36,7 +38,8 @@ fn dialect(t: &Tables) -> Dialect {
     Dialect {
         style: Style::QuestionNumbered,
         begin: "BEGIN IMMEDIATE",
-        schema: SCHEMA,
+        schema: &[SCHEMA, SCHEMA_2],
+        transactional_ddl: true,
         migrate_lock: None,
         exists_errors: &[],
         ping: "SELECT 1",
@@ -74,7 +77,10 @@ fn dialect(t: &Tables) -> Dialect {
                (julianday('now') - julianday(MIN(CASE WHEN status = 'PENDING' THEN created_at END))) * 86400.0 \
              FROM {o} WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') GROUP BY event_type ORDER BY event_type"
         ),
-        inbox_insert: format!("INSERT OR IGNORE INTO {i} (event_id, consumed_at) VALUES ($1, {NOW})"),
+        inbox_insert: format!(
+            "INSERT OR IGNORE INTO {i} (consumer, event_id, consumed_at) SELECT $1, $2, {NOW} \
+             WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2)"
+        ),
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) VALUES "
         ),

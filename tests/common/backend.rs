@@ -60,6 +60,7 @@ impl Fixture {
             "outbox_dead_letters",
             "inbox_consumed",
             "job_locks",
+            "txbox_schema_version",
         ];
         match backend {
             Backend::Postgres => {
@@ -108,6 +109,89 @@ impl Fixture {
         }
         let fx = Fixture::new_existing(backend, prefix);
         fx.store.migrate().unwrap();
+        Some(fx)
+    }
+
+    /// Drops the tables of `prefix` and creates them as txbox 0.1 did (its schema,
+    /// kept in tests/fixtures/schema_v1), then records `old_ids` in its inbox as 0.1
+    /// did (keyed by the event id alone). `None` on Oracle, which cannot run here.
+    pub fn schema_v1(backend: Backend, prefix: &str, old_ids: &[EventId]) -> Option<Fixture> {
+        let statements = |sql: &str| -> Vec<String> {
+            sql.replace("{prefix}", prefix)
+                .lines()
+                .map(|l| l.split("--").next().unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("\n")
+                .split(';')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        let fx = Fixture::new(backend, prefix)?;
+        let tables = [
+            "outbox_events",
+            "outbox_dead_letters",
+            "inbox_consumed",
+            "job_locks",
+            "txbox_schema_version",
+        ];
+        match backend {
+            Backend::Postgres => {
+                let mut c = super::client()?;
+                for t in tables {
+                    c.batch_execute(&format!("DROP TABLE {prefix}{t}")).unwrap();
+                }
+                for s in statements(include_str!("../fixtures/schema_v1/postgres.sql")) {
+                    c.batch_execute(&s).unwrap();
+                }
+                for id in old_ids {
+                    c.execute(
+                        &format!("INSERT INTO {prefix}inbox_consumed (event_id) VALUES ($1)"),
+                        &[&id.as_uuid()],
+                    )
+                    .unwrap();
+                }
+            }
+            #[cfg(feature = "mysql")]
+            Backend::MySql => {
+                use mysql::prelude::Queryable;
+                let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
+                let mut c = pool.get_conn().unwrap();
+                for t in tables {
+                    c.query_drop(format!("DROP TABLE {prefix}{t}")).unwrap();
+                }
+                for s in statements(include_str!("../fixtures/schema_v1/mysql.sql")) {
+                    c.query_drop(s).unwrap();
+                }
+                for id in old_ids {
+                    c.exec_drop(
+                        format!("INSERT INTO {prefix}inbox_consumed (event_id, consumed_at) VALUES (?, UTC_TIMESTAMP(6))"),
+                        (id.as_uuid().as_bytes().to_vec(),),
+                    )
+                    .unwrap();
+                }
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => {
+                let c = txbox::SqliteStore::connection(&fx.sqlite_path).unwrap();
+                for t in tables {
+                    c.execute_batch(&format!("DROP TABLE {prefix}{t}")).unwrap();
+                }
+                for s in statements(include_str!("../fixtures/schema_v1/sqlite.sql")) {
+                    c.execute_batch(&s).unwrap();
+                }
+                for id in old_ids {
+                    c.execute(
+                        &format!("INSERT INTO {prefix}inbox_consumed (event_id, consumed_at) VALUES (?1, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))"),
+                        [id.to_string()],
+                    )
+                    .unwrap();
+                }
+            }
+            #[cfg(feature = "oracle")]
+            Backend::Oracle => return None,
+        }
         Some(fx)
     }
 

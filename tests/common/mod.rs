@@ -59,6 +59,7 @@ pub fn fresh_with_url(prefix: &str, url: &str) -> Option<(Arc<PgStore>, postgres
         "outbox_dead_letters",
         "inbox_consumed",
         "job_locks",
+        "txbox_schema_version",
     ] {
         client
             .batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))

@@ -1,0 +1,16 @@
+-- txbox schema 2 for MySQL/MariaDB: the inbox deduplicates per consumer.
+--
+-- `inbox_consumed` was keyed by the event id alone, so a second consumer of the
+-- same event in the same database (billing and shipping) saw a duplicate and never
+-- ran. The key becomes (consumer, event_id). Rows recorded before this upgrade do
+-- not say which consumer recorded them: they get the consumer '*', which every
+-- consumer treats as its own, so no event is handled twice across the upgrade.
+--
+-- MySQL commits each DDL statement on its own: the change is one statement, so it
+-- happens whole or not at all. `migrate` applies this file once, after 001. By
+-- hand: replace `{prefix}` and run it once, after 001_schema.sql.
+ALTER TABLE {prefix}inbox_consumed
+    ADD COLUMN consumer VARCHAR(100) NOT NULL DEFAULT '*' FIRST,
+    DROP PRIMARY KEY,
+    ADD PRIMARY KEY (consumer, event_id);
+INSERT INTO {prefix}txbox_schema_version (version, applied_at) VALUES (2, UTC_TIMESTAMP(6));

@@ -1,0 +1,15 @@
+-- txbox schema 2 for Oracle: the inbox deduplicates per consumer.
+--
+-- `inbox_consumed` was keyed by the event id alone, so a second consumer of the
+-- same event in the same database (billing and shipping) saw a duplicate and never
+-- ran. The key becomes (consumer, event_id). Rows recorded before this upgrade do
+-- not say which consumer recorded them: they get the consumer '*', which every
+-- consumer treats as its own, so no event is handled twice across the upgrade.
+-- ('*' and not '': Oracle stores an empty string as NULL.)
+--
+-- `migrate` applies this file once, after 001. By hand: replace `{prefix}` and run
+-- it once, after 001_schema.sql, then COMMIT.
+ALTER TABLE {prefix}inbox_consumed ADD (consumer VARCHAR2(100) DEFAULT '*' NOT NULL);
+ALTER TABLE {prefix}inbox_consumed DROP PRIMARY KEY DROP INDEX;
+ALTER TABLE {prefix}inbox_consumed ADD PRIMARY KEY (consumer, event_id);
+INSERT INTO {prefix}txbox_schema_version (version) VALUES (2);

@@ -1,0 +1,14 @@
+-- txbox schema 2 for PostgreSQL: the inbox deduplicates per consumer.
+--
+-- `inbox_consumed` was keyed by the event id alone, so a second consumer of the
+-- same event in the same database (billing and shipping) saw a duplicate and never
+-- ran. The key becomes (consumer, event_id). Rows recorded before this upgrade do
+-- not say which consumer recorded them: they get the consumer '*', which every
+-- consumer treats as its own, so no event is handled twice across the upgrade.
+--
+-- `migrate` applies this file once, after 001, in one transaction. By hand: replace
+-- `{prefix}` and run it once with psql, after 001_schema.sql.
+ALTER TABLE {prefix}inbox_consumed ADD COLUMN consumer varchar(100) NOT NULL DEFAULT '*';
+ALTER TABLE {prefix}inbox_consumed DROP CONSTRAINT {prefix}inbox_consumed_pkey;
+ALTER TABLE {prefix}inbox_consumed ADD PRIMARY KEY (consumer, event_id);
+INSERT INTO {prefix}txbox_schema_version (version) VALUES (2);
