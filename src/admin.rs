@@ -9,6 +9,7 @@
 //! | `GET /dlq/events/{id}` | one dead letter, JSON |
 //! | `PATCH /dlq/events/{id}` `{"status": "RETRY" \| "RESOLVED"}` | mark for retry / resolve |
 //! | `DELETE /dlq/events/{id}` | delete |
+//! | `POST /dlq/move` | move FAILED outbox events to the dead letters now (with the DLQ off, how they are reached), `{"moved": n}` |
 //!
 //! Mutating routes need `Authorization: Bearer <token>` with the token given to
 //! [`AdminOptions::token`]; without a token they are disabled (403). Malformed JSON,
@@ -201,7 +202,7 @@ fn handle(store: &Arc<dyn Store>, options: &AdminOptions, call: &Call) -> Resp {
     let path = call.url.split('?').next().unwrap_or_default();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let dlq = Dlq::new(store.clone());
-    let mutating = matches!(call.method, Method::Patch | Method::Delete);
+    let mutating = matches!(call.method, Method::Patch | Method::Delete | Method::Post);
     if mutating {
         let Some(token) = &options.token else {
             return err(
@@ -225,11 +226,17 @@ fn handle(store: &Arc<dyn Store>, options: &AdminOptions, call: &Call) -> Resp {
             id.parse().and_then(|id| dlq.get(id)).map(|d| json(200, &d))
         }
         (Method::Patch, ["dlq", "events", id]) => patch(&dlq, id, body),
+        (Method::Post, ["dlq", "move"]) => dlq
+            .move_failed(MOVE_LIMIT)
+            .map(|n| json(200, &serde_json::json!({ "moved": n }))),
         (Method::Delete, ["dlq", "events", id]) => id
             .parse()
             .and_then(|id| dlq.delete(id))
             .map(|()| reply(204, "")),
-        (_, ["health"] | ["metrics"] | ["dlq", "events"] | ["dlq", "events", _]) => {
+        (
+            _,
+            ["health"] | ["metrics"] | ["dlq", "events"] | ["dlq", "events", _] | ["dlq", "move"],
+        ) => {
             return err(
                 405,
                 &format!("method {} not allowed on {path}", call.method),
@@ -244,6 +251,9 @@ fn handle(store: &Arc<dyn Store>, options: &AdminOptions, call: &Call) -> Resp {
         other => err(500, &other.to_string()),
     })
 }
+
+/// Most FAILED events one `POST /dlq/move` moves (call it again for more).
+const MOVE_LIMIT: usize = 10_000;
 
 fn json<T: serde::Serialize>(code: u16, v: &T) -> Resp {
     reply(

@@ -338,7 +338,11 @@ impl EventOptions {
 /// Dead-letter settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DlqSettings {
-    /// Run the three DLQ threads (move, retry, cleanup). Default false.
+    /// Run the three DLQ threads (move, retry, cleanup). Default true: an event
+    /// that used up its retries then moves to the dead letters, where the admin
+    /// API, the CLI and the HTTP routes list, retry, resolve and delete it. With
+    /// it off, FAILED events stay in the outbox until an operator moves them
+    /// there ([`Dlq::move_failed`](crate::Dlq::move_failed), `txbox dlq move`).
     pub enabled: bool,
     /// How often FAILED events are moved to the dead letters (default 30s).
     pub move_interval: Duration,
@@ -517,7 +521,7 @@ impl ConfigBuilder {
         self.events.insert(event_type.into(), options);
         self
     }
-    /// Turns the dead-letter threads on or off.
+    /// Turns the dead-letter threads on (the default) or off.
     pub fn dlq(mut self, enabled: bool) -> Self {
         self.dlq.enabled = Some(enabled);
         self
@@ -616,7 +620,7 @@ impl ConfigBuilder {
         }
         let d = self.dlq;
         let dlq = DlqSettings {
-            enabled: d.enabled.unwrap_or(false),
+            enabled: d.enabled.unwrap_or(true),
             move_interval: d.move_interval.unwrap_or(Duration::from_secs(30)),
             retry_interval: d.retry_interval.unwrap_or(Duration::from_secs(10)),
             cleanup_interval: d.cleanup_interval.unwrap_or(Duration::from_secs(600)),

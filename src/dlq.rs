@@ -150,6 +150,32 @@ impl Dlq {
         self.store.dlq_get(id)?.ok_or(Error::NotFound(id))
     }
 
+    /// Moves up to `limit` FAILED outbox events (retries used up) to the dead
+    /// letters now, in one transaction; returns how many moved. The relay's DLQ
+    /// thread does this on its own; with the DLQ off
+    /// ([`ConfigBuilder::dlq`](crate::ConfigBuilder::dlq)`(false)`) this is how an
+    /// operator reaches FAILED events, to list, retry, resolve or delete them.
+    ///
+    /// ```no_run
+    /// # fn main() -> txbox::Result<()> {
+    /// # let store: std::sync::Arc<dyn txbox::Store> = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?);
+    /// let moved = txbox::Dlq::new(store).move_failed(1000)?;
+    /// println!("{moved} failed events are now dead letters");
+    /// # Ok(()) }
+    /// ```
+    pub fn move_failed(&self, limit: usize) -> Result<u64> {
+        let mut total = 0;
+        while (total as usize) < limit {
+            let batch = (limit - total as usize).min(MAX_BATCH_IDS);
+            let n = self.store.move_failed_to_dlq(batch)?;
+            total += n;
+            if (n as usize) < batch {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
     /// Marks a dead letter for retry: it goes back to the outbox as PENDING with a
     /// fresh retry budget, through the relay's DLQ retry thread.
     pub fn retry(&self, id: EventId) -> Result<()> {

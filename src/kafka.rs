@@ -601,7 +601,9 @@ impl KafkaConsumer {
     /// Hands every message to `handler` until `stop`. Commits a message's offset only
     /// after `Ok`; on `Err` the error is logged, the partition rewinds to the message
     /// and it is handled again after the retry delay. Broker errors are logged and
-    /// polled through; the loop returns only when stopped.
+    /// polled through; the loop returns when stopped, or with an error when a
+    /// message to handle again cannot be rewound (its partition was revoked): it
+    /// is never skipped, and nothing past it is committed.
     pub fn run<E, F>(&self, stop: &StopSignal, handler: F) -> Result<()>
     where
         E: Display,

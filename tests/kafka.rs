@@ -266,3 +266,69 @@ fn two_batches_in_flight_get_their_own_reports() {
         .collect();
     assert_eq!(order, expected, "one partition keeps the start order");
 }
+
+/// A message to handle again that cannot be rewound (its partition was taken away
+/// while the handler ran, as a rebalance does) stops the loop with an error naming
+/// it, and nothing past it is committed: it is never skipped.
+#[test]
+fn a_retry_that_cannot_seek_back_stops_the_loop_and_commits_nothing_past_it() {
+    use std::sync::Arc;
+    use txbox::{Sender, Verdict};
+    if !kafka_up() {
+        return;
+    }
+    let (topic, other) = (
+        format!("txbox-seek-{}", unique()),
+        format!("txbox-seek-other-{}", unique()),
+    );
+    create_topic(&topic, 1);
+    create_topic(&other, 1);
+    let mut sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
+    let events: Vec<_> = (0..3)
+        .map(|n| claimed(&topic, "", format!("{{\"n\":{n}}}")))
+        .collect();
+    assert!(sender.send(&events).iter().all(|r| r.is_ok()));
+
+    let group = format!("g-{topic}");
+    let consumer = Arc::new(
+        KafkaConsumer::builder(&kafka_brokers(), &group)
+            .retry_delay(ms(50))
+            .build()
+            .unwrap(),
+    );
+    consumer.assign(&topic, &[0]).unwrap();
+    let (c, first) = (consumer.clone(), events[0].id);
+    let (stop, h) = spawn_loop(move |s| {
+        let handler = c.clone();
+        c.run_with(s, move |e| {
+            if e.id == Some(first) {
+                // the partition is taken away while the handler runs
+                handler.assign(&other, &[0]).unwrap();
+                return Verdict::Retry("not now".into());
+            }
+            Verdict::Ack
+        })
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !h.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(ms(20));
+    }
+    stop.stop();
+    let result = h.join().unwrap();
+    let err = result.expect_err("the loop stops instead of skipping the message");
+    assert!(err.to_string().contains(&format!("{topic}/0@0")), "{err}");
+    // nothing was committed for the partition: the message is read again
+    let again = KafkaConsumer::builder(&kafka_brokers(), &group)
+        .build()
+        .unwrap();
+    again.assign(&topic, &[0]).unwrap();
+    let got = consume_ids(1, |h| {
+        let (stop, j) = spawn_loop(move |s| again.run(s, h).unwrap());
+        (stop, j)
+    });
+    assert_eq!(
+        got.first(),
+        Some(&first),
+        "read again from the message to retry"
+    );
+}

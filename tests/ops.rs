@@ -51,6 +51,77 @@ fn dead_letters(fx: &Fixture, c: &Config, event_type: &str, n: usize) -> Vec<Eve
     ids
 }
 
+/// `n` events of `event_type` that used up their retries, left FAILED in the outbox
+/// (where a relay with the DLQ off leaves them).
+fn failed_in_the_outbox(fx: &Fixture, c: &Config, event_type: &str, n: usize) -> Vec<EventId> {
+    let ids = fx.publish(c, event_type, n, true);
+    let t = Uuid::now_v7();
+    fx.store
+        .claim(event_type, n, Duration::from_secs(60), t)
+        .unwrap();
+    let failed: Vec<_> = ids
+        .iter()
+        .map(|id| (*id, Outcome::Failed { error: "no".into() }))
+        .collect();
+    fx.store.finish(t, &failed).unwrap();
+    assert_eq!(fx.counts(event_type).failed, n as u64);
+    ids
+}
+
+/// With the DLQ off nothing moves FAILED events out of the outbox: an operator
+/// moves them to the dead letters (CLI `dlq move`, `POST /dlq/move`), and from
+/// there lists, retries, resolves or deletes them. No state is out of reach.
+#[test]
+fn failed_events_are_reachable_by_an_operator_with_the_dlq_off() {
+    let p = "t_ops_failed_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let c = config(p);
+    let ids = failed_in_the_outbox(&fx, &c, "order-paid", 3);
+    let (code, out, err) = cli(p, &["dlq", "move"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "3 failed events moved to the dead letters"),
+        "{err}"
+    );
+    assert_eq!(fx.counts("order-paid").failed, 0);
+    let (code, out, _) = cli(p, &["--json", "dlq", "list"]);
+    assert_eq!(code, 0);
+    let listed: Vec<String> = serde_json::from_str::<serde_json::Value>(&out)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        listed,
+        ids.iter().map(|i| i.to_string()).collect::<Vec<_>>()
+    );
+    assert_eq!(cli(p, &["dlq", "retry", &ids[0].to_string()]).0, 0);
+
+    // the same over HTTP, behind the token
+    let more = failed_in_the_outbox(&fx, &c, "order-created", 2);
+    let server = AdminServer::start(fx.store.clone(), AdminOptions::new().token("s3cret")).unwrap();
+    let (agent, base) = http(&server);
+    let (code, _) = body(agent.post(format!("{base}/dlq/move")).send_empty().unwrap());
+    assert_eq!(code, 401, "moving needs the token");
+    let (code, text) = body(
+        agent
+            .post(format!("{base}/dlq/move"))
+            .header("Authorization", "Bearer s3cret")
+            .send_empty()
+            .unwrap(),
+    );
+    assert_eq!((code, text.as_str()), (200, r#"{"moved":2}"#));
+    let dlq = Dlq::new(fx.store.clone());
+    for id in more {
+        assert_eq!(dlq.get(id).unwrap().status, DlqStatus::Dead);
+    }
+    server.shutdown();
+}
+
 fn cli(prefix: &str, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_txbox"))
         .args([

@@ -191,7 +191,7 @@ fn thread_counts_and_an_idle_relay_shuts_down_at_once() {
         .event("a", EventOptions::new())
         .event("b", EventOptions::new())
         .event("c", EventOptions::new());
-    let config = base.clone().build().unwrap();
+    let config = base.clone().dlq(false).build().unwrap();
     let relay = Relay::start(store.clone(), &config, MemorySender::new()).unwrap();
     assert_eq!(relay.thread_count(), 2 + 3);
     assert_eq!(
@@ -213,7 +213,8 @@ fn thread_counts_and_an_idle_relay_shuts_down_at_once() {
         t.elapsed()
     );
 
-    let config = base.dlq(true).build().unwrap();
+    // the DLQ is on by default
+    let config = base.build().unwrap();
     let relay = Relay::start(store, &config, MemorySender::new()).unwrap();
     assert_eq!(relay.thread_count(), 5 + 3);
     std::thread::sleep(ms(300));
@@ -288,7 +289,7 @@ fn killed_connections(p: &str, claim: ClaimMode, delete: bool) {
         rows == done && count(&mut client, p, "PROCESSED") == done
     });
     assert!(kills >= 5, "connections were killed {kills} times");
-    assert_eq!(relay.thread_count(), 3, "no relay thread died");
+    assert_eq!(relay.thread_count(), 6, "no relay thread died");
     let delivered: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
     let duplicates = sender.len() - delivered.len();
     let lost = published

@@ -7,6 +7,8 @@
 //!   status                          per event type: pending, in process, failed, lag
 //!   dlq list [--type T] [--status DEAD|RETRY|RESOLVED] [--offset N] [--limit N]
 //!   dlq show ID                     one dead letter with payload, headers, last error
+//!   dlq move                        FAILED outbox events to the dead letters now
+//!                                   (the DLQ thread does it; with the DLQ off, this)
 //!   dlq retry ID... | --type T      back to the outbox with a fresh retry budget
 //!   dlq resolve ID... | --type T
 //!   dlq delete ID... | --type T
@@ -20,7 +22,7 @@ use txbox::{Dlq, DlqFilter, DlqStatus, EventId};
 
 const USAGE: &str = "usage: txbox [--database-url URL] [--table-prefix P] [--json] \
 migrate | status | dlq list [--type T] [--status S] [--offset N] [--limit N] | dlq show ID | \
-dlq retry|resolve|delete (ID... | --type T)";
+dlq move | dlq retry|resolve|delete (ID... | --type T)";
 
 /// A failure and its exit code.
 enum Fail {
@@ -145,7 +147,7 @@ fn run(args: Args) -> Result<String, Fail> {
     let cmd: Vec<&str> = args.words.iter().map(String::as_str).collect();
     // usage errors before touching the database
     match cmd.as_slice() {
-        ["migrate"] | ["status"] | ["dlq", "list"] | ["dlq", "show", _] => {}
+        ["migrate"] | ["status"] | ["dlq", "list"] | ["dlq", "show", _] | ["dlq", "move"] => {}
         ["dlq", "retry" | "resolve" | "delete", ..] => {
             let by_type = args.flag("--type").is_some();
             if by_type == (cmd.len() > 2) {
@@ -279,6 +281,21 @@ fn run(args: Args) -> Result<String, Fail> {
                     serde_json::to_string(&d.headers).unwrap_or_default(),
                     d.payload
                 )
+            }
+        }
+        ["dlq", "move"] => {
+            let mut moved = 0;
+            loop {
+                let n = dlq.move_failed(10_000)?;
+                moved += n;
+                if n < 10_000 {
+                    break;
+                }
+            }
+            if args.json {
+                json(&serde_json::json!({ "moved": moved }))?
+            } else {
+                format!("{moved} failed events moved to the dead letters")
             }
         }
         ["dlq", action, ..] => {
