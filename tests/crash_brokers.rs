@@ -1,0 +1,354 @@
+//! The crash test against the real brokers: a relay process that sends to RabbitMQ
+//! or to Kafka (Tansu) is killed with SIGKILL at random moments, again and again,
+//! while a producer keeps writing business rows and their events in one
+//! transaction (some rolled back). Then one relay drains what is left, and a
+//! consumer that reads the broker directly (amiquip, rdkafka: not through txbox)
+//! compares what arrived with the committed business rows: nothing lost, nothing
+//! from a rolled-back transaction, duplicates counted and printed. The counts of
+//! a run are kept in docs/RELIABILITY.md.
+//!
+//! The relay process is this test binary run again (`relay_worker_process`, an
+//! ignored test run only as that child).
+#![cfg(all(feature = "kafka", feature = "rabbitmq"))]
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use txbox::kafka::KafkaSender;
+use txbox::rabbitmq::RabbitSenderFactory;
+use txbox::{Config, EventId, EventOptions, Outbox, PgStore, Relay};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The two scenarios kill processes and load the machine: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// How many times each scenario kills a relay process that was running.
+const KILLS: usize = 30;
+
+fn config(prefix: &str, destination: &str) -> Config {
+    Config::builder()
+        .table_prefix(prefix)
+        .defaults(
+            EventOptions::new()
+                .adaptive_polling(ms(10), ms(100), 1.5)
+                .batch_size(50)
+                .lease(ms(5000)),
+        )
+        .event(
+            "order-placed",
+            EventOptions::new()
+                .destination(destination)
+                .routing_key("order-placed"),
+        )
+        .recovery_interval(ms(300))
+        .build()
+        .unwrap()
+}
+
+/// The relay process of the scenarios below: not a test of its own, so it is
+/// ignored and run only as their child process.
+#[test]
+#[ignore = "the relay child process of the broker crash tests"]
+fn relay_worker_process() {
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let (prefix, broker, destination) = (
+        var("TXBOX_CRASH_PREFIX"),
+        var("TXBOX_CRASH_BROKER"),
+        var("TXBOX_CRASH_DEST"),
+    );
+    if prefix.is_empty() {
+        return; // only as a child process
+    }
+    let store = Arc::new(PgStore::connect(&pg_url(), &prefix).unwrap());
+    let config = config(&prefix, &destination);
+    let _relay = if broker == "rabbitmq" {
+        let factory = RabbitSenderFactory::new(&rabbit_url()).confirm_timeout(ms(2000));
+        Relay::start(store, &config, factory).unwrap()
+    } else {
+        let sender = KafkaSender::builder(&kafka_brokers())
+            .property("message.timeout.ms", "2000")
+            .build()
+            .unwrap();
+        Relay::start(store, &config, sender).unwrap()
+    };
+    std::thread::sleep(Duration::from_secs(300)); // until killed
+}
+
+fn spawn_worker(prefix: &str, broker: &str, destination: &str) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "relay_worker_process",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("TXBOX_CRASH_PREFIX", prefix)
+        .env("TXBOX_CRASH_BROKER", broker)
+        .env("TXBOX_CRASH_DEST", destination)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// What a scenario counted.
+struct Run {
+    committed: HashSet<EventId>,
+    rolled_back: HashSet<EventId>,
+    kills: usize,
+}
+
+/// Kills relay processes sending to `broker` while a producer writes orders and
+/// their events; then drains with one last relay.
+fn kill_relays_under_load(p: &str, broker: &str, destination: &str) -> Option<Run> {
+    let (_store, mut client) = fresh(p)?;
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {p}orders; \
+             CREATE TABLE {p}orders (id bigserial PRIMARY KEY, event_id uuid NOT NULL)"
+        ))
+        .unwrap();
+    let config = config(p, destination);
+    let stop = Arc::new(AtomicBool::new(false));
+    let rolled_back = Arc::new(Mutex::new(HashSet::new()));
+    let producer = {
+        let (stop, rolled_back, config) = (stop.clone(), rolled_back.clone(), config.clone());
+        let insert = format!("INSERT INTO {p}orders (event_id) VALUES ($1)");
+        std::thread::spawn(move || {
+            let mut client = common::client().unwrap();
+            let outbox = Outbox::new(&config).unwrap();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for _ in 0..10 {
+                    let mut tx = client.transaction().unwrap();
+                    let id = outbox
+                        .publish(&mut tx, "order-placed", &serde_json::json!({ "order": n }))
+                        .unwrap();
+                    tx.execute(&insert, &[&id.as_uuid()]).unwrap();
+                    if n % 5 == 4 {
+                        tx.rollback().unwrap();
+                        rolled_back.lock().unwrap().insert(id);
+                    } else {
+                        tx.commit().unwrap();
+                    }
+                    n += 1;
+                }
+                std::thread::sleep(ms(10));
+            }
+        })
+    };
+    let mut kills = 0;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while kills < KILLS && Instant::now() < deadline {
+        let mut child = spawn_worker(p, broker, destination);
+        std::thread::sleep(ms(300 + fastrand::u64(0..700)));
+        // only a relay still running counts as killed (not one that died on its own)
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap(); // SIGKILL: no shutdown, batches cut anywhere
+            kills += 1;
+        }
+        child.wait().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    producer.join().unwrap();
+
+    // one last relay drains what is left, including what the dead ones held
+    let mut last = spawn_worker(p, broker, destination);
+    wait_until("the outbox drained", Duration::from_secs(120), || {
+        count(&mut client, p, "PENDING") + count(&mut client, p, "IN_PROCESS") == 0
+    });
+    last.kill().unwrap();
+    last.wait().unwrap();
+    assert_eq!(count(&mut client, p, "FAILED"), 0, "no event failed");
+
+    let committed: HashSet<EventId> = client
+        .query(&format!("SELECT event_id FROM {p}orders"), &[])
+        .unwrap()
+        .iter()
+        .map(|r| EventId::from_uuid(r.get(0)))
+        .collect();
+    let rolled_back = rolled_back.lock().unwrap().clone();
+    Some(Run {
+        committed,
+        rolled_back,
+        kills,
+    })
+}
+
+/// Compares what the broker holds (`received`: every message's event id, in
+/// arrival order) with the committed business rows, prints the counts and
+/// asserts none was lost or invented.
+fn check(broker: &str, run: &Run, received: &[EventId]) {
+    let mut times: HashMap<EventId, usize> = HashMap::new();
+    for id in received {
+        *times.entry(*id).or_default() += 1;
+    }
+    let lost: Vec<&EventId> = run
+        .committed
+        .iter()
+        .filter(|id| !times.contains_key(id))
+        .collect();
+    let invented: Vec<&EventId> = times
+        .keys()
+        .filter(|id| run.rolled_back.contains(id) || !run.committed.contains(id))
+        .collect();
+    let duplicates = received.len() - times.len();
+    eprintln!(
+        "relay -> {broker} SIGKILLed {} times: committed={} rolled back={} delivered={} duplicates={duplicates} lost={} from rolled-back or unknown={}",
+        run.kills,
+        run.committed.len(),
+        run.rolled_back.len(),
+        times.len(),
+        lost.len(),
+        invented.len()
+    );
+    assert!(
+        run.kills >= KILLS,
+        "{} relay processes were killed while running",
+        run.kills
+    );
+    assert!(
+        run.committed.len() > 1000 && !run.rolled_back.is_empty(),
+        "the producer kept publishing: {} committed, {} rolled back",
+        run.committed.len(),
+        run.rolled_back.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "lost {} events, e.g. {:?}",
+        lost.len(),
+        lost.first()
+    );
+    assert!(
+        invented.is_empty(),
+        "{} events at the broker were never committed, e.g. {:?}",
+        invented.len(),
+        invented.first()
+    );
+}
+
+/// Reads until every id of `want` arrived and the source is quiet for a second,
+/// or 60 s pass; `next` returns the next message's event id, `None` when none came
+/// within its wait.
+fn read_all(want: &HashSet<EventId>, mut next: impl FnMut() -> Option<EventId>) -> Vec<EventId> {
+    let mut received = Vec::new();
+    let mut seen = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut quiet_since = Instant::now();
+    while Instant::now() < deadline {
+        match next() {
+            Some(id) => {
+                received.push(id);
+                seen.insert(id);
+                quiet_since = Instant::now();
+            }
+            None if want.is_subset(&seen) && quiet_since.elapsed() > Duration::from_secs(1) => {
+                break
+            }
+            None => {}
+        }
+    }
+    received
+}
+
+#[test]
+fn a_relay_sending_to_rabbitmq_killed_again_and_again_loses_nothing() {
+    use amiquip::{
+        Connection, ConsumerMessage, ConsumerOptions, ExchangeDeclareOptions, ExchangeType,
+        FieldTable, QueueDeclareOptions,
+    };
+    if !service_up("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let u = unique();
+    let (exchange, queue) = (format!("txbox-crash-{u}"), format!("txbox-crash-{u}"));
+    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
+    let ch = conn.open_channel(None).unwrap();
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.exchange_declare(ExchangeType::Direct, &exchange, durable)
+        .unwrap();
+    let q = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(&queue, q).unwrap();
+    ch.queue_bind(&queue, &exchange, "order-placed", FieldTable::new())
+        .unwrap();
+
+    let Some(run) = kill_relays_under_load("t_crash_rabbit_", "rabbitmq", &exchange) else {
+        return;
+    };
+    let consumer = ch
+        .basic_consume(
+            &queue,
+            ConsumerOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let received = read_all(&run.committed, || {
+        match consumer.receiver().recv_timeout(ms(200)) {
+            Ok(ConsumerMessage::Delivery(d)) => d
+                .properties
+                .message_id()
+                .as_deref()
+                .and_then(|m| m.parse().ok()),
+            _ => None,
+        }
+    });
+    check("RabbitMQ", &run, &received);
+    let _ = ch.queue_delete(queue, Default::default());
+    let _ = ch.exchange_delete(exchange, false);
+    let _ = conn.close();
+}
+
+#[test]
+fn a_relay_sending_to_kafka_killed_again_and_again_loses_nothing() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    if !service_up("Kafka", &kafka_brokers()) {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let topic = format!("txbox-crash-{}", unique());
+    create_topic(&topic, 1);
+    let Some(run) = kill_relays_under_load("t_crash_kafka_", "kafka", &topic) else {
+        return;
+    };
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", format!("g-{topic}"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut partitions = TopicPartitionList::new();
+    partitions
+        .add_partition_offset(&topic, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&partitions).unwrap();
+    let received = read_all(&run.committed, || match consumer.poll(ms(200)) {
+        Some(Ok(m)) => m.headers().and_then(|h| {
+            h.iter()
+                .find(|h| h.key == txbox::HEADER_EVENT_ID)
+                .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+        }),
+        _ => None,
+    });
+    check("Kafka", &run, &received);
+}
