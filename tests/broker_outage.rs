@@ -193,33 +193,14 @@ fn kafka_broker_stopped_mid_run_loses_nothing() {
 
 #[test]
 fn rabbitmq_broker_stopped_mid_run_loses_nothing() {
-    use amiquip::{
-        Connection, ExchangeDeclareOptions, ExchangeType, FieldTable, QueueDeclareOptions,
-    };
+    use amiquip::Connection;
     use txbox::rabbitmq::{RabbitConsumer, RabbitSenderFactory};
     if !service_up("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
     let u = unique();
     let (exchange, queue) = (format!("txbox-ox-{u}"), format!("txbox-oq-{u}"));
-    {
-        let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
-        let ch = conn.open_channel(None).unwrap();
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        ch.exchange_declare(ExchangeType::Direct, &exchange, durable)
-            .unwrap();
-        let q = QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        ch.queue_declare(&queue, q).unwrap();
-        ch.queue_bind(&queue, &exchange, "e", FieldTable::new())
-            .unwrap();
-        conn.close().unwrap();
-    }
+    durable_queue(&exchange, &queue, "e");
     let p = "t_out_rabbit_";
     let Some((store, _client)) = fresh(p) else {
         return;

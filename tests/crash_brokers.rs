@@ -83,22 +83,14 @@ fn relay_worker_process() {
 }
 
 fn spawn_worker(prefix: &str, broker: &str, destination: &str) -> std::process::Child {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "relay_worker_process",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("TXBOX_CRASH_PREFIX", prefix)
-        .env("TXBOX_CRASH_BROKER", broker)
-        .env("TXBOX_CRASH_DEST", destination)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
+    spawn_child(
+        "relay_worker_process",
+        &[
+            ("TXBOX_CRASH_PREFIX", prefix),
+            ("TXBOX_CRASH_BROKER", broker),
+            ("TXBOX_CRASH_DEST", destination),
+        ],
+    )
 }
 
 /// What a scenario counted.
@@ -263,35 +255,19 @@ fn read_all(want: &HashSet<EventId>, mut next: impl FnMut() -> Option<EventId>) 
 
 #[test]
 fn a_relay_sending_to_rabbitmq_killed_again_and_again_loses_nothing() {
-    use amiquip::{
-        Connection, ConsumerMessage, ConsumerOptions, ExchangeDeclareOptions, ExchangeType,
-        FieldTable, QueueDeclareOptions,
-    };
+    use amiquip::{Connection, ConsumerMessage, ConsumerOptions};
     if !service_up("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let u = unique();
     let (exchange, queue) = (format!("txbox-crash-{u}"), format!("txbox-crash-{u}"));
-    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
-    let ch = conn.open_channel(None).unwrap();
-    let durable = ExchangeDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    ch.exchange_declare(ExchangeType::Direct, &exchange, durable)
-        .unwrap();
-    let q = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
-    ch.queue_declare(&queue, q).unwrap();
-    ch.queue_bind(&queue, &exchange, "order-placed", FieldTable::new())
-        .unwrap();
-
+    durable_queue(&exchange, &queue, "order-placed");
     let Some(run) = kill_relays_under_load("t_crash_rabbit_", "rabbitmq", &exchange) else {
         return;
     };
+    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
+    let ch = conn.open_channel(None).unwrap();
     let consumer = ch
         .basic_consume(
             &queue,

@@ -114,23 +114,15 @@ fn spawn_worker(
     claim: ClaimMode,
     delete: bool,
 ) -> std::process::Child {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "relay_worker_process",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("TXBOX_FAULT_WORKER", prefix)
-        .env("TXBOX_FAULT_FILE", file)
-        .env("TXBOX_FAULT_CLAIM", claim.to_string())
-        .env("TXBOX_FAULT_DELETE", delete.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap()
+    common::spawn_child(
+        "relay_worker_process",
+        &[
+            ("TXBOX_FAULT_WORKER", prefix),
+            ("TXBOX_FAULT_FILE", &file.display().to_string()),
+            ("TXBOX_FAULT_CLAIM", &claim.to_string()),
+            ("TXBOX_FAULT_DELETE", &delete.to_string()),
+        ],
+    )
 }
 
 each_claim_mode!(killed_again_and_again, "t_fault_kill":

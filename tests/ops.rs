@@ -30,23 +30,7 @@ fn config(prefix: &str) -> Config {
 
 /// `n` dead letters of `event_type`, with their ids.
 fn dead_letters(fx: &Fixture, c: &Config, event_type: &str, n: usize) -> Vec<EventId> {
-    let ids = fx.publish(c, event_type, n, true);
-    let t = Uuid::now_v7();
-    fx.store
-        .claim(event_type, n, Duration::from_secs(60), t)
-        .unwrap();
-    let failed: Vec<_> = ids
-        .iter()
-        .map(|id| {
-            (
-                *id,
-                Outcome::Failed {
-                    error: format!("broker said no to {id}"),
-                },
-            )
-        })
-        .collect();
-    fx.store.finish(t, &failed).unwrap();
+    let ids = failed_in_the_outbox(fx, c, event_type, n);
     assert_eq!(fx.store.move_failed_to_dlq(1000).unwrap(), n as u64);
     ids
 }
@@ -61,7 +45,10 @@ fn failed_in_the_outbox(fx: &Fixture, c: &Config, event_type: &str, n: usize) ->
         .unwrap();
     let failed: Vec<_> = ids
         .iter()
-        .map(|id| (*id, Outcome::Failed { error: "no".into() }))
+        .map(|id| {
+            let error = format!("broker said no to {id}");
+            (*id, Outcome::Failed { error })
+        })
         .collect();
     fx.store.finish(t, &failed).unwrap();
     assert_eq!(fx.counts(event_type).failed, n as u64);

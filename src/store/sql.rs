@@ -1167,21 +1167,9 @@ pub(crate) struct SqlStore<P: Pool> {
 
 impl<P: Pool> SqlStore<P> {
     /// Selects up to `limit` ids with `select` ($1 limit, $2 the TTL in ms when
-    /// given) and applies each of `apply` ({ids}) to them, in one transaction that is
-    /// retried on a deadlock; returns how many.
+    /// given) and applies each of `apply` (`apply_fixed`, then {ids}) to them, in one
+    /// transaction that is retried on a deadlock; returns how many.
     fn select_apply(
-        &self,
-        what: &str,
-        select: &str,
-        limit: usize,
-        ttl: Option<Duration>,
-        apply: &[&str],
-    ) -> Result<u64> {
-        self.select_apply_with(what, select, limit, ttl, apply, &[])
-    }
-
-    /// [`SqlStore::select_apply`] with `apply_fixed` before each chunk of ids.
-    fn select_apply_with(
         &self,
         what: &str,
         select: &str,
@@ -1431,6 +1419,7 @@ impl<P: Pool> Store for SqlStore<P> {
             limit,
             None,
             &[&c.recover],
+            &[],
         )
     }
 
@@ -1442,19 +1431,27 @@ impl<P: Pool> Store for SqlStore<P> {
             limit,
             Some(ttl),
             &[&c.delete_outbox],
+            &[],
         )
     }
 
     fn move_failed_to_dlq(&self, limit: usize) -> Result<u64> {
         let c = &self.d.common;
         let steps = [&c.delete_dlq, &c.copy_to_dlq, &c.delete_outbox].map(String::as_str);
-        self.select_apply("move to DLQ", &self.d.select_failed, limit, None, &steps)
+        self.select_apply(
+            "move to DLQ",
+            &self.d.select_failed,
+            limit,
+            None,
+            &steps,
+            &[],
+        )
     }
 
     fn requeue_dlq_retries(&self, limit: usize) -> Result<u64> {
         let c = &self.d.common;
         let steps = [&c.delete_outbox, &c.copy_to_outbox, &c.delete_dlq].map(String::as_str);
-        self.select_apply("DLQ retry", &self.d.select_retry, limit, None, &steps)
+        self.select_apply("DLQ retry", &self.d.select_retry, limit, None, &steps, &[])
     }
 
     fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> Result<u64> {
@@ -1465,6 +1462,7 @@ impl<P: Pool> Store for SqlStore<P> {
             limit,
             Some(ttl),
             &[&c.delete_dlq],
+            &[],
         )
     }
 
@@ -1593,7 +1591,7 @@ impl<P: Pool> Store for SqlStore<P> {
 
     fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64> {
         let c = &self.d.common;
-        self.select_apply_with(
+        self.select_apply(
             "inbox cleanup",
             &self.d.select_inbox_expired,
             limit,

@@ -43,6 +43,15 @@ pub fn mysql_url() -> String {
     std::env::var("TXBOX_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
+/// Every table of a prefix.
+pub const TABLES: [&str; 5] = [
+    "outbox_events",
+    "outbox_dead_letters",
+    "inbox_consumed",
+    "job_locks",
+    "txbox_schema_version",
+];
+
 /// A fresh set of tables on one backend, and a way to write to it as an application would.
 pub struct Fixture {
     pub backend: Backend,
@@ -55,17 +64,10 @@ impl Fixture {
     /// Drops and migrates the tables of `prefix`; `None` (printed) when the database
     /// is not reachable outside CI.
     pub fn new(backend: Backend, prefix: &str) -> Option<Fixture> {
-        let tables = [
-            "outbox_events",
-            "outbox_dead_letters",
-            "inbox_consumed",
-            "job_locks",
-            "txbox_schema_version",
-        ];
         match backend {
             Backend::Postgres => {
                 let mut c = super::client()?;
-                for t in tables {
+                for t in TABLES {
                     c.batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))
                         .unwrap();
                 }
@@ -78,7 +80,7 @@ impl Fixture {
                 }
                 let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
                 let mut c = pool.get_conn().unwrap();
-                for t in tables {
+                for t in TABLES {
                     c.query_drop(format!("DROP TABLE IF EXISTS {prefix}{t}"))
                         .unwrap();
                 }
@@ -98,7 +100,7 @@ impl Fixture {
                     return None;
                 }
                 let c = oracle_connection();
-                for t in tables {
+                for t in TABLES {
                     c.execute(
                         &format!("BEGIN EXECUTE IMMEDIATE 'DROP TABLE {prefix}{t}'; EXCEPTION WHEN OTHERS THEN NULL; END;"),
                         &[],
@@ -112,9 +114,10 @@ impl Fixture {
         Some(fx)
     }
 
-    /// Drops the tables of `prefix` and creates them as txbox 0.1 did (its schema,
-    /// kept in tests/fixtures/schema_v1), then records `old_ids` in its inbox as 0.1
-    /// did (keyed by the event id alone). `None` on Oracle, which cannot run here.
+    /// Drops the tables of `prefix` and creates them as txbox 0.1 did: the baseline
+    /// schema (`001_schema.sql`) without the version table, which 0.1 did not have.
+    /// Then records `old_ids` in its inbox as 0.1 did (keyed by the event id alone).
+    /// `None` on Oracle, which cannot run here.
     pub fn schema_v1(backend: Backend, prefix: &str, old_ids: &[EventId]) -> Option<Fixture> {
         let statements = |sql: &str| -> Vec<String> {
             sql.replace("{prefix}", prefix)
@@ -124,25 +127,19 @@ impl Fixture {
                 .join("\n")
                 .split(';')
                 .map(str::trim)
-                .filter(|s| !s.is_empty())
+                // 0.1 had no version table
+                .filter(|s| !s.is_empty() && !s.contains("txbox_schema_version"))
                 .map(String::from)
                 .collect()
         };
         let fx = Fixture::new(backend, prefix)?;
-        let tables = [
-            "outbox_events",
-            "outbox_dead_letters",
-            "inbox_consumed",
-            "job_locks",
-            "txbox_schema_version",
-        ];
         match backend {
             Backend::Postgres => {
                 let mut c = super::client()?;
-                for t in tables {
+                for t in TABLES {
                     c.batch_execute(&format!("DROP TABLE {prefix}{t}")).unwrap();
                 }
-                for s in statements(include_str!("../fixtures/schema_v1/postgres.sql")) {
+                for s in statements(include_str!("../../sql/postgres/001_schema.sql")) {
                     c.batch_execute(&s).unwrap();
                 }
                 for id in old_ids {
@@ -158,10 +155,10 @@ impl Fixture {
                 use mysql::prelude::Queryable;
                 let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
                 let mut c = pool.get_conn().unwrap();
-                for t in tables {
+                for t in TABLES {
                     c.query_drop(format!("DROP TABLE {prefix}{t}")).unwrap();
                 }
-                for s in statements(include_str!("../fixtures/schema_v1/mysql.sql")) {
+                for s in statements(include_str!("../../sql/mysql/001_schema.sql")) {
                     c.query_drop(s).unwrap();
                 }
                 for id in old_ids {
@@ -175,10 +172,10 @@ impl Fixture {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
                 let c = txbox::SqliteStore::connection(&fx.sqlite_path).unwrap();
-                for t in tables {
+                for t in TABLES {
                     c.execute_batch(&format!("DROP TABLE {prefix}{t}")).unwrap();
                 }
-                for s in statements(include_str!("../fixtures/schema_v1/sqlite.sql")) {
+                for s in statements(include_str!("../../sql/sqlite/001_schema.sql")) {
                     c.execute_batch(&s).unwrap();
                 }
                 for id in old_ids {

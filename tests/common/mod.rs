@@ -54,13 +54,7 @@ pub fn fresh(prefix: &str) -> Option<(Arc<PgStore>, postgres::Client)> {
 /// Like [`fresh`] with the store connected to `url`.
 pub fn fresh_with_url(prefix: &str, url: &str) -> Option<(Arc<PgStore>, postgres::Client)> {
     let mut client = client()?;
-    for t in [
-        "outbox_events",
-        "outbox_dead_letters",
-        "inbox_consumed",
-        "job_locks",
-        "txbox_schema_version",
-    ] {
+    for t in backend::TABLES {
         client
             .batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))
             .expect("drop table");
@@ -243,6 +237,50 @@ pub fn consume_ids(
 }
 
 pub mod backend;
+
+/// Runs the ignored test `test` of this test binary as a child process with
+/// `env` set (a relay process for the crash tests), its output discarded.
+pub fn spawn_child(test: &str, env: &[(&str, &str)]) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Declares a durable direct exchange and a durable queue bound to it with
+/// `routing_key` (left in place: the relay publishes from its own connections).
+#[cfg(feature = "rabbitmq")]
+pub fn durable_queue(exchange: &str, queue: &str, routing_key: &str) {
+    use amiquip::{
+        Connection, ExchangeDeclareOptions, ExchangeType, FieldTable, QueueDeclareOptions,
+    };
+    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
+    let ch = conn.open_channel(None).unwrap();
+    let durable = ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.exchange_declare(ExchangeType::Direct, exchange, durable)
+        .unwrap();
+    let q = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(queue, q).unwrap();
+    ch.queue_bind(queue, exchange, routing_key, FieldTable::new())
+        .unwrap();
+    conn.close().unwrap();
+}
 
 /// How often a handler saw each event id.
 #[derive(Clone, Default)]
