@@ -503,6 +503,10 @@ impl SenderFactory for KafkaSender {
 pub struct KafkaConsumer {
     consumer: BaseConsumer,
     retry_delay: Duration,
+    /// Why the loop stopped on a message it could not rewind to: the consumer's
+    /// position is past it, so it never runs again (a new consumer reads from the
+    /// committed offset, which is not past it).
+    lost_position: Mutex<Option<String>>,
 }
 
 /// Builds a [`KafkaConsumer`].
@@ -542,6 +546,7 @@ impl KafkaConsumerBuilder {
         Ok(KafkaConsumer {
             consumer,
             retry_delay: self.retry_delay,
+            lost_position: Mutex::new(None),
         })
     }
 }
@@ -620,6 +625,9 @@ impl KafkaConsumer {
     where
         F: FnMut(&ReceivedEvent) -> Verdict,
     {
+        if let Some(why) = &*self.lost_position.lock().unwrap_or_else(|p| p.into_inner()) {
+            return Err(Error::Broker(why.clone()));
+        }
         while !stop.is_stopped() {
             let msg = match self.consumer.poll(Duration::from_millis(100)) {
                 None => continue,
@@ -677,7 +685,12 @@ impl KafkaConsumer {
                             Offset::Offset(offset),
                             Duration::from_secs(5),
                         )
-                        .map_err(|e| rewind_failed(&topic, partition, offset, e))?;
+                        .map_err(|e| {
+                            let err = rewind_failed(&topic, partition, offset, e);
+                            *self.lost_position.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(err.to_string());
+                            err
+                        })?;
                     stop.sleep(self.retry_delay);
                     continue;
                 }
@@ -697,7 +710,8 @@ impl KafkaConsumer {
 fn rewind_failed(topic: &str, partition: i32, offset: i64, e: KafkaError) -> Error {
     Error::Broker(format!(
         "kafka consumer stopped: could not seek back to {topic}/{partition}@{offset} to \
-         handle it again ({e}); nothing past it was committed"
+         handle it again ({e}); nothing past it was committed, and this consumer \
+         does not run again: create a new one, which reads from the committed offset"
     ))
 }
 

@@ -196,15 +196,13 @@ impl RabbitSender {
     }
 }
 
-/// Whose fault a channel or connection error is: the server closing the channel
-/// for a missing exchange (404) or a refused access (403) is a verdict on the
-/// batch's destination, counted as an attempt; anything else (a lost or refused
-/// connection) is the transport's.
+/// Whose fault a channel or connection error is: the server closes a channel for
+/// what was sent on it (404 a missing exchange, 403 access refused, 406 a message
+/// over the broker's size limit): a verdict on the batch, counted as an attempt.
+/// Anything else (a lost, refused or forced-closed connection) is the transport's.
 fn classify(context: String, err: &amiquip::Error) -> SendError {
     match err {
-        amiquip::Error::ServerClosedChannel {
-            code: 403 | 404, ..
-        } => SendError::new(format!("{context}: {err}")),
+        amiquip::Error::ServerClosedChannel { .. } => SendError::new(format!("{context}: {err}")),
         _ => SendError::transient(format!("{context}: {err}")),
     }
 }

@@ -1,7 +1,7 @@
 //! The broker stops in the middle of a run for longer than the events' whole retry
 //! budget: events stay pending with no attempt counted (an outage is not their
 //! fault), none becomes FAILED, the relay keeps running, and once the broker is back
-//! every event is delivered. This binary stops the shared brokers, so it holds only these tests
+//! every event is delivered. With lease claims and with held claims. This binary stops the shared brokers, so it holds only these tests
 //! (cargo runs test binaries one after another).
 #![cfg(all(feature = "kafka", feature = "rabbitmq"))]
 
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 
-use txbox::{Config, EventId, EventOptions, Outbox, Relay};
+use txbox::{ClaimMode, Config, EventId, EventOptions, Outbox, Relay};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -141,19 +141,33 @@ fn outage(
 
 #[test]
 fn kafka_broker_stopped_mid_run_loses_nothing() {
+    kafka_outage("t_out_kafka_", ClaimMode::Lease);
+}
+
+#[test]
+fn kafka_broker_stopped_mid_run_loses_nothing_with_held_claims() {
+    kafka_outage("t_out_kafka_held_", ClaimMode::Lock);
+}
+
+/// Each broker is stopped by one test at a time (the two brokers' tests overlap).
+static KAFKA: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static RABBITMQ: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn kafka_outage(p: &str, claim: ClaimMode) {
     use txbox::kafka::{KafkaConsumer, KafkaSender};
+    let _one = KAFKA.lock().unwrap_or_else(|e| e.into_inner());
     if !service_up("Kafka", &kafka_brokers()) || std::env::var("TXBOX_KAFKA_BROKERS").is_ok() {
         eprintln!("SKIPPED when TXBOX_KAFKA_BROKERS points at an external Kafka: this test freezes the local Tansu");
         return;
     }
     let topic = format!("txbox-outage-{}", unique());
     create_topic(&topic, 1);
-    let p = "t_out_kafka_";
     let Some((store, _client)) = fresh(p) else {
         return;
     };
     let config = Config::builder()
         .table_prefix(p)
+        .defaults(EventOptions::new().claim(claim))
         .event("e", options(&topic))
         .build()
         .unwrap();
@@ -193,7 +207,17 @@ fn kafka_broker_stopped_mid_run_loses_nothing() {
 
 #[test]
 fn rabbitmq_broker_stopped_mid_run_loses_nothing() {
+    rabbitmq_outage("t_out_rabbit_", ClaimMode::Lease);
+}
+
+#[test]
+fn rabbitmq_broker_stopped_mid_run_loses_nothing_with_held_claims() {
+    rabbitmq_outage("t_out_rabbit_held_", ClaimMode::Lock);
+}
+
+fn rabbitmq_outage(p: &str, claim: ClaimMode) {
     use amiquip::Connection;
+    let _one = RABBITMQ.lock().unwrap_or_else(|e| e.into_inner());
     use txbox::rabbitmq::{RabbitConsumer, RabbitSenderFactory};
     if !service_up("RabbitMQ", "127.0.0.1:5672") {
         return;
@@ -201,12 +225,12 @@ fn rabbitmq_broker_stopped_mid_run_loses_nothing() {
     let u = unique();
     let (exchange, queue) = (format!("txbox-ox-{u}"), format!("txbox-oq-{u}"));
     durable_queue(&exchange, &queue, "e");
-    let p = "t_out_rabbit_";
     let Some((store, _client)) = fresh(p) else {
         return;
     };
     let config = Config::builder()
         .table_prefix(p)
+        .defaults(EventOptions::new().claim(claim))
         .event("e", options(&exchange))
         .build()
         .unwrap();

@@ -543,6 +543,38 @@ fn migrate_upgrades_a_0_1_inbox_in_place_keeping_its_rows(b: Backend, p: &str) {
     assert_eq!(fx.store.delete_expired_inbox(ms(10), 100).unwrap(), 22);
 }
 
+/// Two instances starting at once on a 0.1 table both migrate without an error,
+/// and the upgrade is applied once.
+fn two_instances_migrating_at_once_both_succeed(b: Backend, p: &str) {
+    let old = [EventId::new()];
+    let Some(fx) = Fixture::schema_v1(b, p, &old) else {
+        return;
+    };
+    let stores = [fx.another_store(), fx.another_store()];
+    let barrier = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        let runs: Vec<_> = stores
+            .iter()
+            .map(|st| {
+                s.spawn(|| {
+                    barrier.wait();
+                    st.migrate()
+                })
+            })
+            .collect();
+        for r in runs {
+            r.join().unwrap().unwrap();
+        }
+    });
+    assert!(fx.store.inbox_insert("billing", &old).unwrap().is_empty());
+    let new = EventId::new();
+    assert_eq!(fx.store.inbox_insert("billing", &[new]).unwrap(), vec![new]);
+    assert_eq!(
+        fx.store.inbox_insert("shipping", &[new]).unwrap(),
+        vec![new]
+    );
+}
+
 fn four_relays_deliver_every_event_exactly_once(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = config(p);
@@ -744,6 +776,7 @@ macro_rules! suite {
             inbox_inserts_if_absent => "inbox",
             the_inbox_deduplicates_per_consumer => "fan",
             migrate_upgrades_a_0_1_inbox_in_place_keeping_its_rows => "up",
+            two_instances_migrating_at_once_both_succeed => "up2",
             four_relays_deliver_every_event_exactly_once => "four",
             failing_sender_ends_in_the_dlq_and_a_retry_delivers => "relay",
             pipelined_batches_finish_in_order_and_retry => "pipe",
@@ -771,3 +804,40 @@ suite!(mysql, Backend::MySql, "my");
 suite!(sqlite, Backend::Sqlite, "lite");
 #[cfg(feature = "oracle")]
 suite!(oracle, Backend::Oracle, "ora");
+
+/// MySQL commits each DDL statement: a migration that stopped after its key
+/// change (before it recorded its version) is resumed by the next `migrate`.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_resumes_an_upgrade_that_stopped_half_way() {
+    use ::mysql::prelude::Queryable;
+    let p = "cmy_half_";
+    let old = [EventId::new()];
+    let Some(fx) = Fixture::schema_v1(Backend::MySql, p, &old) else {
+        return;
+    };
+    let pool = ::mysql::Pool::new(common::backend::mysql_url().as_str()).unwrap();
+    let mut c = pool.get_conn().unwrap();
+    // the first statement of 002 only, as a migration that died after it
+    let first = include_str!("../sql/mysql/002_inbox_per_consumer.sql")
+        .replace("{prefix}", p)
+        .lines()
+        .filter(|l| !l.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let first = first.split(';').next().unwrap().to_string();
+    c.query_drop(first).unwrap();
+    fx.store.migrate().unwrap();
+    fx.store.migrate().unwrap();
+    assert!(fx.store.inbox_insert("billing", &old).unwrap().is_empty());
+    let new = EventId::new();
+    assert_eq!(fx.store.inbox_insert("billing", &[new]).unwrap(), vec![new]);
+    assert_eq!(
+        fx.store.inbox_insert("shipping", &[new]).unwrap(),
+        vec![new]
+    );
+    let versions: Vec<i32> = c
+        .query(format!("SELECT version FROM {p}txbox_schema_version"))
+        .unwrap();
+    assert_eq!(versions, vec![2]);
+}

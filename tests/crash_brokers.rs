@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use txbox::kafka::KafkaSender;
 use txbox::rabbitmq::RabbitSenderFactory;
-use txbox::{Config, EventId, EventOptions, Outbox, PgStore, Relay};
+use txbox::{ClaimMode, Config, EventId, EventOptions, Outbox, PgStore, Relay};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -33,15 +33,19 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// How many times each scenario kills a relay process that was running.
 const KILLS: usize = 30;
 
-fn config(prefix: &str, destination: &str) -> Config {
-    Config::builder()
-        .table_prefix(prefix)
-        .defaults(
-            EventOptions::new()
-                .adaptive_polling(ms(10), ms(100), 1.5)
-                .batch_size(50)
-                .lease(ms(5000)),
-        )
+/// The relay's configuration: lease claims, or held claims that delete acked rows
+/// in the claim and write back what the broker did not ack (`held`).
+fn config(prefix: &str, destination: &str, held: bool) -> Config {
+    let defaults = EventOptions::new()
+        .adaptive_polling(ms(10), ms(100), 1.5)
+        .batch_size(50)
+        .lease(ms(5000));
+    let claim = if held {
+        ClaimMode::Lock
+    } else {
+        ClaimMode::Lease
+    };
+    mode_config(prefix, defaults, claim, held)
         .event(
             "order-placed",
             EventOptions::new()
@@ -68,7 +72,7 @@ fn relay_worker_process() {
         return; // only as a child process
     }
     let store = Arc::new(PgStore::connect(&pg_url(), &prefix).unwrap());
-    let config = config(&prefix, &destination);
+    let config = config(&prefix, &destination, var("TXBOX_CRASH_HELD") == "true");
     let _relay = if broker == "rabbitmq" {
         let factory = RabbitSenderFactory::new(&rabbit_url()).confirm_timeout(ms(2000));
         Relay::start(store, &config, factory).unwrap()
@@ -82,13 +86,14 @@ fn relay_worker_process() {
     std::thread::sleep(Duration::from_secs(300)); // until killed
 }
 
-fn spawn_worker(prefix: &str, broker: &str, destination: &str) -> std::process::Child {
+fn spawn_worker(prefix: &str, broker: &str, destination: &str, held: bool) -> std::process::Child {
     spawn_child(
         "relay_worker_process",
         &[
             ("TXBOX_CRASH_PREFIX", prefix),
             ("TXBOX_CRASH_BROKER", broker),
             ("TXBOX_CRASH_DEST", destination),
+            ("TXBOX_CRASH_HELD", &held.to_string()),
         ],
     )
 }
@@ -98,11 +103,14 @@ struct Run {
     committed: HashSet<EventId>,
     rolled_back: HashSet<EventId>,
     kills: usize,
+    /// Events the killed relays finished (acked and marked) before the drain.
+    finished_while_killing: i64,
+    held: bool,
 }
 
 /// Kills relay processes sending to `broker` while a producer writes orders and
 /// their events; then drains with one last relay.
-fn kill_relays_under_load(p: &str, broker: &str, destination: &str) -> Option<Run> {
+fn kill_relays_under_load(p: &str, broker: &str, destination: &str, held: bool) -> Option<Run> {
     let (_store, mut client) = fresh(p)?;
     client
         .batch_execute(&format!(
@@ -110,7 +118,7 @@ fn kill_relays_under_load(p: &str, broker: &str, destination: &str) -> Option<Ru
              CREATE TABLE {p}orders (id bigserial PRIMARY KEY, event_id uuid NOT NULL)"
         ))
         .unwrap();
-    let config = config(p, destination);
+    let config = config(p, destination, held);
     let stop = Arc::new(AtomicBool::new(false));
     let rolled_back = Arc::new(Mutex::new(HashSet::new()));
     let producer = {
@@ -142,7 +150,7 @@ fn kill_relays_under_load(p: &str, broker: &str, destination: &str) -> Option<Ru
     let mut kills = 0;
     let deadline = Instant::now() + Duration::from_secs(180);
     while kills < KILLS && Instant::now() < deadline {
-        let mut child = spawn_worker(p, broker, destination);
+        let mut child = spawn_worker(p, broker, destination, held);
         std::thread::sleep(ms(300 + fastrand::u64(0..700)));
         // only a relay still running counts as killed (not one that died on its own)
         if child.try_wait().unwrap().is_none() {
@@ -154,10 +162,18 @@ fn kill_relays_under_load(p: &str, broker: &str, destination: &str) -> Option<Ru
     stop.store(true, Ordering::Relaxed);
     producer.join().unwrap();
 
+    // what the killed relays got through: committed, no longer waiting
+    let waiting = |c: &mut postgres::Client| count(c, p, "PENDING") + count(c, p, "IN_PROCESS");
+    let orders: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {p}orders"), &[])
+        .unwrap()
+        .get(0);
+    let finished_while_killing = orders - waiting(&mut client);
+
     // one last relay drains what is left, including what the dead ones held
-    let mut last = spawn_worker(p, broker, destination);
+    let mut last = spawn_worker(p, broker, destination, held);
     wait_until("the outbox drained", Duration::from_secs(120), || {
-        count(&mut client, p, "PENDING") + count(&mut client, p, "IN_PROCESS") == 0
+        waiting(&mut client) == 0
     });
     last.kill().unwrap();
     last.wait().unwrap();
@@ -174,6 +190,8 @@ fn kill_relays_under_load(p: &str, broker: &str, destination: &str) -> Option<Ru
         committed,
         rolled_back,
         kills,
+        finished_while_killing,
+        held,
     })
 }
 
@@ -196,10 +214,12 @@ fn check(broker: &str, run: &Run, received: &[EventId]) {
         .collect();
     let duplicates = received.len() - times.len();
     eprintln!(
-        "relay -> {broker} SIGKILLed {} times: committed={} rolled back={} delivered={} duplicates={duplicates} lost={} from rolled-back or unknown={}",
+        "relay -> {broker} ({} claims) SIGKILLed {} times: committed={} rolled back={} finished by the killed relays={} delivered={} duplicates={duplicates} lost={} from rolled-back or unknown={}",
+        if run.held { "held, deleting" } else { "lease" },
         run.kills,
         run.committed.len(),
         run.rolled_back.len(),
+        run.finished_while_killing,
         times.len(),
         lost.len(),
         invented.len()
@@ -208,6 +228,10 @@ fn check(broker: &str, run: &Run, received: &[EventId]) {
         run.kills >= KILLS,
         "{} relay processes were killed while running",
         run.kills
+    );
+    assert!(
+        run.finished_while_killing > 0,
+        "the killed relays sent and finished events between the kills"
     );
     assert!(
         run.committed.len() > 1000 && !run.rolled_back.is_empty(),
@@ -255,6 +279,16 @@ fn read_all(want: &HashSet<EventId>, mut next: impl FnMut() -> Option<EventId>) 
 
 #[test]
 fn a_relay_sending_to_rabbitmq_killed_again_and_again_loses_nothing() {
+    rabbitmq_killed("t_crash_rabbit_", false);
+}
+
+#[test]
+fn a_relay_holding_and_deleting_its_claims_sending_to_rabbitmq_killed_again_and_again_loses_nothing(
+) {
+    rabbitmq_killed("t_crash_rabbit_held_", true);
+}
+
+fn rabbitmq_killed(p: &str, held: bool) {
     use amiquip::{Connection, ConsumerMessage, ConsumerOptions};
     if !service_up("RabbitMQ", "127.0.0.1:5672") {
         return;
@@ -263,7 +297,7 @@ fn a_relay_sending_to_rabbitmq_killed_again_and_again_loses_nothing() {
     let u = unique();
     let (exchange, queue) = (format!("txbox-crash-{u}"), format!("txbox-crash-{u}"));
     durable_queue(&exchange, &queue, "order-placed");
-    let Some(run) = kill_relays_under_load("t_crash_rabbit_", "rabbitmq", &exchange) else {
+    let Some(run) = kill_relays_under_load(p, "rabbitmq", &exchange, held) else {
         return;
     };
     let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
@@ -295,6 +329,15 @@ fn a_relay_sending_to_rabbitmq_killed_again_and_again_loses_nothing() {
 
 #[test]
 fn a_relay_sending_to_kafka_killed_again_and_again_loses_nothing() {
+    kafka_killed("t_crash_kafka_", false);
+}
+
+#[test]
+fn a_relay_holding_and_deleting_its_claims_sending_to_kafka_killed_again_and_again_loses_nothing() {
+    kafka_killed("t_crash_kafka_held_", true);
+}
+
+fn kafka_killed(p: &str, held: bool) {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::{Headers, Message};
     use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -304,7 +347,7 @@ fn a_relay_sending_to_kafka_killed_again_and_again_loses_nothing() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let topic = format!("txbox-crash-{}", unique());
     create_topic(&topic, 1);
-    let Some(run) = kill_relays_under_load("t_crash_kafka_", "kafka", &topic) else {
+    let Some(run) = kill_relays_under_load(p, "kafka", &topic, held) else {
         return;
     };
     let consumer: BaseConsumer = ClientConfig::new()

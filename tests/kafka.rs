@@ -317,6 +317,12 @@ fn a_retry_that_cannot_seek_back_stops_the_loop_and_commits_nothing_past_it() {
     let result = h.join().unwrap();
     let err = result.expect_err("the loop stops instead of skipping the message");
     assert!(err.to_string().contains(&format!("{topic}/0@0")), "{err}");
+    // its position is past the message: the same consumer does not run again
+    let again = consumer.run(&StopSignal::new(), |_| Ok::<(), String>(()));
+    assert!(
+        again.is_err(),
+        "a consumer that lost its position runs no more"
+    );
     // nothing was committed for the partition: the message is read again
     let again = KafkaConsumer::builder(&kafka_brokers(), &group)
         .build()

@@ -6,11 +6,17 @@
 -- not say which consumer recorded them: they get the consumer '*', which every
 -- consumer treats as its own, so no event is handled twice across the upgrade.
 --
--- MySQL commits each DDL statement on its own: the change is one statement, so it
--- happens whole or not at all. `migrate` applies this file once, after 001. By
--- hand: replace `{prefix}` and run it once, after 001_schema.sql.
+-- The column then has no default: a 0.1 process still writing to the table no
+-- longer records ids for every consumer.
+--
+-- MySQL commits each DDL statement on its own: the key change is one statement,
+-- so it happens whole or not at all. `migrate` applies this file once, after 001;
+-- a run that stopped half-way is resumed (an error that says the change is there
+-- already is passed over). By hand: replace `{prefix}` and run it once, after
+-- 001_schema.sql.
 ALTER TABLE {prefix}inbox_consumed
     ADD COLUMN consumer VARCHAR(100) NOT NULL DEFAULT '*' FIRST,
     DROP PRIMARY KEY,
     ADD PRIMARY KEY (consumer, event_id);
+ALTER TABLE {prefix}inbox_consumed ALTER COLUMN consumer DROP DEFAULT;
 INSERT INTO {prefix}txbox_schema_version (version, applied_at) VALUES (2, UTC_TIMESTAMP(6));

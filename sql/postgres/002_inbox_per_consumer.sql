@@ -5,10 +5,13 @@
 -- ran. The key becomes (consumer, event_id). Rows recorded before this upgrade do
 -- not say which consumer recorded them: they get the consumer '*', which every
 -- consumer treats as its own, so no event is handled twice across the upgrade.
+-- The column then has no default: a 0.1 process still writing to the table fails
+-- loudly instead of recording ids for every consumer.
 --
 -- `migrate` applies this file once, after 001, in one transaction. By hand: replace
 -- `{prefix}` and run it once with psql, after 001_schema.sql.
 ALTER TABLE {prefix}inbox_consumed ADD COLUMN consumer varchar(100) NOT NULL DEFAULT '*';
+ALTER TABLE {prefix}inbox_consumed ALTER COLUMN consumer DROP DEFAULT;
 ALTER TABLE {prefix}inbox_consumed DROP CONSTRAINT {prefix}inbox_consumed_pkey;
 ALTER TABLE {prefix}inbox_consumed ADD PRIMARY KEY (consumer, event_id);
 INSERT INTO {prefix}txbox_schema_version (version) VALUES (2);

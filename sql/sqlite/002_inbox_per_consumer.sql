@@ -10,7 +10,7 @@
 -- `migrate` applies this file once, after 001, in one transaction. By hand: replace
 -- `{prefix}` and run it once inside BEGIN ... COMMIT, after 001_schema.sql.
 CREATE TABLE {prefix}inbox_consumed_v2 (
-    consumer    TEXT NOT NULL DEFAULT '*',
+    consumer    TEXT NOT NULL,
     event_id    TEXT NOT NULL,
     consumed_at TEXT NOT NULL,
     PRIMARY KEY (consumer, event_id)

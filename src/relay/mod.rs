@@ -819,7 +819,8 @@ impl Poller {
 }
 
 /// Turns the sender's per-event results into row outcomes: acked (PROCESSED, or
-/// deleted when `delete_acked`), retry with backoff while retries are left, FAILED after.
+/// deleted when `delete_acked`), a transport failure back to PENDING with no
+/// attempt counted, retry with backoff while retries are left, FAILED after.
 fn outcomes(
     events: &[Event],
     results: Vec<Result<(), SendError>>,

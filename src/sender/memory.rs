@@ -1,5 +1,6 @@
 //! An in-memory sender: for unit tests of the relay and for the demo.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,9 @@ struct Inner {
     sent: Mutex<Vec<Event>>,
     changed: Condvar,
     fail: Mutex<Option<(Arc<FailFn>, SendErrorKind)>>,
+    /// A transient failure happened: the next [`Sender::ready`] fails once, as
+    /// a broker that could not be reached at that moment.
+    unreachable: AtomicBool,
 }
 
 impl MemorySender {
@@ -44,7 +48,8 @@ impl MemorySender {
 
     /// From now on, events for which `f` returns `Some(reason)` fail as if the
     /// broker could not be reached ([`SendError::transient`]: they go back to
-    /// PENDING with no attempt counted).
+    /// PENDING with no attempt counted). After each such failure the sender's
+    /// next [`Sender::ready`] fails once.
     ///
     /// ```
     /// let sender = txbox::MemorySender::new();
@@ -105,21 +110,29 @@ impl Sender for MemorySender {
         let mut sent = lock(&self.inner.sent);
         let results = events
             .iter()
-            .map(
-                |e| match fail.as_ref().and_then(|(f, kind)| Some((f(e)?, *kind))) {
-                    Some((reason, kind)) => Err(SendError {
-                        message: reason,
-                        kind,
-                    }),
-                    None => {
-                        sent.push(e.clone());
-                        Ok(())
-                    }
-                },
-            )
+            .map(|e| {
+                let Some((message, kind)) = fail.as_ref().and_then(|(f, k)| Some((f(e)?, *k)))
+                else {
+                    sent.push(e.clone());
+                    return Ok(());
+                };
+                if kind == SendErrorKind::Transient {
+                    self.inner.unreachable.store(true, Ordering::Relaxed);
+                }
+                Err(SendError { message, kind })
+            })
             .collect();
         self.inner.changed.notify_all();
         results
+    }
+
+    fn ready(&mut self) -> Result<(), SendError> {
+        if self.inner.unreachable.swap(false, Ordering::Relaxed) {
+            return Err(SendError::transient(
+                "memory sender: the broker could not be reached (simulated)",
+            ));
+        }
+        Ok(())
     }
 }
 

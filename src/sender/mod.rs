@@ -20,7 +20,9 @@ pub use memory::MemorySender;
 /// [`Transient`](SendErrorKind::Transient) transport failure (broker unreachable,
 /// connection lost, no confirm in time) returns the event to PENDING without
 /// counting an attempt, and the poller stops claiming until the sender is
-/// [ready](Sender::ready) again.
+/// [ready](Sender::ready) again. Use it only for what is not the event's fault:
+/// an event whose own failure is reported as transient is sent again and again
+/// and never reaches the dead letters.
 ///
 /// ```
 /// use txbox::{SendError, SendErrorKind};

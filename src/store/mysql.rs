@@ -38,7 +38,8 @@ fn dialect(t: &Tables) -> Dialect {
         schema: &[SCHEMA, SCHEMA_2],
         transactional_ddl: false,
         migrate_lock: None,
-        exists_errors: &["1061", "Duplicate key name"],
+        // duplicate index, duplicate column, the version recorded already
+        exists_errors: &["1061", "1060", "1062"],
         ping: "SELECT 1",
         max_ids: 1000,
         common: sql::common(t, NOW, plus, sql::IDS_IN),

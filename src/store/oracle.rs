@@ -46,7 +46,16 @@ fn dialect(t: &Tables) -> Dialect {
         schema: &[SCHEMA, SCHEMA_2],
         transactional_ddl: false,
         migrate_lock: None,
-        exists_errors: &["ORA-00955", "ORA-01408"],
+        // name used, index exists, column exists, no primary key to drop, one
+        // primary key only, the version recorded already
+        exists_errors: &[
+            "ORA-00955",
+            "ORA-01408",
+            "ORA-01430",
+            "ORA-02441",
+            "ORA-02260",
+            "ORA-00001",
+        ],
         ping: "SELECT 1 FROM DUAL",
         max_ids: 1000,
         common: sql::common(t, NOW, plus, sql::IDS_IN),

@@ -418,10 +418,12 @@ pub(crate) fn render(
             Style::Dollar => format!("${n}"),
             Style::Question => "?".into(),
             Style::QuestionNumbered => format!("?{n}"),
-            Style::Colon => format!(":{n}"),
+            // Oracle binds by position, the order the placeholders appear in,
+            // whatever their names: one bind per occurrence, named in that order
+            Style::Colon => format!(":{}", order.len()),
         }
     });
-    if style != Style::Question {
+    if matches!(style, Style::Dollar | Style::QuestionNumbered) {
         // numbered styles bind every index up to the highest one used
         let highest = order.iter().max().map_or(0, |m| m + 1);
         order = (0..highest).collect();
@@ -611,7 +613,9 @@ pub(crate) struct Dialect {
     /// Serializes concurrent migrations (PostgreSQL's advisory lock), run in the
     /// migration's transaction.
     pub migrate_lock: Option<&'static str>,
-    /// DDL errors meaning "already exists", for dialects without IF NOT EXISTS.
+    /// DDL errors meaning "already there" (a table, index, column or key that
+    /// exists, a key already dropped, a version already recorded), passed over
+    /// where the dialect has no IF NOT EXISTS or no transactional DDL.
     pub exists_errors: &'static [&'static str],
     /// A statement that touches no table, for [`crate::Store::ping`].
     pub ping: &'static str,
@@ -1240,17 +1244,18 @@ impl<P: Pool> Store for SqlStore<P> {
         let Some((baseline, upgrades)) = d.schema.split_first() else {
             return Ok(());
         };
-        let baseline = split_statements(&self.tables.render(baseline));
         let version_query = format!(
             "SELECT COALESCE(MAX(version), 0) FROM {}",
             self.tables.schema_version
         );
-        let apply = |c: &mut dyn Conn| -> Result<()> {
-            if let Some(lock) = d.migrate_lock {
-                c.batch(lock)?;
-            }
-            for stmt in &baseline {
-                match c.batch(stmt) {
+        // Runs a file's statements. An error that says its change is there
+        // already is passed over: the baseline is idempotent that way where the
+        // dialect has no IF NOT EXISTS, and where DDL is not transactional an
+        // upgrade that stopped half-way (or that another instance applies at
+        // the same time) goes on from where it is.
+        let run = |c: &mut dyn Conn, file: &str| -> Result<()> {
+            for stmt in split_statements(&self.tables.render(file)) {
+                match c.batch(&stmt) {
                     Ok(()) => {}
                     Err(e)
                         if d.exists_errors
@@ -1261,47 +1266,35 @@ impl<P: Pool> Store for SqlStore<P> {
             }
             Ok(())
         };
-        let current = |c: &mut dyn Conn| -> Result<i64> {
-            Ok(run_query(c, d, &version_query, &[], &[])?
-                .first()
-                .map_or(0, |r| r.int(0)))
-        };
-        // the baseline, then each upgrade not yet recorded, each in a transaction
-        // of its own where the database has transactional DDL (PostgreSQL,
-        // SQLite; MySQL and Oracle commit each DDL statement)
+        // the baseline, then each version not yet recorded (each file records
+        // itself); in one transaction where DDL is transactional (PostgreSQL,
+        // SQLite), whose lock makes one migrator at a time
         let upgrade = |c: &mut dyn Conn| -> Result<()> {
-            apply(c)?;
-            let mut at = current(c)?;
+            if let Some(lock) = d.migrate_lock {
+                c.batch(lock)?;
+            }
+            run(c, baseline)?;
+            let at = run_query(c, d, &version_query, &[], &[])?
+                .first()
+                .map_or(0, |r| r.int(0));
             for (version, file) in (2_i64..).zip(upgrades) {
                 if version <= at {
                     continue;
                 }
-                for stmt in split_statements(&self.tables.render(file)) {
-                    c.batch(&stmt).inspect_err(|e| {
-                        log::error!("txbox: applying schema version {version}: {e}")
-                    })?;
-                }
+                run(c, file).inspect_err(|e| {
+                    log::error!("txbox: applying schema version {version}: {e}")
+                })?;
                 log::info!(
                     "txbox: schema of prefix {:?} upgraded to version {version}",
                     self.tables.prefix
                 );
-                at = version;
             }
             Ok(())
         };
         if d.transactional_ddl {
-            // all or nothing; PostgreSQL's lock and SQLite's write lock hold until
-            // the transaction ends: one migrator at a time
             transaction(&mut *conn, d, upgrade)
         } else {
-            upgrade(&mut *conn).or_else(|e| {
-                // another instance may have applied the same upgrade meanwhile
-                if current(&mut *conn)? as usize > upgrades.len() {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            })
+            upgrade(&mut *conn)
         }
     }
 
@@ -1663,12 +1656,13 @@ mod tests {
             "UPDATE t SET a = ? WHERE b = ? AND id IN (?, ?) AND c = ?"
         );
         assert_eq!(order, vec![1, 0, 2, 3, 0]);
+        // Oracle: one bind per occurrence, in the order they appear
         let (sql, order) = render(t, Style::Colon, 2, 1);
         assert_eq!(
             sql,
-            "UPDATE t SET a = :2 WHERE b = :1 AND id IN (:3) AND c = :1"
+            "UPDATE t SET a = :1 WHERE b = :2 AND id IN (:3) AND c = :4"
         );
-        assert_eq!(order, vec![0, 1, 2]);
+        assert_eq!(order, vec![1, 0, 2, 0]);
         let (_, order) = render("VALUES ($1, $2)", Style::QuestionNumbered, 3, 0);
         assert_eq!(order, vec![0, 1], "an unused last parameter is not bound");
         let (sql, _) = render(t, Style::QuestionNumbered, 2, 1);
