@@ -342,10 +342,11 @@ pub(crate) enum Style {
     /// `$1` (PostgreSQL)
     Dollar,
     /// `?`, in order of appearance (MySQL)
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     Question,
     /// `?1` (SQLite)
     QuestionNumbered,
-    /// `:1` (Oracle)
+    /// `:1`, `:2`, ... in order of appearance (Oracle)
     #[cfg_attr(not(feature = "oracle"), allow(dead_code))]
     Colon,
 }
