@@ -452,7 +452,10 @@ impl Config {
     /// assert_eq!(s.backoff.delay, std::time::Duration::from_secs(2));
     ///
     /// let err = txbox::Config::from_toml("[events.x.polling]\nmultiplier = 0.5").unwrap_err();
-    /// assert_eq!(err.to_string(), "events.x.polling.multiplier must be >= 1.0");
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "events.x.polling.multiplier must be between 1.0 and 100, not 0.5"
+    /// );
     /// # Ok(()) }
     /// ```
     pub fn from_toml(text: &str) -> Result<Config> {
@@ -600,19 +603,19 @@ impl ConfigBuilder {
         let table_prefix = self.table_prefix.unwrap_or_default();
         crate::store::validate_prefix(&table_prefix)?;
         let max_payload_bytes = self.max_payload_bytes.unwrap_or(1024 * 1024);
-        if max_payload_bytes == 0 {
-            return Err(Error::config("max_payload_bytes", "must be > 0"));
+        if !(1..=MAX_PAYLOAD_LIMIT).contains(&max_payload_bytes) {
+            return Err(Error::config(
+                "max_payload_bytes",
+                format!("must be between 1 and {MAX_PAYLOAD_LIMIT}, not {max_payload_bytes}"),
+            ));
         }
         let defaults = self.defaults.apply(&EventSettings::default());
         validate_event(&defaults, "defaults")?;
         let mut events = BTreeMap::new();
         for (name, options) in &self.events {
-            let path = format!("events.{name}");
-            if name.is_empty() || name.len() > 255 {
-                return Err(Error::config(
-                    path,
-                    "event type must be 1 to 255 characters",
-                ));
+            let path = format!("events.{}", name.escape_debug());
+            if let Err(why) = plain_name(name) {
+                return Err(Error::config(path, format!("event type {why}")));
             }
             let settings = options.apply(&defaults);
             validate_event(&settings, &path)?;
@@ -626,9 +629,10 @@ impl ConfigBuilder {
             cleanup_interval: d.cleanup_interval.unwrap_or(Duration::from_secs(600)),
             resolved_ttl: d.resolved_ttl.unwrap_or(Duration::from_secs(86_400)),
         };
-        positive("dlq.move_interval", dlq.move_interval)?;
-        positive("dlq.retry_interval", dlq.retry_interval)?;
-        positive("dlq.cleanup_interval", dlq.cleanup_interval)?;
+        within("dlq.move_interval", dlq.move_interval, MAX_INTERVAL)?;
+        within("dlq.retry_interval", dlq.retry_interval, MAX_INTERVAL)?;
+        within("dlq.cleanup_interval", dlq.cleanup_interval, MAX_INTERVAL)?;
+        within_or_zero("dlq.resolved_ttl", dlq.resolved_ttl, MAX_TTL)?;
         let m = self.maintenance;
         let maintenance = MaintenanceSettings {
             recovery_interval: m.recovery_interval.unwrap_or(Duration::from_secs(60)),
@@ -636,11 +640,21 @@ impl ConfigBuilder {
             processed_ttl: m.processed_ttl.unwrap_or(Duration::from_secs(86_400)),
             batch_size: m.batch_size.unwrap_or(1000),
         };
-        positive(
+        within(
             "maintenance.recovery_interval",
             maintenance.recovery_interval,
+            MAX_INTERVAL,
         )?;
-        positive("maintenance.cleanup_interval", maintenance.cleanup_interval)?;
+        within(
+            "maintenance.cleanup_interval",
+            maintenance.cleanup_interval,
+            MAX_INTERVAL,
+        )?;
+        within_or_zero(
+            "maintenance.processed_ttl",
+            maintenance.processed_ttl,
+            MAX_TTL,
+        )?;
         if !(1..=100_000).contains(&maintenance.batch_size) {
             return Err(Error::config(
                 "maintenance.batch_size",
@@ -654,9 +668,13 @@ impl ConfigBuilder {
             cleanup_interval: i.cleanup_interval.unwrap_or(Duration::from_secs(600)),
             batch_size: i.batch_size.unwrap_or(1000),
         };
-        positive("inbox.ttl", inbox.ttl)?;
-        positive("inbox.cache_ttl", inbox.cache_ttl)?;
-        positive("inbox.cleanup_interval", inbox.cleanup_interval)?;
+        within("inbox.ttl", inbox.ttl, MAX_TTL)?;
+        within("inbox.cache_ttl", inbox.cache_ttl, MAX_TTL)?;
+        within(
+            "inbox.cleanup_interval",
+            inbox.cleanup_interval,
+            MAX_INTERVAL,
+        )?;
         if inbox.cache_ttl > inbox.ttl {
             return Err(Error::config("inbox.cache_ttl", "must be <= inbox.ttl"));
         }
@@ -679,9 +697,72 @@ impl ConfigBuilder {
     }
 }
 
-fn positive(path: &str, d: Duration) -> Result<()> {
-    if d.is_zero() {
-        return Err(Error::config(path, "must be > 0"));
+/// Largest `max_payload_bytes`: 256 MiB.
+pub const MAX_PAYLOAD_LIMIT: usize = 256 * 1024 * 1024;
+/// Longest polling delay (`delay`, `min`, `max`, `initial_delay`) and first
+/// backoff delay: one day.
+pub const MAX_DELAY: Duration = Duration::from_secs(86_400);
+/// Longest interval of a maintenance or DLQ job: 30 days.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(30 * 86_400);
+/// Longest TTL (processed rows, dead letters, inbox ids): 10 years.
+pub const MAX_TTL: Duration = Duration::from_secs(3650 * 86_400);
+/// Longest claim lease: 24 days. A held claim's lease becomes PostgreSQL's
+/// `idle_in_transaction_session_timeout`, a 32-bit count of milliseconds (24.8
+/// days at most).
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 86_400);
+/// Largest polling and backoff multiplier.
+pub const MAX_MULTIPLIER: f64 = 100.0;
+
+/// A duration as the configuration spells it (`"250ms"`, `"90s"`, `"24d"`).
+fn spell(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        _ if ms % 86_400_000 == 0 && ms > 0 => format!("{}d", ms / 86_400_000),
+        _ if ms % 3_600_000 == 0 && ms > 0 => format!("{}h", ms / 3_600_000),
+        _ if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        _ => format!("{ms}ms"),
+    }
+}
+
+/// `d` is more than zero and at most `max`.
+fn within(path: &str, d: Duration, max: Duration) -> Result<()> {
+    if d.is_zero() || d > max {
+        return Err(Error::config(
+            path,
+            format!("must be more than 0 and at most {}, not {d:?}", spell(max)),
+        ));
+    }
+    Ok(())
+}
+
+/// `d` is at most `max` (zero allowed).
+fn within_or_zero(path: &str, d: Duration, max: Duration) -> Result<()> {
+    if d > max {
+        return Err(Error::config(
+            path,
+            format!("must be at most {}, not {d:?}", spell(max)),
+        ));
+    }
+    Ok(())
+}
+
+/// A name txbox passes on to threads, brokers and SQL values (event types,
+/// destinations): 1 to 255 bytes, no control characters (a NUL cannot be a
+/// thread name, a Kafka topic or an AMQP exchange).
+pub(crate) fn plain_name(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() || name.len() > 255 {
+        return Err(format!(
+            "must be 1 to 255 bytes, not {} ({:?})",
+            name.len(),
+            name.escape_debug().to_string()
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "must not contain control characters, found {:?} in {:?}",
+            c,
+            name.escape_debug().to_string()
+        ));
     }
     Ok(())
 }
@@ -689,13 +770,19 @@ fn positive(path: &str, d: Duration) -> Result<()> {
 fn validate_event(s: &EventSettings, path: &str) -> Result<()> {
     let err = |key: &str, msg: &str| Err(Error::config(format!("{path}.{key}"), msg));
     if let Some(d) = &s.destination {
-        if d.trim().is_empty() || d.len() > 255 {
-            return err("destination", "must be 1 to 255 characters");
+        if d.trim().is_empty() {
+            return err("destination", "must not be blank");
+        }
+        if let Err(why) = plain_name(d) {
+            return err("destination", &why);
         }
     }
     if let Some(k) = &s.routing_key {
         if k.len() > 255 {
-            return err("routing_key", "must be at most 255 characters");
+            return err("routing_key", "must be at most 255 bytes");
+        }
+        if k.chars().any(char::is_control) {
+            return err("routing_key", "must not contain control characters");
         }
     }
     if !(1..=10_000).contains(&s.batch_size) {
@@ -705,18 +792,15 @@ fn validate_event(s: &EventSettings, path: &str) -> Result<()> {
         return err("in_flight", "must be between 1 and 16");
     }
     let p = &s.polling;
-    if p.strategy == PollingStrategy::Fixed && p.delay.is_zero() {
-        return err("polling.delay", "must be > 0");
-    }
-    if p.min.is_zero() {
-        return err("polling.min", "must be > 0");
-    }
+    let key = |k: &str| format!("{path}.{k}");
+    within(&key("polling.delay"), p.delay, MAX_DELAY)?;
+    within(&key("polling.min"), p.min, MAX_DELAY)?;
+    within(&key("polling.max"), p.max, MAX_DELAY)?;
+    within_or_zero(&key("polling.initial_delay"), p.initial_delay, MAX_DELAY)?;
     if p.max < p.min {
         return err("polling.max", "must be >= polling.min");
     }
-    if !(p.multiplier.is_finite() && p.multiplier >= 1.0) {
-        return err("polling.multiplier", "must be >= 1.0");
-    }
+    multiplier(&key("polling.multiplier"), p.multiplier)?;
     if s.max_retries > 100 {
         return err("max_retries", "must be <= 100");
     }
@@ -727,14 +811,38 @@ fn validate_event(s: &EventSettings, path: &str) -> Result<()> {
             "must be > 0 (disable backoff for a fixed delay)",
         );
     }
-    if !(b.multiplier.is_finite() && b.multiplier >= 1.0) {
-        return err("backoff.multiplier", "must be >= 1.0");
-    }
+    within(&key("backoff.delay"), b.delay, MAX_DELAY)?;
+    multiplier(&key("backoff.multiplier"), b.multiplier)?;
     if !(b.jitter.is_finite() && (0.0..1.0).contains(&b.jitter)) {
         return err("backoff.jitter", "must be >= 0.0 and < 1.0");
     }
-    if s.lease < Duration::from_secs(1) {
-        return err("lease", "must be >= 1s");
+    if s.lease < Duration::from_secs(1) || s.lease > MAX_LEASE {
+        return Err(Error::config(
+            key("lease"),
+            format!(
+                "must be between 1s and {}, not {:?}",
+                spell(MAX_LEASE),
+                s.lease
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A growth factor between 1 and [`MAX_MULTIPLIER`].
+fn multiplier(path: &str, m: f64) -> Result<()> {
+    if !(m.is_finite() && (1.0..=MAX_MULTIPLIER).contains(&m)) {
+        return Err(Error::config(
+            path,
+            format!(
+                "must be between 1.0 and {MAX_MULTIPLIER}, not {}",
+                if m.is_finite() && m.abs() >= 1e6 {
+                    format!("{m:e}")
+                } else {
+                    m.to_string()
+                }
+            ),
+        ));
     }
     Ok(())
 }

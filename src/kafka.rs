@@ -36,6 +36,9 @@ use crate::sender::{SendError, Sender, SenderFactory};
 /// Default `message.timeout.ms`: how long librdkafka tries one record.
 pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The largest `message.timeout.ms` librdkafka takes (its own limit).
+const MAX_MESSAGE_TIMEOUT_MS: u64 = 2_147_483_647;
+
 fn client_config(properties: &BTreeMap<String, String>) -> Result<ClientConfig> {
     if !properties.contains_key("bootstrap.servers") {
         return Err(Error::config("kafka.bootstrap.servers", "must be set"));
@@ -233,16 +236,41 @@ impl KafkaSenderBuilder {
 
     /// Creates the producer. Fails on a bad property (named in the error).
     pub fn build(self) -> Result<KafkaSender> {
-        let timeout_ms: u64 = match self.properties.get("message.timeout.ms") {
-            Some(v) => v.parse().map_err(|_| {
-                Error::config(
-                    "kafka.message.timeout.ms",
-                    format!("must be a number of milliseconds, not {v:?}"),
-                )
-            })?,
+        // librdkafka's alias: the one set last wins there; two that differ
+        // are refused here rather than guessed
+        let timeouts: Vec<(&str, &String)> = ["message.timeout.ms", "delivery.timeout.ms"]
+            .into_iter()
+            .filter_map(|k| Some((k, self.properties.get(k)?)))
+            .collect();
+        if let [(a, x), (b, y)] = timeouts.as_slice() {
+            if x != y {
+                return Err(Error::config(
+                    format!("kafka.{b}"),
+                    format!("is {y:?} while its alias {a} is {x:?}: set one"),
+                ));
+            }
+        }
+        let timeout_ms: u64 = match timeouts.first() {
+            Some((k, v)) => v
+                .parse()
+                .ok()
+                .filter(|ms| *ms <= MAX_MESSAGE_TIMEOUT_MS)
+                .ok_or_else(|| {
+                    Error::config(
+                        format!("kafka.{k}"),
+                        format!(
+                            "must be a number of milliseconds up to {MAX_MESSAGE_TIMEOUT_MS}, not {v:?}"
+                        ),
+                    )
+                })?,
             None => DEFAULT_MESSAGE_TIMEOUT.as_millis() as u64,
         };
-        let config = client_config(&self.properties)?;
+        let defaulted = timeouts.is_empty();
+        let mut properties = self.properties;
+        if defaulted {
+            properties.insert("message.timeout.ms".into(), timeout_ms.to_string());
+        }
+        let config = client_config(&properties)?;
         let producer = config
             .create_with_context(Reports)
             .map_err(|e| kafka_err("producer", e))?;
@@ -273,7 +301,6 @@ impl KafkaSender {
             ("bootstrap.servers", bootstrap_servers),
             ("acks", "all"),
             ("enable.idempotence", "true"),
-            ("message.timeout.ms", "30000"),
             ("linger.ms", "1"),
         ] {
             properties.insert(k.to_string(), v.to_string());
@@ -481,6 +508,10 @@ crate::sender::pipelined_sender!(KafkaSender);
 impl SenderFactory for KafkaSender {
     fn create(&self) -> Result<Box<dyn Sender>> {
         Ok(Box::new(self.clone()))
+    }
+
+    fn ack_wait(&self) -> Option<Duration> {
+        Some(self.shared.wait)
     }
 }
 

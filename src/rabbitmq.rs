@@ -93,6 +93,10 @@ impl SenderFactory for RabbitSenderFactory {
     fn create(&self) -> Result<Box<dyn Sender>> {
         Ok(Box::new(RabbitSender::new(&self.url, self.confirm_timeout)))
     }
+
+    fn ack_wait(&self) -> Option<Duration> {
+        Some(self.confirm_timeout)
+    }
 }
 
 struct Open {

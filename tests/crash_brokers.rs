@@ -39,7 +39,7 @@ fn config(prefix: &str, destination: &str, held: bool) -> Config {
     let defaults = EventOptions::new()
         .adaptive_polling(ms(10), ms(100), 1.5)
         .batch_size(50)
-        .lease(ms(5000));
+        .lease(ms(8000)); // longer than the Kafka sender's 2 s + 5 s wait for acks
     let claim = if held {
         ClaimMode::Lock
     } else {

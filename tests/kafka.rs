@@ -338,3 +338,69 @@ fn a_retry_that_cannot_seek_back_stops_the_loop_and_commits_nothing_past_it() {
         "read again from the message to retry"
     );
 }
+
+/// The lease must outlast the Kafka sender's wait for a batch's reports
+/// (`message.timeout.ms`, or its alias `delivery.timeout.ms`, plus 5 s): refused
+/// at start otherwise; the two aliases set to different values are refused.
+#[test]
+fn a_lease_shorter_than_the_delivery_timeout_is_refused_at_start() {
+    let p = "t_kafka_lease_";
+    let Some((store, _client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", EventOptions::new().lease(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    for alias in ["message.timeout.ms", "delivery.timeout.ms"] {
+        let sender = KafkaSender::builder(&kafka_brokers())
+            .property(alias, "60000")
+            .build()
+            .unwrap();
+        let err = Relay::start(store.clone(), &config, sender)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.starts_with(
+                "events.e.lease is 30s, not longer than the sender's wait for a batch's acks (65s"
+            ),
+            "{alias}: {err}"
+        );
+    }
+    let err = KafkaSender::builder(&kafka_brokers())
+        .property("message.timeout.ms", "1000")
+        .property("delivery.timeout.ms", "90000")
+        .build()
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains(
+            "delivery.timeout.ms is \"90000\" while its alias message.timeout.ms is \"1000\""
+        ),
+        "{err}"
+    );
+    let err = KafkaSender::builder(&kafka_brokers())
+        .property("delivery.timeout.ms", "soon")
+        .build()
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.starts_with("kafka.delivery.timeout.ms must be a number of milliseconds"),
+        "{err}"
+    );
+    // the default (30 s + 5 s) is within the default lease
+    let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", EventOptions::new())
+        .build()
+        .unwrap();
+    Relay::start(store, &config, sender)
+        .unwrap()
+        .shutdown(Duration::from_secs(5))
+        .unwrap();
+}

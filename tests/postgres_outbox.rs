@@ -179,7 +179,7 @@ fn bad_config_values_name_their_key_path() {
     let cases = [
         (
             "[events.order-created.polling]\nmultiplier = 0.5",
-            "events.order-created.polling.multiplier must be >= 1.0",
+            "events.order-created.polling.multiplier must be between 1.0 and 100, not 0.5",
         ),
         (
             "[defaults]\nbatch_size = 0",
@@ -211,7 +211,7 @@ fn bad_config_values_name_their_key_path() {
         ),
         (
             "[events.a]\nlease = \"10ms\"",
-            "events.a.lease must be >= 1s",
+            "events.a.lease must be between 1s and 24d, not 10ms",
         ),
         (
             "[events.a]\nclaim = \"locked\"",
@@ -219,7 +219,7 @@ fn bad_config_values_name_their_key_path() {
         ),
         (
             "[maintenance]\ncleanup_interval = \"0\"",
-            "maintenance.cleanup_interval must be > 0",
+            "maintenance.cleanup_interval must be more than 0 and at most 30d, not 0ns",
         ),
         (
             "table_prefix = \"no way\"",
@@ -251,7 +251,92 @@ fn bad_config_values_name_their_key_path() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "events.x.polling.multiplier must be >= 1.0"
+        "events.x.polling.multiplier must be between 1.0 and 100, not 0.9"
+    );
+}
+
+/// Numbers that would overflow a duration, a thread name that cannot be one, a
+/// lease PostgreSQL cannot hold: each refused with its key, its range and what was
+/// given, never a panic later in a relay thread.
+#[test]
+fn hostile_config_values_are_refused_with_their_range() {
+    let cases = [
+        (
+            "[defaults.polling]\nmultiplier = 1e300",
+            "defaults.polling.multiplier must be between 1.0 and 100, not 1e300",
+        ),
+        (
+            "[events.a.backoff]\nmultiplier = inf",
+            "events.a.backoff.multiplier must be between 1.0 and 100, not inf",
+        ),
+        (
+            "[events.a.backoff]\nmultiplier = nan",
+            "events.a.backoff.multiplier must be between 1.0 and 100, not NaN",
+        ),
+        (
+            "[events.a]\nlease = \"25d\"",
+            "events.a.lease must be between 1s and 24d, not 2160000s",
+        ),
+        (
+            "[events.a.polling]\nmax = \"2d\"",
+            "events.a.polling.max must be more than 0 and at most 1d, not 172800s",
+        ),
+        (
+            "[defaults.polling]\ninitial_delay = \"1000d\"",
+            "defaults.polling.initial_delay must be at most 1d",
+        ),
+        (
+            "[defaults.backoff]\ndelay = \"2d\"",
+            "defaults.backoff.delay must be more than 0 and at most 1d",
+        ),
+        (
+            "[dlq]\nmove_interval = \"31d\"",
+            "dlq.move_interval must be more than 0 and at most 30d",
+        ),
+        (
+            "[inbox]\nttl = \"4000d\"",
+            "inbox.ttl must be more than 0 and at most 3650d",
+        ),
+        (
+            "max_payload_bytes = 1000000000000",
+            "max_payload_bytes must be between 1 and 268435456",
+        ),
+        (
+            "[events.\"a\\u0000b\"]",
+            "events.a\\0b event type must not contain control characters",
+        ),
+        ("[events.\"\"]", "events. event type must be 1 to 255 bytes"),
+        (
+            "[events.a]\ndestination = \"x\\u0007y\"",
+            "events.a.destination must not contain control characters",
+        ),
+        (
+            "[events.a]\nrouting_key = \"k\\u001b[31m\"",
+            "events.a.routing_key must not contain control characters",
+        ),
+    ];
+    for (toml, want) in cases {
+        let err = Config::from_toml(toml).unwrap_err().to_string();
+        assert!(
+            err.starts_with(want),
+            "{toml:?}: got {err:?}, want {want:?}"
+        );
+    }
+    // the builder checks the same
+    let err = Config::builder()
+        .event("tab\there", EventOptions::new())
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("must not contain control characters"), "{err}");
+    let err = Config::builder()
+        .defaults(EventOptions::new().lease(Duration::MAX))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("defaults.lease must be between 1s and 24d"),
+        "{err}"
     );
 }
 

@@ -1368,3 +1368,60 @@ fn an_error_text_with_a_nul_byte_is_stored_and_counted() {
     assert_eq!(status, "PENDING", "waiting for its retry");
     assert_eq!(error.as_deref(), Some("broker said \\0 no"));
 }
+
+/// Held claims keep a connection per batch in flight: a configuration that needs
+/// more than the store's pool has is refused at start, with the numbers.
+#[test]
+fn held_claims_needing_more_connections_than_the_pool_are_refused() {
+    let p = "t_rel_pool_";
+    if fresh(p).is_none() {
+        return;
+    }
+    let store = Arc::new(txbox::PgStore::connect_with(&pg_url(), p, 8).unwrap());
+    let held = |n: usize| {
+        let mut b = Config::builder()
+            .table_prefix(p)
+            .defaults(EventOptions::new().claim(ClaimMode::Lock).in_flight(3));
+        for i in 0..n {
+            b = b.event(format!("t{i}"), EventOptions::new());
+        }
+        b.build().unwrap()
+    };
+    let err = Relay::start(store.clone(), &held(2), MemorySender::new())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("held claims need up to 12 database connections (6 batches in flight of held types, 0 other pollers, 5 maintenance threads, 1 health check), and the store's pool has 8"),
+        "{err}"
+    );
+    // one held type with 2 in flight: 2 + 5 + 1 = 8 fits
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("t", EventOptions::new().claim(ClaimMode::Lock).in_flight(2))
+        .build()
+        .unwrap();
+    Relay::start(store, &config, MemorySender::new())
+        .unwrap()
+        .shutdown(Duration::from_secs(5))
+        .unwrap();
+}
+
+/// A configuration changed by hand after it was validated (its fields are public)
+/// with an event type holding a NUL: the relay starts, its thread name escaped.
+#[test]
+fn an_event_type_with_a_nul_set_by_hand_does_not_panic_the_start() {
+    let p = "t_rel_nul_type_";
+    let Some((store, _client)) = fresh(p) else {
+        return;
+    };
+    let mut config = Config::builder().table_prefix(p).build().unwrap();
+    config
+        .events
+        .insert("bad\0type".into(), txbox::EventSettings::default());
+    let relay = Relay::start(store, &config, MemorySender::new()).unwrap();
+    assert!(relay
+        .thread_names()
+        .contains(&"txbox-poll-bad?type".to_string()));
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}

@@ -309,3 +309,35 @@ fn a_returned_message_fails_even_when_its_batch_breaks_afterwards() {
     let rb = sender.wait();
     assert!(rb.len() == 1 && rb[0].is_err(), "{rb:?}");
 }
+
+/// A lease that runs out while a batch may still wait for RabbitMQ's confirms
+/// would have the batch recovered and sent again while in flight: refused at
+/// start, naming both values.
+#[test]
+fn a_lease_shorter_than_the_confirm_timeout_is_refused_at_start() {
+    let p = "t_rabbit_lease_";
+    let Some((store, _client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", EventOptions::new().lease(Duration::from_secs(20)))
+        .build()
+        .unwrap();
+    let factory = RabbitSenderFactory::new(&rabbit_url()).confirm_timeout(Duration::from_secs(30));
+    let err = Relay::start(store.clone(), &config, factory)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.starts_with(
+            "events.e.lease is 20s, not longer than the sender's wait for a batch's acks (30s"
+        ),
+        "{err}"
+    );
+    let factory = RabbitSenderFactory::new(&rabbit_url()).confirm_timeout(Duration::from_secs(10));
+    Relay::start(store, &config, factory)
+        .unwrap()
+        .shutdown(Duration::from_secs(5))
+        .unwrap();
+}

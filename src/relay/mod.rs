@@ -169,8 +169,11 @@ impl Relay {
                 ));
             }
         }
+        let maintenance = if config.dlq.enabled { 5 } else { 2 };
+        check_lease(config, sender.ack_wait())?;
+        check_connections(store.as_ref(), config, maintenance)?;
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
-        let threads = config.events.len() + if config.dlq.enabled { 5 } else { 2 };
+        let threads = config.events.len() + maintenance;
         let (mut relay, ctx, mut spawn) = Relay::launcher(store, threads);
         for (event_type, settings) in &config.events {
             let (wake_tx, wake_rx) = bounded(1);
@@ -194,9 +197,15 @@ impl Relay {
                 delete_acked: config.maintenance.processed_ttl.is_zero(),
                 stash: None,
             };
+            // a thread name cannot hold a NUL (configurations refuse control
+            // characters in event types; a hand-made one is not trusted)
+            let name: String = event_type
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
             spawn(
                 &mut relay,
-                format!("txbox-poll-{event_type}"),
+                format!("txbox-poll-{name}"),
                 Box::new(move || poller.run(wake_rx)),
             )?;
         }
@@ -406,6 +415,61 @@ impl Drop for Relay {
     fn drop(&mut self) {
         self.stop.take();
     }
+}
+
+/// Refuses a lease that runs out while a batch may still wait for its acks: the
+/// batch would be recovered and sent again while still in flight.
+fn check_lease(config: &Config, ack_wait: Option<Duration>) -> Result<()> {
+    let Some(wait) = ack_wait else {
+        return Ok(());
+    };
+    match config.events.iter().find(|(_, s)| s.lease <= wait) {
+        Some((t, s)) => Err(Error::config(
+            format!("events.{}.lease", t.escape_debug()),
+            format!(
+                "is {:?}, not longer than the sender's wait for a batch's acks ({wait:?}: \
+                 Kafka's message.timeout.ms plus 5s, or RabbitMQ's confirm timeout); a \
+                 batch still in flight would be sent again: make the lease longer or the \
+                 wait shorter",
+                s.lease
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Refuses held claims that need more connections than the store's pool has:
+/// one per batch in flight of each held type, one per other poller, one per
+/// maintenance thread and one for health checks. Short of them, recovery and
+/// health checks would time out waiting for the pool.
+fn check_connections(store: &dyn Store, config: &Config, maintenance: usize) -> Result<()> {
+    let held: usize = config
+        .events
+        .values()
+        .filter(|s| s.claim == ClaimMode::Lock)
+        .map(|s| s.in_flight)
+        .sum();
+    let (Some(pool), true) = (store.max_connections(), held > 0) else {
+        return Ok(());
+    };
+    let others = config
+        .events
+        .values()
+        .filter(|s| s.claim != ClaimMode::Lock)
+        .count();
+    let needed = held + others + maintenance + 1;
+    if needed > pool {
+        return Err(Error::config(
+            "events.*.claim",
+            format!(
+                "held claims need up to {needed} database connections ({held} batches in \
+                 flight of held types, {others} other pollers, {maintenance} maintenance \
+                 threads, 1 health check), and the store's pool has {pool}: give the store \
+                 a larger pool (PgStore::connect_with) or lower in_flight"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// One call of a maintenance job with its row limit: the rows it handled.
@@ -639,7 +703,9 @@ impl Poller {
                 token,
                 held,
                 events,
-                lease_end: claimed_at + s.lease,
+                lease_end: claimed_at
+                    .checked_add(s.lease)
+                    .unwrap_or(claimed_at + crate::config::MAX_LEASE),
                 started,
                 results,
             });

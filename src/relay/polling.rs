@@ -54,7 +54,10 @@ impl PollState {
             PollingStrategy::Fixed => p.delay,
             PollingStrategy::Adaptive => {
                 let wait = self.current;
-                self.current = wait.mul_f64(p.multiplier).min(p.max);
+                // never overflows, whatever the settings say
+                self.current = Duration::try_from_secs_f64(wait.as_secs_f64() * p.multiplier)
+                    .unwrap_or(p.max)
+                    .min(p.max);
                 wait
             }
         }
@@ -145,5 +148,17 @@ mod tests {
         let errs: Vec<_> = (0..8).map(|_| a.after_error()).collect();
         assert_eq!(errs[0], ms(250));
         assert_eq!(*errs.last().unwrap(), MAX_ERROR_DELAY);
+    }
+
+    #[test]
+    fn an_absurd_multiplier_set_by_hand_never_panics() {
+        // the configuration refuses it; settings built by hand are not checked
+        let mut settings = EventSettings::default();
+        settings.polling.multiplier = 1e300;
+        settings.polling.max = Duration::MAX;
+        let mut s = PollState::new(&settings.polling);
+        for _ in 0..5 {
+            assert!(s.after_batch(0, 200) <= Duration::MAX);
+        }
     }
 }

@@ -173,6 +173,15 @@ pub trait SenderFactory: Send + Sync + 'static {
     /// A sender for one thread. An error here (broker unreachable) is logged and
     /// retried with backoff; no event is claimed meanwhile.
     fn create(&self) -> Result<Box<dyn Sender>>;
+
+    /// The longest its senders wait for the broker's acks of one batch (Kafka's
+    /// delivery timeout plus a margin, RabbitMQ's confirm timeout), when bounded.
+    /// [`Relay::start`](crate::Relay::start) refuses a lease shorter than this: a
+    /// batch still waiting for its acks would be recovered and sent again while
+    /// in flight. The default: not known.
+    fn ack_wait(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 impl<F> SenderFactory for F

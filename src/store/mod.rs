@@ -197,6 +197,13 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// The most database connections the store's pool opens, when it has a
+    /// bound. A relay with held claims needs one per batch in flight: it refuses
+    /// to start when they cannot all be had. The default: no bound known.
+    fn max_connections(&self) -> Option<usize> {
+        None
+    }
+
     /// Claims like [`Store::claim_after`] for [`ClaimMode::Lock`](crate::ClaimMode::Lock):
     /// locks the rows (`FOR UPDATE SKIP LOCKED`) in a transaction that stays open
     /// instead of stamping them, so they stay PENDING and other relays skip them

@@ -292,6 +292,10 @@ impl sql::Pool for Pool {
         Ok(self.get_owned()?)
     }
 
+    fn max_size(&self) -> Option<usize> {
+        Some(self.0.max_size() as usize)
+    }
+
     fn get_owned(&self) -> Result<Box<dyn Conn + Send>> {
         if self.0.test_on_check_out() {
             // a pool of the caller's (`from_pool`) that tests by itself

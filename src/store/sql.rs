@@ -210,6 +210,9 @@ macro_rules! delegate_store {
             fn can_hold_claims(&self) -> bool {
                 self.inner.can_hold_claims()
             }
+            fn max_connections(&self) -> Option<usize> {
+                self.inner.max_connections()
+            }
             fn claim_held(
                 &self,
                 args: &$crate::store::ClaimArgs<'_>,
@@ -333,6 +336,10 @@ pub(crate) trait Pool: Send + Sync + 'static {
         Err(Error::InvalidInput(
             "this store cannot hand out a connection of its own".into(),
         ))
+    }
+    /// The most connections the pool opens, when it has a bound.
+    fn max_size(&self) -> Option<usize> {
+        None
     }
 }
 
@@ -1371,6 +1378,10 @@ impl<P: Pool> Store for SqlStore<P> {
 
     fn can_hold_claims(&self) -> bool {
         self.d.hold_claim.is_some()
+    }
+
+    fn max_connections(&self) -> Option<usize> {
+        self.pool.max_size()
     }
 
     fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
