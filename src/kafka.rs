@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -669,21 +669,8 @@ impl KafkaConsumer {
                 }
                 Some(Ok(m)) => m,
             };
-            let headers = msg
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|h| {
-                            (
-                                h.key.to_string(),
-                                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default();
             let event = ReceivedEvent::from_parts(
-                headers,
+                message_headers(&msg),
                 msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
                 msg.payload().unwrap_or_default().to_vec(),
                 Position::Kafka {
@@ -735,6 +722,52 @@ impl KafkaConsumer {
         }
         Ok(())
     }
+}
+
+/// Every header of a consumed message as (name, value), read as bytes and made
+/// text lossily. rdkafka's own accessor panics on a header name that is not
+/// UTF-8 (any producer may send one), so the headers are read through librdkafka
+/// directly. An id header that is not valid UTF-8 or not a UUID then leaves the
+/// event without an id, and the missing-id policy decides.
+fn message_headers(msg: &rdkafka::message::BorrowedMessage<'_>) -> Vec<(String, String)> {
+    use rdkafka::bindings as rd;
+    use std::ffi::{c_char, c_void, CStr};
+    const OK: rd::rd_kafka_resp_err_t = rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR;
+    let mut out = Vec::new();
+    let mut headers: *mut rd::rd_kafka_headers_t = std::ptr::null_mut();
+    // SAFETY: `msg` is a live message of this consumer; the header list it hands
+    // out belongs to the message and lives as long as it does.
+    if unsafe { rd::rd_kafka_message_headers(msg.ptr(), &mut headers) } != OK || headers.is_null() {
+        return out;
+    }
+    // SAFETY: `headers` is the message's list, checked non-null above.
+    let count = unsafe { rd::rd_kafka_header_cnt(headers) };
+    for i in 0..count {
+        let (mut name, mut value, mut size): (*const c_char, *const c_void, usize) =
+            (std::ptr::null(), std::ptr::null(), 0);
+        // SAFETY: `i` is below the count; librdkafka fills the three out-pointers
+        // with the header's NUL-terminated name and its value and size, owned by
+        // the list.
+        if unsafe { rd::rd_kafka_header_get_all(headers, i, &mut name, &mut value, &mut size) }
+            != OK
+            || name.is_null()
+        {
+            continue;
+        }
+        // SAFETY: a NUL-terminated name and `size` bytes of value, as above.
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
+        let value = if value.is_null() {
+            String::new()
+        } else {
+            // SAFETY: see above.
+            let bytes = unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) };
+            String::from_utf8_lossy(bytes).into_owned()
+        };
+        out.push((name, value));
+    }
+    out
 }
 
 /// The error that stops a consumer loop whose message to retry cannot be rewound.

@@ -404,3 +404,93 @@ fn a_lease_shorter_than_the_delivery_timeout_is_refused_at_start() {
         .shutdown(Duration::from_secs(5))
         .unwrap();
 }
+
+/// Produces a record whose headers are raw bytes, as any producer may send them
+/// (rdkafka's safe API takes header names as `&str`): through librdkafka itself.
+fn produce_raw_headers(
+    producer: &rdkafka::producer::BaseProducer,
+    topic: &str,
+    headers: &[(&[u8], &[u8])],
+) {
+    use rdkafka::bindings as rd;
+    use rdkafka::bindings::rd_kafka_vtype_t::*;
+    use rdkafka::producer::Producer;
+    use std::ffi::{c_char, c_void, CString};
+    let topic = CString::new(topic).unwrap();
+    let payload = b"{}";
+    // SAFETY: a fresh header list filled with copies of the given bytes; on
+    // success `rd_kafka_producev` takes the list (and copies the payload:
+    // RD_KAFKA_MSG_F_COPY), on failure it is freed here.
+    unsafe {
+        let list = rd::rd_kafka_headers_new(headers.len());
+        for (name, value) in headers {
+            let err = rd::rd_kafka_header_add(
+                list,
+                name.as_ptr().cast::<c_char>(),
+                name.len() as isize,
+                value.as_ptr().cast::<c_void>(),
+                value.len() as isize,
+            );
+            assert_eq!(err, rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR);
+        }
+        let err = rd::rd_kafka_producev(
+            producer.client().native_ptr(),
+            RD_KAFKA_VTYPE_TOPIC,
+            topic.as_ptr(),
+            RD_KAFKA_VTYPE_MSGFLAGS,
+            rd::RD_KAFKA_MSG_F_COPY,
+            RD_KAFKA_VTYPE_VALUE,
+            payload.as_ptr().cast::<c_void>(),
+            payload.len(),
+            RD_KAFKA_VTYPE_HEADERS,
+            list,
+            RD_KAFKA_VTYPE_END,
+        );
+        if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            rd::rd_kafka_headers_destroy(list);
+            panic!("produce: {err:?}");
+        }
+    }
+}
+
+/// A record from another producer whose header name is not UTF-8, and one whose
+/// event-id header is not UTF-8: the consumer loop reads both (rdkafka's own header
+/// accessor panics on the first), the second without an id, and goes on.
+#[test]
+fn headers_that_are_not_utf8_neither_panic_nor_stop_the_consumer() {
+    use rdkafka::producer::{BaseProducer, Producer};
+    if !kafka_up() {
+        return;
+    }
+    let topic = format!("txbox-bytes-{}", unique());
+    create_topic(&topic, 1);
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .create()
+        .unwrap();
+    let id = txbox::HEADER_EVENT_ID.as_bytes();
+    let (first, third) = (txbox::EventId::new(), txbox::EventId::new());
+    let bad: &[u8] = &[0xff, 0xfe, b'x'];
+    produce_raw_headers(
+        &producer,
+        &topic,
+        &[(bad, b"v"), (id, first.to_string().as_bytes())],
+    );
+    produce_raw_headers(&producer, &topic, &[(id, bad)]);
+    produce_raw_headers(&producer, &topic, &[(id, third.to_string().as_bytes())]);
+    producer.flush(Duration::from_secs(10)).unwrap();
+
+    let got = consume_events(2, |h| consume(&topic, h));
+    let ids: Vec<Option<txbox::EventId>> = got.iter().map(|e| e.id).collect();
+    assert_eq!(ids, vec![Some(first), None, Some(third)]);
+    assert_eq!(
+        got[0].headers.get("\u{fffd}\u{fffd}x").map(String::as_str),
+        Some("v"),
+        "the name read lossily: {:?}",
+        got[0].headers
+    );
+    assert!(
+        got[1].event_id().is_err(),
+        "no id: the missing-id policy applies"
+    );
+}
