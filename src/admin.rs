@@ -11,9 +11,16 @@
 //! | `DELETE /dlq/events/{id}` | delete |
 //! | `POST /dlq/move` | move FAILED outbox events to the dead letters now (with the DLQ off, how they are reached), `{"moved": n}` |
 //!
-//! Mutating routes need `Authorization: Bearer <token>` with the token given to
-//! [`AdminOptions::token`]; without a token they are disabled (403). Malformed JSON,
-//! unknown routes and bodies over 64 KiB get a 4xx with `{"error": "..."}`.
+//! Every DLQ route, reads included (dead letters hold payloads, keys and headers),
+//! needs `Authorization: Bearer <token>` with the token given to
+//! [`AdminOptions::token`] (compared in constant time, the scheme in any case);
+//! without a token they are disabled (403). `/health` and `/metrics` are open
+//! unless [`AdminOptions::protect_health_and_metrics`]. The route and the token
+//! are checked before any body is read; each request is served on a thread of its
+//! own within [`AdminOptions::request_timeout`], so a client that stalls never
+//! keeps `/health` from answering nor `shutdown` from returning. Malformed JSON,
+//! unknown routes and bodies over 64 KiB get a 4xx with `{"error": "..."}`;
+//! `/health` says `"database": "unreachable"` and logs why.
 //!
 //! ```no_run
 //! # fn main() -> txbox::Result<()> {
@@ -24,11 +31,13 @@
 //! # Ok(()) }
 //! ```
 
-use std::io::Read;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use subtle::ConstantTimeEq;
 use tiny_http::{Header, Method, Request, Response, Server};
 
 use crate::dlq::{Dlq, DlqFilter, DlqStatus};
@@ -39,12 +48,30 @@ use crate::store::Store;
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
 
+/// Requests served at once; past it a request is answered 503 at once.
+pub const MAX_CONCURRENT_REQUESTS: usize = 32;
+
 /// Settings of the admin endpoint.
 #[derive(Clone)]
 pub struct AdminOptions {
     addr: String,
     token: Option<String>,
     relays: Vec<RelayProbe>,
+    protect_probes: bool,
+    request_timeout: Duration,
+}
+
+/// The token is a secret: never printed.
+impl std::fmt::Debug for AdminOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminOptions")
+            .field("addr", &self.addr)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("relays", &self.relays.len())
+            .field("protect_probes", &self.protect_probes)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
 }
 
 impl Default for AdminOptions {
@@ -54,12 +81,15 @@ impl Default for AdminOptions {
 }
 
 impl AdminOptions {
-    /// Loopback, an OS-chosen port, mutating routes disabled.
+    /// Loopback, an OS-chosen port, no token (so the DLQ routes are disabled),
+    /// `/health` and `/metrics` open, 5 s per request.
     pub fn new() -> Self {
         AdminOptions {
             addr: "127.0.0.1:0".into(),
             token: None,
             relays: Vec::new(),
+            protect_probes: false,
+            request_timeout: Duration::from_secs(5),
         }
     }
 
@@ -69,9 +99,25 @@ impl AdminOptions {
         self
     }
 
-    /// The bearer token mutating routes require.
+    /// The bearer token every DLQ route requires (reads too: dead letters hold
+    /// payloads and headers). Without one the DLQ routes answer 403.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
+        self
+    }
+
+    /// Requires the token on `/health` and `/metrics` too (default: open, for
+    /// probes and scrapers).
+    pub fn protect_health_and_metrics(mut self, on: bool) -> Self {
+        self.protect_probes = on;
+        self
+    }
+
+    /// The longest one request may take to arrive whole (default 5 s): each read
+    /// and write on its socket, and the body as a whole. A client that stalls
+    /// past it gets 408 and its connection is closed.
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d.max(Duration::from_millis(1));
         self
     }
 
@@ -89,10 +135,34 @@ pub struct AdminServer {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Binds `addr` with read and write timeouts on the listening socket, which
+/// every accepted connection takes on (Linux): a client that stalls cannot hold
+/// a thread of the endpoint for longer than `timeout` per read or write.
+fn bind(addr: &str, timeout: Duration) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let addr = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other("no address"))?;
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(128)?;
+    socket.set_read_timeout(Some(timeout))?;
+    socket.set_write_timeout(Some(timeout))?;
+    Ok(socket.into())
+}
+
 impl AdminServer {
-    /// Binds and serves on one thread.
+    /// Binds and serves. One thread accepts requests; each request is served on
+    /// a thread of its own (at most [`MAX_CONCURRENT_REQUESTS`] at once), so a
+    /// client that stalls never keeps `/health` from answering.
     pub fn start(store: Arc<dyn Store>, options: AdminOptions) -> Result<AdminServer> {
-        let server = Server::http(&options.addr)
+        let listener = bind(&options.addr, options.request_timeout).map_err(|e| Error::Io {
+            context: format!("admin endpoint on {}", options.addr),
+            source: e,
+        })?;
+        let server = Server::from_listener(listener, None)
             .map_err(|e| Error::InvalidInput(format!("admin endpoint on {}: {e}", options.addr)))?;
         let addr = server
             .server_addr()
@@ -100,16 +170,27 @@ impl AdminServer {
             .ok_or_else(|| Error::InvalidInput("admin endpoint: not an IP address".into()))?;
         let server = Arc::new(server);
         let s = server.clone();
+        let options = Arc::new(options);
+        let busy = Arc::new(AtomicUsize::new(0));
         let thread = std::thread::Builder::new()
             .name("txbox-admin-http".into())
             .spawn(move || {
-                for mut request in s.incoming_requests() {
-                    let call = Call::read(&mut request);
-                    let response = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        handle(&store, &options, &call)
-                    }))
-                    .unwrap_or_else(|_| err(500, "internal error"));
-                    let _ = request.respond(response);
+                for request in s.incoming_requests() {
+                    if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONCURRENT_REQUESTS {
+                        busy.fetch_sub(1, Ordering::AcqRel);
+                        let _ = request.respond(err(503, "too many requests at once"));
+                        continue;
+                    }
+                    let (store, options, busy) = (store.clone(), options.clone(), busy.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name("txbox-admin-request".into())
+                        .spawn(move || {
+                            serve(&store, &options, request);
+                            busy.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    if let Err(e) = spawned {
+                        log::warn!("txbox: admin endpoint: no thread for a request: {e}");
+                    }
                 }
             })
             .map_err(|e| Error::Io {
@@ -128,7 +209,8 @@ impl AdminServer {
         self.addr
     }
 
-    /// Stops serving and joins the thread.
+    /// Stops accepting and joins the accepting thread. Requests being served
+    /// finish on their own threads within the request timeout.
     pub fn shutdown(mut self) {
         self.stop();
     }
@@ -147,35 +229,106 @@ impl Drop for AdminServer {
     }
 }
 
-/// What `handle` needs of a request: the body is read up to the limit.
+/// Serves one request: route and token first, the body (only a route that takes
+/// one reads it) within the request timeout.
+fn serve(store: &Arc<dyn Store>, options: &AdminOptions, mut request: Request) {
+    let deadline = Instant::now() + options.request_timeout;
+    let auth = request
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Authorization"))
+        .map(|h| h.value.as_str().to_string());
+    let call = Call {
+        method: request.method().clone(),
+        url: request.url().to_string(),
+    };
+    let response = match authorize(options, &call, auth.as_deref()) {
+        Err(refused) => refused,
+        Ok(()) => {
+            let body = if call.method == Method::Patch {
+                read_body(&mut request, deadline)
+            } else {
+                Ok(Vec::new())
+            };
+            match body {
+                Err(refused) => refused,
+                Ok(body) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    handle(store, options, &call, &body)
+                }))
+                .unwrap_or_else(|_| err(500, "internal error")),
+            }
+        }
+    };
+    let _ = request.respond(response);
+}
+
+/// Whether the request may go on: every DLQ route needs the token, `/health`
+/// and `/metrics` only when protected. The token is compared in constant time;
+/// the scheme `Bearer` in any case.
+#[allow(clippy::result_large_err)] // the refusal is the response itself
+fn authorize(
+    options: &AdminOptions,
+    call: &Call,
+    auth: Option<&str>,
+) -> std::result::Result<(), Resp> {
+    let path = call.url.split('?').next().unwrap_or_default();
+    let probe = matches!(path.trim_matches('/'), "health" | "metrics");
+    if probe && !options.protect_probes {
+        return Ok(());
+    }
+    let Some(token) = &options.token else {
+        return Err(err(
+            403,
+            "this route is disabled: no admin token is configured",
+        ));
+    };
+    let given = auth
+        .and_then(|a| a.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
+    match given {
+        Some(t) if bool::from(t.as_bytes().ct_eq(token.as_bytes())) => Ok(()),
+        _ => Err(err(401, "missing or wrong bearer token")),
+    }
+}
+
+/// Reads the body up to [`MAX_BODY`] bytes before `deadline`.
+#[allow(clippy::result_large_err)] // the refusal is the response itself
+fn read_body(request: &mut Request, deadline: Instant) -> std::result::Result<Vec<u8>, Resp> {
+    if request.body_length().is_some_and(|n| n > MAX_BODY) {
+        return Err(err(
+            413,
+            &format!("request body larger than {MAX_BODY} bytes"),
+        ));
+    }
+    let reader = request.as_reader();
+    let mut body = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        if Instant::now() > deadline {
+            return Err(err(408, "the request body did not arrive in time"));
+        }
+        match reader.read(&mut chunk) {
+            Ok(0) => return Ok(body),
+            Ok(n) => {
+                body.extend_from_slice(&chunk[..n]);
+                if body.len() > MAX_BODY {
+                    return Err(err(
+                        413,
+                        &format!("request body larger than {MAX_BODY} bytes"),
+                    ));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Err(err(408, "the request body did not arrive in time")),
+        }
+    }
+}
+
+/// What `handle` needs of a request.
 struct Call {
     method: Method,
     url: String,
-    auth: Option<String>,
-    /// `None`: larger than [`MAX_BODY`].
-    body: Option<Vec<u8>>,
-}
-
-impl Call {
-    fn read(r: &mut Request) -> Call {
-        let auth = r
-            .headers()
-            .iter()
-            .find(|h| h.field.equiv("Authorization"))
-            .map(|h| h.value.as_str().to_string());
-        let mut body = Vec::new();
-        let _ = r
-            .as_reader()
-            .take(MAX_BODY as u64 + 1)
-            .read_to_end(&mut body);
-        let body = (body.len() <= MAX_BODY).then_some(body);
-        Call {
-            method: r.method().clone(),
-            url: r.url().to_string(),
-            auth,
-            body,
-        }
-    }
 }
 
 type Resp = Response<std::io::Cursor<Vec<u8>>>;
@@ -195,25 +348,10 @@ fn err(code: u16, msg: &str) -> Resp {
     reply(code, &error_json(msg))
 }
 
-fn handle(store: &Arc<dyn Store>, options: &AdminOptions, call: &Call) -> Resp {
-    let Some(body) = &call.body else {
-        return err(413, &format!("request body larger than {MAX_BODY} bytes"));
-    };
+fn handle(store: &Arc<dyn Store>, options: &AdminOptions, call: &Call, body: &[u8]) -> Resp {
     let path = call.url.split('?').next().unwrap_or_default();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let dlq = Dlq::new(store.clone());
-    let mutating = matches!(call.method, Method::Patch | Method::Delete | Method::Post);
-    if mutating {
-        let Some(token) = &options.token else {
-            return err(
-                403,
-                "mutating routes are disabled: no admin token is configured",
-            );
-        };
-        if call.auth.as_deref() != Some(format!("Bearer {token}").as_str()) {
-            return err(401, "missing or wrong bearer token");
-        }
-    }
     let result: Result<Resp> = match (&call.method, segments.as_slice()) {
         (Method::Get, ["health"]) => Ok(health(store, options)),
         (Method::Get, ["metrics"]) => {
@@ -263,9 +401,14 @@ fn json<T: serde::Serialize>(code: u16, v: &T) -> Resp {
 }
 
 fn health(store: &Arc<dyn Store>, options: &AdminOptions) -> Resp {
+    // a short reason only: the error's text (hosts, users, server messages) goes
+    // to the log, not to whoever reaches the port
     let database = match store.ping() {
-        Ok(_) => "ok".to_string(),
-        Err(e) => e.to_string(),
+        Ok(_) => "ok",
+        Err(e) => {
+            log::warn!("txbox: admin /health: the database does not answer: {e}");
+            "unreachable"
+        }
     };
     let threads: Vec<(usize, usize)> = options.relays.iter().map(RelayProbe::threads).collect();
     let relays_ok = threads.iter().all(|(running, all)| running == all);
@@ -337,40 +480,6 @@ fn patch(dlq: &Dlq, id: &str, body: &[u8]) -> Result<Resp> {
 
 fn query_params(url: &str) -> Vec<(String, String)> {
     url.split_once('?')
-        .map(|(_, q)| {
-            q.split('&')
-                .filter(|p| !p.is_empty())
-                .map(|p| {
-                    let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                    (decode(k), decode(v))
-                })
-                .collect()
-        })
+        .map(|(_, q)| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
         .unwrap_or_default()
-}
-
-fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(
-                    std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"),
-                    16,
-                ) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

@@ -6,6 +6,7 @@
 mod common;
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::backend::{Backend, Fixture};
@@ -351,6 +352,7 @@ fn the_http_endpoint_serves_health_metrics_and_the_dlq() {
     let (code, text) = body(
         agent
             .get(format!("{base}/dlq/events?type=order-paid&limit=1"))
+            .header("Authorization", "Bearer s3cret")
             .call()
             .unwrap(),
     );
@@ -363,6 +365,7 @@ fn the_http_endpoint_serves_health_metrics_and_the_dlq() {
     let (code, text) = body(
         agent
             .get(format!("{base}/dlq/events/{}", ids[1]))
+            .header("Authorization", "Bearer s3cret")
             .call()
             .unwrap(),
     );
@@ -418,6 +421,7 @@ fn the_http_endpoint_serves_health_metrics_and_the_dlq() {
     let (code, _) = body(
         agent
             .get(format!("{base}/dlq/events/not-a-uuid"))
+            .header("Authorization", "Bearer s3cret")
             .call()
             .unwrap(),
     );
@@ -425,16 +429,24 @@ fn the_http_endpoint_serves_health_metrics_and_the_dlq() {
     let (code, _) = body(
         agent
             .get(format!("{base}/dlq/events/{}", EventId::new()))
+            .header("Authorization", "Bearer s3cret")
             .call()
             .unwrap(),
     );
     assert_eq!(code, 404);
-    let (code, text) = body(agent.get(format!("{base}/nope")).call().unwrap());
+    let (code, text) = body(
+        agent
+            .get(format!("{base}/nope"))
+            .header("Authorization", "Bearer s3cret")
+            .call()
+            .unwrap(),
+    );
     assert_eq!(code, 404);
     assert!(text.contains("error"));
     let (code, _) = body(
         agent
             .get(format!("{base}/dlq/events?limit=ten"))
+            .header("Authorization", "Bearer s3cret")
             .call()
             .unwrap(),
     );
@@ -466,6 +478,177 @@ fn the_http_endpoint_serves_health_metrics_and_the_dlq() {
             .unwrap(),
     );
     assert_eq!(code, 403);
+}
+
+/// Dead letters hold payloads, keys and headers: every DLQ route needs the token,
+/// reads too. The scheme is case-insensitive; `/health` and `/metrics` are open
+/// unless protected.
+#[test]
+fn every_dlq_route_needs_the_token_and_probes_can_be_protected() {
+    let p = "t_ops_auth_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let c = config(p);
+    let ids = dead_letters(&fx, &c, "order-paid", 1);
+    let server = AdminServer::start(fx.store.clone(), AdminOptions::new().token("s3cret")).unwrap();
+    let (agent, base) = http(&server);
+    let get = |path: &str, auth: Option<&str>| {
+        let mut r = agent.get(format!("{base}{path}"));
+        if let Some(a) = auth {
+            r = r.header("Authorization", a);
+        }
+        body(r.call().unwrap())
+    };
+    let one = format!("/dlq/events/{}", ids[0]);
+    for path in ["/dlq/events", one.as_str()] {
+        let (code, text) = get(path, None);
+        assert_eq!(code, 401, "{path}: {text}");
+        assert!(!text.contains("payload"), "{text}");
+        assert_eq!(get(path, Some("Bearer wrong")).0, 401);
+        assert_eq!(
+            get(path, Some("Bearer s3cre")).0,
+            401,
+            "a prefix of the token"
+        );
+        assert_eq!(get(path, Some("Basic s3cret")).0, 401, "another scheme");
+        assert_eq!(get(path, Some("s3cret")).0, 401, "no scheme");
+        for scheme in ["Bearer", "bearer", "BEARER"] {
+            let (code, text) = get(path, Some(&format!("{scheme} s3cret")));
+            assert_eq!(code, 200, "{scheme}: {text}");
+        }
+    }
+    assert_eq!(get("/health", None).0, 200, "open by default");
+    assert_eq!(get("/metrics", None).0, 200, "open by default");
+    server.shutdown();
+
+    let server = AdminServer::start(
+        fx.store.clone(),
+        AdminOptions::new()
+            .token("s3cret")
+            .protect_health_and_metrics(true),
+    )
+    .unwrap();
+    let (agent, base) = http(&server);
+    for path in ["/health", "/metrics"] {
+        let (code, _) = body(agent.get(format!("{base}{path}")).call().unwrap());
+        assert_eq!(code, 401, "{path} protected");
+        let (code, _) = body(
+            agent
+                .get(format!("{base}{path}"))
+                .header("Authorization", "Bearer s3cret")
+                .call()
+                .unwrap(),
+        );
+        assert_eq!(code, 200, "{path} with the token");
+    }
+    server.shutdown();
+
+    // no token configured: the DLQ is off, reads too
+    let server = AdminServer::start(fx.store.clone(), AdminOptions::new()).unwrap();
+    let (agent, base) = http(&server);
+    let (code, text) = body(agent.get(format!("{base}/dlq/events")).call().unwrap());
+    assert_eq!(code, 403, "{text}");
+    server.shutdown();
+}
+
+/// A client that sends its headers and then stalls (a `Content-Length` and a
+/// trickle of body, or nothing at all) neither keeps `/health` from answering
+/// nor `shutdown` from returning, and is answered 408 once its time is up.
+#[test]
+fn a_stalled_client_blocks_neither_health_nor_shutdown() {
+    use std::io::{Read, Write};
+    let p = "t_ops_stall_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let server = AdminServer::start(
+        fx.store.clone(),
+        AdminOptions::new()
+            .token("s3cret")
+            .request_timeout(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let addr = server.addr();
+    let (agent, base) = http(&server);
+    let id = EventId::new();
+    // authorized, a body announced and never sent
+    let mut stalled = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stalled,
+        "PATCH /dlq/events/{id} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\
+         Content-Length: 60000\r\n\r\n{{\"sta"
+    )
+    .unwrap();
+    // a GET with a body that never comes
+    let mut stalled_get = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stalled_get,
+        "GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\nab"
+    )
+    .unwrap();
+    // headers that never end
+    let mut half = std::net::TcpStream::connect(addr).unwrap();
+    write!(half, "GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        let (code, _) = body(agent.get(format!("{base}/health")).call().unwrap());
+        assert_eq!(code, 200);
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "health took {:?} while clients stall",
+            t.elapsed()
+        );
+    }
+    // the stalled PATCH is answered 408 once its time is up
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = stalled.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    let t = std::time::Instant::now();
+    server.shutdown();
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "shutdown took {:?}",
+        t.elapsed()
+    );
+    drop((stalled_get, half));
+}
+
+/// `/health` says the database is unreachable and why goes to the log: no
+/// error text (hosts, users, server messages) to whoever reaches the port.
+#[test]
+fn health_gives_a_short_reason_not_the_database_error() {
+    let pool = r2d2::Pool::builder()
+        .max_size(1)
+        .connection_timeout(Duration::from_millis(500))
+        .build_unchecked(r2d2_postgres::PostgresConnectionManager::new(
+            "postgres://admin:hunter2@127.0.0.1:1/secretdb"
+                .parse()
+                .unwrap(),
+            postgres::NoTls,
+        ));
+    let store = Arc::new(txbox::PgStore::from_pool(pool, "t_ops_down_").unwrap());
+    let server = AdminServer::start(store, AdminOptions::new()).unwrap();
+    let (agent, base) = http(&server);
+    let (code, text) = body(agent.get(format!("{base}/health")).call().unwrap());
+    assert_eq!(code, 503, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["database"], "unreachable");
+    for secret in [
+        "hunter2",
+        "admin",
+        "secretdb",
+        "127.0.0.1",
+        "refused",
+        "error",
+    ] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    server.shutdown();
 }
 
 #[test]
