@@ -383,8 +383,9 @@ pub struct InboxSettings {
     pub batch_size: usize,
 }
 
-/// The whole configuration.
-#[derive(Debug, Clone, PartialEq)]
+/// The whole configuration. Its `Debug` redacts secret Kafka properties
+/// (`sasl.password`, ...).
+#[derive(Clone, PartialEq)]
 pub struct Config {
     /// Prefix of every table name (validated identifier; default empty).
     pub table_prefix: String,
@@ -403,6 +404,36 @@ pub struct Config {
     /// librdkafka properties for the Kafka sender and consumer (`[kafka]` in TOML),
     /// passed through as they are, e.g. `"bootstrap.servers"`.
     pub kafka: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("table_prefix", &self.table_prefix)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("defaults", &self.defaults)
+            .field("events", &self.events)
+            .field("dlq", &self.dlq)
+            .field("maintenance", &self.maintenance)
+            .field("inbox", &self.inbox)
+            .field("kafka", &crate::redact::Properties(&self.kafka))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ConfigBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigBuilder")
+            .field("table_prefix", &self.table_prefix)
+            .field("max_payload_bytes", &self.max_payload_bytes)
+            .field("defaults", &self.defaults)
+            .field("events", &self.events)
+            .field("dlq", &self.dlq)
+            .field("maintenance", &self.maintenance)
+            .field("inbox", &self.inbox)
+            .field("kafka", &crate::redact::Properties(&self.kafka))
+            .finish()
+    }
 }
 
 impl Config {
@@ -466,7 +497,7 @@ impl Config {
 }
 
 /// Builds a [`Config`] in code.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct ConfigBuilder {
     table_prefix: Option<String>,
     max_payload_bytes: Option<usize>,

@@ -54,6 +54,15 @@ fn kafka_err(what: &str, e: KafkaError) -> Error {
     Error::Broker(format!("kafka {what}: {e}"))
 }
 
+/// `e` with the values of `properties`' secrets taken out of its text: librdkafka
+/// may quote a property's value when it refuses it.
+fn secret_free(e: Error, properties: &BTreeMap<String, String>) -> Error {
+    match e {
+        Error::Broker(text) => Error::Broker(crate::redact::values(&text, properties)),
+        other => other,
+    }
+}
+
 /// Errors after which the idempotent producer cannot go on (a broker that forgot
 /// or replaced its producer id, e.g. after a restart or a long freeze): the
 /// producer is replaced, and the records are the transport's failure.
@@ -214,10 +223,18 @@ struct Shared {
     wait: Duration,
 }
 
-/// Builds a [`KafkaSender`].
-#[derive(Debug, Clone)]
+/// Builds a [`KafkaSender`]. Its `Debug` redacts secret properties.
+#[derive(Clone)]
 pub struct KafkaSenderBuilder {
     properties: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaSenderBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSenderBuilder")
+            .field("properties", &crate::redact::Properties(&self.properties))
+            .finish()
+    }
 }
 
 impl KafkaSenderBuilder {
@@ -273,7 +290,7 @@ impl KafkaSenderBuilder {
         let config = client_config(&properties)?;
         let producer = config
             .create_with_context(Reports)
-            .map_err(|e| kafka_err("producer", e))?;
+            .map_err(|e| secret_free(kafka_err("producer", e), &properties))?;
         Ok(KafkaSender {
             shared: Arc::new(Shared {
                 config,
@@ -540,11 +557,20 @@ pub struct KafkaConsumer {
     lost_position: Mutex<Option<String>>,
 }
 
-/// Builds a [`KafkaConsumer`].
-#[derive(Debug, Clone)]
+/// Builds a [`KafkaConsumer`]. Its `Debug` redacts secret properties.
+#[derive(Clone)]
 pub struct KafkaConsumerBuilder {
     properties: BTreeMap<String, String>,
     retry_delay: Duration,
+}
+
+impl std::fmt::Debug for KafkaConsumerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConsumerBuilder")
+            .field("properties", &crate::redact::Properties(&self.properties))
+            .field("retry_delay", &self.retry_delay)
+            .finish()
+    }
 }
 
 impl KafkaConsumerBuilder {
@@ -573,7 +599,7 @@ impl KafkaConsumerBuilder {
             .insert("enable.auto.commit".into(), "false".into());
         let consumer = client_config(&self.properties)?
             .create()
-            .map_err(|e| kafka_err("consumer", e))?;
+            .map_err(|e| secret_free(kafka_err("consumer", e), &self.properties))?;
         Ok(KafkaConsumer {
             consumer,
             retry_delay: self.retry_delay,

@@ -79,6 +79,7 @@ pub mod metrics;
 mod outbox;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+mod redact;
 pub mod relay;
 pub mod sender;
 pub mod store;

@@ -67,10 +67,20 @@ fn text(v: &AmqpValue) -> String {
 /// let factory = txbox::rabbitmq::RabbitSenderFactory::new("amqp://guest:guest@127.0.0.1:5672");
 /// # let _ = factory;
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RabbitSenderFactory {
     url: String,
     confirm_timeout: Duration,
+}
+
+/// The URL's password is redacted.
+impl std::fmt::Debug for RabbitSenderFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitSenderFactory")
+            .field("url", &crate::redact::urls(&self.url))
+            .field("confirm_timeout", &self.confirm_timeout)
+            .finish()
+    }
 }
 
 impl RabbitSenderFactory {
@@ -154,7 +164,9 @@ impl RabbitSender {
                     log::info!("txbox: rabbitmq sender connected");
                 }
                 Err(e) => {
-                    self.last_error = e.to_string();
+                    // amiquip's connect errors name the URL, password included
+                    let e = crate::redact::urls(&e.to_string());
+                    self.last_error = e.clone();
                     self.retry_at = now + self.backoff;
                     self.backoff = (self.backoff * 2).min(MAX_RECONNECT);
                     return Err(format!("rabbitmq connect: {e}"));
@@ -205,9 +217,11 @@ impl RabbitSender {
 /// over the broker's size limit): a verdict on the batch, counted as an attempt.
 /// Anything else (a lost, refused or forced-closed connection) is the transport's.
 fn classify(context: String, err: &amiquip::Error) -> SendError {
+    // amiquip's errors may name the URL, password included
+    let text = format!("{context}: {}", crate::redact::urls(&err.to_string()));
     match err {
-        amiquip::Error::ServerClosedChannel { .. } => SendError::new(format!("{context}: {err}")),
-        _ => SendError::transient(format!("{context}: {err}")),
+        amiquip::Error::ServerClosedChannel { .. } => SendError::new(text),
+        _ => SendError::transient(text),
     }
 }
 
@@ -435,13 +449,26 @@ pub enum OnError {
 /// })?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RabbitConsumer {
     url: String,
     queue: String,
     prefetch: u16,
     on_error: OnError,
     retry_delay: Duration,
+}
+
+/// The URL's password is redacted.
+impl std::fmt::Debug for RabbitConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitConsumer")
+            .field("url", &crate::redact::urls(&self.url))
+            .field("queue", &self.queue)
+            .field("prefetch", &self.prefetch)
+            .field("on_error", &self.on_error)
+            .field("retry_delay", &self.retry_delay)
+            .finish()
+    }
 }
 
 impl RabbitConsumer {
@@ -517,7 +544,9 @@ impl RabbitConsumer {
     where
         F: FnMut(&ReceivedEvent) -> Verdict,
     {
-        let amqp = |e: amiquip::Error| Error::Broker(format!("rabbitmq: {e}"));
+        let amqp = |e: amiquip::Error| {
+            Error::Broker(format!("rabbitmq: {}", crate::redact::urls(&e.to_string())))
+        };
         let mut connection = open(&self.url).map_err(amqp)?;
         let channel = connection.open_channel(None).map_err(amqp)?;
         channel.qos(0, self.prefetch, false).map_err(amqp)?;

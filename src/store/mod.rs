@@ -344,7 +344,8 @@ pub fn connect(url: &str, table_prefix: &str) -> Result<std::sync::Arc<dyn Store
             return Err(missing("oracle"));
         }
         _ => Err(Error::InvalidInput(format!(
-            "database url {url:?}: expected postgres://, mysql://, sqlite:PATH or oracle://"
+            "database url {:?}: expected postgres://, mysql://, sqlite:PATH or oracle://",
+            crate::redact::urls(url)
         ))),
     }
 }

@@ -267,15 +267,49 @@ impl OracleStore {
 
     /// Parses `oracle://user:password@connect-string` (as `TXBOX_ORACLE_URL` holds it).
     pub fn connect_url(url: &str, table_prefix: &str) -> Result<Self> {
-        let bad = || {
-            Error::InvalidInput(
-                "oracle url: expected oracle://user:password@host:port/service".into(),
-            )
-        };
-        let rest = url.strip_prefix("oracle://").ok_or_else(bad)?;
-        let (cred, target) = rest.split_once('@').ok_or_else(bad)?;
-        let (user, password) = cred.split_once(':').ok_or_else(bad)?;
+        let (user, password, target) = parse_url(url)?;
         Self::connect(user, password, &format!("//{target}"), table_prefix)
+    }
+}
+
+/// `oracle://user:password@host:port/service` as (user, password, target). The
+/// target follows the last `@`, so a password may hold `@` (and `:`) as it is.
+fn parse_url(url: &str) -> Result<(&str, &str, &str)> {
+    let bad = || {
+        Error::InvalidInput("oracle url: expected oracle://user:password@host:port/service".into())
+    };
+    let rest = url.strip_prefix("oracle://").ok_or_else(bad)?;
+    let (cred, target) = rest.rsplit_once('@').ok_or_else(bad)?;
+    let (user, password) = cred.split_once(':').ok_or_else(bad)?;
+    if user.is_empty() || target.is_empty() {
+        return Err(bad());
+    }
+    Ok((user, password, target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_url;
+
+    #[test]
+    fn a_password_may_hold_at_signs_and_colons() {
+        assert_eq!(
+            parse_url("oracle://scott:p@ss:w@rd@db.example:1521/ORCL").unwrap(),
+            ("scott", "p@ss:w@rd", "db.example:1521/ORCL")
+        );
+        assert_eq!(
+            parse_url("oracle://scott:tiger@db:1521/ORCL").unwrap(),
+            ("scott", "tiger", "db:1521/ORCL")
+        );
+        for bad in [
+            "oracle://scott@db/x",
+            "oracle://:pw@db/x",
+            "postgres://a:b@c/d",
+            "oracle://a:b@",
+        ] {
+            let err = parse_url(bad).unwrap_err().to_string();
+            assert!(!err.contains("pw") && !err.contains(":b@"), "{err}");
+        }
     }
 }
 

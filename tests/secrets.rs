@@ -1,0 +1,95 @@
+//! Secrets stay out of what txbox prints, logs or puts in an error: each type
+//! that holds a URL or client properties is printed with `{:?}` here, and the
+//! errors that name a URL are checked, with a password that must not show.
+#![cfg(all(feature = "kafka", feature = "rabbitmq", feature = "admin-http"))]
+
+use std::time::Duration;
+
+use txbox::admin::AdminOptions;
+use txbox::kafka::{KafkaConsumer, KafkaSender};
+use txbox::rabbitmq::{RabbitConsumer, RabbitSender, RabbitSenderFactory};
+use txbox::{Config, Sender};
+
+const PASSWORD: &str = "hunter2-s3cret";
+
+fn assert_hidden(what: &str, shown: &str) {
+    assert!(
+        !shown.contains(PASSWORD),
+        "{what} shows the password: {shown}"
+    );
+}
+
+#[test]
+fn debug_output_redacts_passwords_in_urls_and_properties() {
+    let url = format!("amqp://app:{PASSWORD}@127.0.0.1:5672/vh");
+    let factory = RabbitSenderFactory::new(&url);
+    let shown = format!("{factory:?}");
+    assert_hidden("RabbitSenderFactory", &shown);
+    assert!(
+        shown.contains("amqp://app:<redacted>@127.0.0.1:5672/vh"),
+        "{shown}"
+    );
+    assert_hidden(
+        "RabbitConsumer",
+        &format!("{:?}", RabbitConsumer::new(&url, "q")),
+    );
+
+    let sender = KafkaSender::builder("127.0.0.1:9092")
+        .property("security.protocol", "SASL_PLAINTEXT")
+        .property("sasl.mechanism", "PLAIN")
+        .property("sasl.username", "app")
+        .property("sasl.password", PASSWORD);
+    let shown = format!("{sender:?}");
+    assert_hidden("KafkaSenderBuilder", &shown);
+    assert!(shown.contains("sasl.username"), "{shown}");
+    let consumer =
+        KafkaConsumer::builder("127.0.0.1:9092", "g").property("ssl.key.password", PASSWORD);
+    assert_hidden("KafkaConsumerBuilder", &format!("{consumer:?}"));
+
+    let builder = Config::builder().kafka_property("sasl.password", PASSWORD);
+    assert_hidden("ConfigBuilder", &format!("{builder:?}"));
+    let config = builder.build().unwrap();
+    assert_hidden("Config", &format!("{config:?}"));
+    let config =
+        Config::from_toml(&format!("[kafka]\n\"sasl.password\" = \"{PASSWORD}\"\n")).unwrap();
+    assert_hidden("Config from TOML", &format!("{config:?}"));
+
+    assert_hidden(
+        "AdminOptions",
+        &format!("{:?}", AdminOptions::new().token(PASSWORD)),
+    );
+}
+
+#[test]
+fn errors_that_name_a_url_redact_its_password() {
+    // an unknown scheme: the URL is echoed, its password not
+    let err = txbox::store::connect(&format!("postgress://app:{PASSWORD}@db/x"), "")
+        .err()
+        .expect("refused")
+        .to_string();
+    assert_hidden("store::connect", &err);
+    assert!(err.contains("postgress://app:<redacted>@db/x"), "{err}");
+
+    // amiquip's connect error names the URL: the sender's error (logged, and
+    // stored as the events' last error) does not show its password
+    let mut sender = RabbitSender::new(
+        &format!("amqp://app:{PASSWORD}@no-such-host.invalid:5672/vh"),
+        Duration::from_secs(1),
+    );
+    let err = sender.ready().expect_err("the host does not resolve");
+    assert_hidden("RabbitSender::ready", &err.message);
+    let event = txbox::Event {
+        id: txbox::EventId::new(),
+        event_type: "e".into(),
+        destination: "x".into(),
+        routing_key: "e".into(),
+        key: None,
+        headers: Default::default(),
+        payload: "{}".into(),
+        attempts: 0,
+    };
+    std::thread::sleep(Duration::from_millis(300)); // past the reconnect backoff
+    for r in sender.send(&[event]) {
+        assert_hidden("RabbitSender::send", &r.unwrap_err().message);
+    }
+}
