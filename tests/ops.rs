@@ -275,6 +275,64 @@ fn the_cli_migrates_shows_status_and_operates_the_dlq() {
     assert_eq!(out.status.code(), Some(1), "unreachable database");
 }
 
+/// Hostile input on the command line: an argument that is not UTF-8 is a usage
+/// error (exit 2, one line), not a panic; a dead letter whose error text holds
+/// terminal escape sequences and newlines is shown with them escaped.
+#[test]
+fn the_cli_refuses_non_utf8_arguments_and_escapes_what_it_prints() {
+    use std::os::unix::ffi::OsStrExt;
+    let p = "t_ops_cli_hostile_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_txbox"))
+        .arg("--table-prefix")
+        .arg(std::ffi::OsStr::from_bytes(b"bad\xff"))
+        .arg("status")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with("txbox: argument 2 is not valid UTF-8"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    let c = config(p);
+    let ids = fx.publish(&c, "order-paid", 1, true);
+    let t = Uuid::now_v7();
+    fx.store
+        .claim("order-paid", 1, Duration::from_secs(60), t)
+        .unwrap();
+    let hostile = "boom\x1b[2J\x1b]0;owned\x07\nstatus:     RESOLVED\u{202e}";
+    let failed = [(
+        ids[0],
+        Outcome::Failed {
+            error: hostile.into(),
+        },
+    )];
+    fx.store.finish(t, &failed).unwrap();
+    fx.store.move_failed_to_dlq(10).unwrap();
+    for args in [
+        vec!["dlq", "show", &ids[0].to_string()],
+        vec!["dlq", "list"],
+    ] {
+        let (code, out, _) = cli(p, &args);
+        assert_eq!(code, 0);
+        assert!(
+            !out.contains('\x1b') && !out.contains('\x07') && !out.contains('\u{202e}'),
+            "{args:?} printed control characters raw: {out:?}"
+        );
+        assert!(out.contains("boom\\u{1b}[2J"), "{out}");
+    }
+    let (_, out, _) = cli(p, &["dlq", "show", &ids[0].to_string()]);
+    assert!(
+        !out.lines().any(|l| l.starts_with("status:     RESOLVED")),
+        "a forged line: {out}"
+    );
+}
+
 fn http(server: &AdminServer) -> (ureq::Agent, String) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)

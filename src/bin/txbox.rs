@@ -44,6 +44,39 @@ struct Args {
     flags: Vec<(String, String)>,
 }
 
+/// The arguments, each of which must be UTF-8 (a path or a URL given as other
+/// bytes is a usage error, not a panic).
+fn utf8_args() -> Result<Vec<String>, Fail> {
+    std::env::args_os()
+        .skip(1)
+        .enumerate()
+        .map(|(i, a)| {
+            a.into_string().map_err(|a| {
+                Fail::Usage(format!(
+                    "argument {} is not valid UTF-8: {:?}",
+                    i + 1,
+                    a.to_string_lossy()
+                ))
+            })
+        })
+        .collect()
+}
+
+/// `s` safe to print on a terminal: control characters (escape sequences,
+/// newlines, NUL) and bidirectional overrides written as escapes, so a payload,
+/// an error text or an event type cannot rewrite the screen or forge lines.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn parse(raw: Vec<String>) -> Result<Args, Fail> {
     let mut args = Args {
         url: None,
@@ -213,7 +246,7 @@ fn run(args: Args) -> Result<String, Fail> {
                         .oldest_pending_age
                         .map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64()));
                     vec![
-                        s.event_type.clone(),
+                        printable(&s.event_type),
                         s.pending.to_string(),
                         s.in_process.to_string(),
                         s.failed.to_string(),
@@ -251,11 +284,11 @@ fn run(args: Args) -> Result<String, Fail> {
                         .collect();
                     vec![
                         d.id.to_string(),
-                        d.event_type.clone(),
+                        printable(&d.event_type),
                         d.status.to_string(),
                         d.attempts.to_string(),
-                        d.moved_at.clone(),
-                        err,
+                        printable(&d.moved_at),
+                        printable(&err),
                     ]
                 },
             )?
@@ -271,15 +304,15 @@ fn run(args: Args) -> Result<String, Fail> {
                 format!(
                     "id:         {}\nevent type: {}\nstatus:     {}\nkey:        {}\nattempts:   {}\ncreated at: {}\nmoved at:   {}\nlast error: {}\nheaders:    {}\npayload:    {}",
                     d.id,
-                    d.event_type,
+                    printable(&d.event_type),
                     d.status,
-                    d.key.as_deref().unwrap_or("-"),
+                    printable(d.key.as_deref().unwrap_or("-")),
                     d.attempts,
-                    d.created_at,
-                    d.moved_at,
-                    d.last_error.as_deref().unwrap_or("-"),
-                    serde_json::to_string(&d.headers).unwrap_or_default(),
-                    d.payload
+                    printable(&d.created_at),
+                    printable(&d.moved_at),
+                    printable(d.last_error.as_deref().unwrap_or("-")),
+                    printable(&serde_json::to_string(&d.headers).unwrap_or_default()),
+                    printable(&d.payload)
                 )
             }
         }
@@ -334,7 +367,7 @@ fn run(args: Args) -> Result<String, Fail> {
 }
 
 fn main() -> ExitCode {
-    let outcome = parse(std::env::args().skip(1).collect()).and_then(run);
+    let outcome = utf8_args().and_then(parse).and_then(run);
     match outcome {
         Ok(out) => {
             println!("{out}");
