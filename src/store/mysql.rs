@@ -25,7 +25,7 @@ fn plus(ms_param: &str) -> String {
     format!("{NOW} + INTERVAL ROUND({ms_param} * 1000) MICROSECOND")
 }
 
-fn dialect(t: &Tables) -> Dialect {
+pub(crate) fn dialect(t: &Tables) -> Dialect {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
         "id, event_type, event_key, headers, payload, attempts, last_error, status, \

@@ -32,7 +32,7 @@ fn plus(ms_param: &str) -> String {
     format!("SYSTIMESTAMP + NUMTODSINTERVAL({ms_param} / 1000, 'SECOND')")
 }
 
-fn dialect(t: &Tables) -> Dialect {
+pub(crate) fn dialect(t: &Tables) -> Dialect {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
         "id, event_type, event_key, headers, payload, attempts, last_error, status, \
@@ -166,11 +166,17 @@ fn fetch(conn: &oracle::Connection, sql: &str, params: &[Val], max: usize) -> Re
     let refs: Vec<&dyn ToSql> = owned.iter().map(|b| b.as_ref()).collect();
     let rows = stmt.query(&refs).map_err(err)?;
     let mut out = Vec::new();
+    if max == 0 {
+        return Ok(out);
+    }
     for r in rows {
-        if out.len() >= max {
-            break; // stop fetching: SKIP LOCKED locks only fetched rows
-        }
         out.push(row(&r.map_err(err)?)?);
+        if out.len() >= max {
+            // no further `next()`: it would fetch (and, with SKIP LOCKED, lock)
+            // another array of rows that this claim does not take and other
+            // instances would then skip
+            break;
+        }
     }
     Ok(out)
 }

@@ -29,7 +29,7 @@ fn plus(ms_param: &str) -> String {
     format!("now() + {ms_param} * interval '1 millisecond'")
 }
 
-fn dialect(t: &Tables) -> Dialect {
+pub(crate) fn dialect(t: &Tables) -> Dialect {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
         "id, event_type, event_key, headers::text, payload, attempts, last_error, status, \

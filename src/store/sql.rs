@@ -1638,8 +1638,137 @@ macro_rules! transaction_impls {
 pub(crate) use transaction_impls;
 
 #[cfg(test)]
+impl Dialect {
+    /// Every statement template of the dialect, named.
+    fn statements(&self) -> Vec<(String, String)> {
+        let c = &self.common;
+        let mut out: Vec<(&str, &str)> = vec![
+            ("claim_select", &self.claim_select),
+            ("select_expired", &self.select_expired),
+            ("select_processed", &self.select_processed),
+            ("select_failed", &self.select_failed),
+            ("select_retry", &self.select_retry),
+            ("select_resolved", &self.select_resolved),
+            ("select_inbox_expired", &self.select_inbox_expired),
+            ("lock_insert", &self.lock_insert),
+            ("dlq_list", &self.dlq_list),
+            ("dlq_count", &self.dlq_count),
+            ("dlq_get", &self.dlq_get),
+            ("dlq_lock", &self.dlq_lock),
+            ("status", &self.status),
+            ("inbox_insert", &self.inbox_insert),
+            ("insert_event_row", &self.insert_event_row),
+            ("claim_update", &c.claim_update),
+            ("recover", &c.recover),
+            ("delete_outbox", &c.delete_outbox),
+            ("delete_dlq", &c.delete_dlq),
+            ("copy_to_dlq", &c.copy_to_dlq),
+            ("copy_to_outbox", &c.copy_to_outbox),
+            ("delete_inbox", &c.delete_inbox),
+            ("lock_take", &c.lock_take),
+            ("unlock", &c.unlock),
+            ("dlq_set_status", &c.dlq_set_status),
+            ("dlq_delete_status", &c.dlq_delete_status),
+        ];
+        for (name, f) in [("finish", &c.finish), ("finish_held", &c.finish_held)] {
+            out.push((name, &f.sent));
+            out.push((name, &f.delete));
+            out.push((name, &f.failed));
+        }
+        if let Some(r) = &self.claim_returning {
+            out.push(("claim_returning", r));
+        }
+        if let Some(h) = &self.hold_claim {
+            out.push(("hold_claim.probe", &h.probe));
+            out.push(("hold_claim.claim_delete", &h.claim_delete));
+            out.push(("hold_claim.restore", &h.restore));
+        }
+        out.into_iter()
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The statement the database runs when the driver binds `bound` to `sql`,
+    /// written out with each value in its place: PostgreSQL (`$n`) and SQLite
+    /// (`?n`) bind by number; MySQL (`?`) and Oracle bind by position, the order
+    /// the placeholders appear in, whatever an Oracle placeholder is named.
+    fn as_the_database_binds(sql: &str, style: Style, bound: &[&Val]) -> String {
+        let show = |v: &Val| format!("<{v:?}>");
+        let mut out = String::new();
+        let mut chars = sql.chars().peekable();
+        let mut position = 0;
+        while let Some(c) = chars.next() {
+            let marker = match style {
+                Style::Dollar => '$',
+                Style::Question | Style::QuestionNumbered => '?',
+                Style::Colon => ':',
+            };
+            let numbered = chars.peek().is_some_and(char::is_ascii_digit);
+            if c != marker || (style != Style::Question && !numbered) {
+                out.push(c);
+                continue;
+            }
+            let mut n = 0;
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n * 10 + d as usize;
+                chars.next();
+            }
+            position += 1;
+            let index = match style {
+                Style::Dollar | Style::QuestionNumbered => n,
+                Style::Question | Style::Colon => position,
+            };
+            out.push_str(&bound.get(index - 1).map_or("<unbound>".into(), |v| show(v)));
+        }
+        out
+    }
+
+    /// For every statement of every dialect, the values the store binds reach the
+    /// placeholders their numbers name: the same statement as each `$n` written
+    /// out as the n-th value. (Oracle binds by position: a statement that names
+    /// `$2` before `$1`, or one value twice, would otherwise get the wrong ones.)
+    #[test]
+    fn every_statement_of_every_dialect_binds_each_value_where_its_number_says() {
+        let t = Tables::new("p_").unwrap();
+        #[allow(unused_mut)]
+        let mut dialects: Vec<(&str, Dialect)> = Vec::new();
+        #[cfg(feature = "postgres")]
+        dialects.push(("postgres", super::super::postgres::dialect(&t)));
+        #[cfg(feature = "mysql")]
+        dialects.push(("mysql", super::super::mysql::dialect(&t)));
+        #[cfg(feature = "sqlite")]
+        dialects.push(("sqlite", super::super::sqlite::dialect(&t)));
+        #[cfg(feature = "oracle")]
+        dialects.push(("oracle", super::super::oracle::dialect(&t)));
+        let fixed: Vec<Val> = (1..=12).map(|i| Val::Int(100 + i)).collect();
+        let ids = [Val::Int(901), Val::Int(902)];
+        let show = |v: &Val| format!("<{v:?}>");
+        let mut checked = 0;
+        for (name, d) in &dialects {
+            for (what, template) in d.statements() {
+                let template = template.replace("{from}", "'DEAD'");
+                let n_ids = if template.contains("{ids}") { 2 } else { 0 };
+                let want = inline(&template, &fixed, &ids[..n_ids], show);
+                let (sql, params) = prepare(d, &template, &fixed, &ids[..n_ids]);
+                let bound: Vec<&Val> = params.iter().collect();
+                assert_eq!(
+                    as_the_database_binds(&sql, d.style, &bound),
+                    want,
+                    "{name} {what}: {sql}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(
+            checked > 30 * dialects.len(),
+            "{checked} statements checked"
+        );
+    }
 
     #[test]
     fn splits_statements() {

@@ -31,7 +31,7 @@ fn plus(ms_param: &str) -> String {
     format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ({ms_param} / 1000.0) || ' seconds')")
 }
 
-fn dialect(t: &Tables) -> Dialect {
+pub(crate) fn dialect(t: &Tables) -> Dialect {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = "id, event_type, event_key, headers, payload, attempts, last_error, status, created_at, moved_at";
     let filter = "($1 IS NULL OR event_type = $1) AND ($2 IS NULL OR status = $2)";
