@@ -31,14 +31,14 @@
 //! # Ok(()) }
 //! ```
 
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use subtle::ConstantTimeEq;
-use tiny_http::{Header, Method, Request, Response, Server};
 
 use crate::dlq::{Dlq, DlqFilter, DlqStatus};
 use crate::error::{Error, Result};
@@ -48,7 +48,10 @@ use crate::store::Store;
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// Requests served at once; past it a request is answered 503 at once.
+/// Largest request line and headers accepted.
+pub const MAX_HEAD: usize = 16 * 1024;
+
+/// Connections served at once; past it a connection is answered 503 at once.
 pub const MAX_CONCURRENT_REQUESTS: usize = 32;
 
 /// Settings of the admin endpoint.
@@ -113,11 +116,11 @@ impl AdminOptions {
         self
     }
 
-    /// The longest one request may take to arrive whole (default 5 s): each read
-    /// and write on its socket, and the body as a whole. A client that stalls
-    /// past it gets 408 and its connection is closed.
+    /// The longest one request may take to arrive whole, headers and body
+    /// (default 5 s, at most 1 h). A client that is slower gets 408 and its
+    /// connection is closed.
     pub fn request_timeout(mut self, d: Duration) -> Self {
-        self.request_timeout = d.max(Duration::from_millis(1));
+        self.request_timeout = d.clamp(Duration::from_millis(1), Duration::from_secs(3600));
         self
     }
 
@@ -130,76 +133,77 @@ impl AdminOptions {
 
 /// The running endpoint; dropping it (or [`AdminServer::shutdown`]) stops it.
 pub struct AdminServer {
-    server: Arc<Server>,
     addr: SocketAddr,
+    stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-/// Binds `addr` with read and write timeouts on the listening socket, which
-/// every accepted connection takes on (Linux): a client that stalls cannot hold
-/// a thread of the endpoint for longer than `timeout` per read or write.
-fn bind(addr: &str, timeout: Duration) -> std::io::Result<TcpListener> {
-    use socket2::{Domain, Socket, Type};
-    let addr = addr
-        .to_socket_addrs()?
-        .next()
-        .ok_or_else(|| std::io::Error::other("no address"))?;
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(128)?;
-    socket.set_read_timeout(Some(timeout))?;
-    socket.set_write_timeout(Some(timeout))?;
-    Ok(socket.into())
+/// Counts a connection being served for as long as it lives (a panic included).
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl AdminServer {
-    /// Binds and serves. One thread accepts requests; each request is served on
-    /// a thread of its own (at most [`MAX_CONCURRENT_REQUESTS`] at once), so a
-    /// client that stalls never keeps `/health` from answering.
+    /// Binds and serves. One thread accepts connections; each is served on a
+    /// thread of its own (at most [`MAX_CONCURRENT_REQUESTS`] at once), one
+    /// request per connection, within [`AdminOptions::request_timeout`]: a
+    /// client that stalls never keeps `/health` from answering nor `shutdown`
+    /// from returning.
     pub fn start(store: Arc<dyn Store>, options: AdminOptions) -> Result<AdminServer> {
-        let listener = bind(&options.addr, options.request_timeout).map_err(|e| Error::Io {
-            context: format!("admin endpoint on {}", options.addr),
-            source: e,
-        })?;
-        let server = Server::from_listener(listener, None)
-            .map_err(|e| Error::InvalidInput(format!("admin endpoint on {}: {e}", options.addr)))?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| Error::InvalidInput("admin endpoint: not an IP address".into()))?;
-        let server = Arc::new(server);
-        let s = server.clone();
+        let io = |context: String| move |e| Error::Io { context, source: e };
+        let listener = TcpListener::bind(&options.addr)
+            .map_err(io(format!("admin endpoint on {}", options.addr)))?;
+        let addr = listener
+            .local_addr()
+            .map_err(io("admin endpoint address".into()))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
         let options = Arc::new(options);
         let busy = Arc::new(AtomicUsize::new(0));
         let thread = std::thread::Builder::new()
             .name("txbox-admin-http".into())
             .spawn(move || {
-                for request in s.incoming_requests() {
+                for stream in listener.incoming() {
+                    if stopped.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let stream = match stream {
+                        Ok(s) => s,
+                        Err(e) => {
+                            log::warn!("txbox: admin endpoint: accept: {e}");
+                            std::thread::sleep(Duration::from_millis(10));
+                            continue;
+                        }
+                    };
+                    let timeout = options.request_timeout;
+                    let _ = stream.set_read_timeout(Some(timeout));
+                    let _ = stream.set_write_timeout(Some(timeout));
                     if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONCURRENT_REQUESTS {
-                        busy.fetch_sub(1, Ordering::AcqRel);
-                        let _ = request.respond(err(503, "too many requests at once"));
+                        let _slot = Slot(busy.clone());
+                        answer(stream, &err(503, "too many requests at once"), false);
                         continue;
                     }
-                    let (store, options, busy) = (store.clone(), options.clone(), busy.clone());
+                    let slot = Slot(busy.clone());
+                    let (store, options) = (store.clone(), options.clone());
                     let spawned = std::thread::Builder::new()
                         .name("txbox-admin-request".into())
                         .spawn(move || {
-                            serve(&store, &options, request);
-                            busy.fetch_sub(1, Ordering::AcqRel);
+                            let _slot = slot;
+                            serve(&store, &options, stream);
                         });
                     if let Err(e) = spawned {
                         log::warn!("txbox: admin endpoint: no thread for a request: {e}");
                     }
                 }
             })
-            .map_err(|e| Error::Io {
-                context: "spawning the admin thread".into(),
-                source: e,
-            })?;
+            .map_err(io("spawning the admin thread".into()))?;
         Ok(AdminServer {
-            server,
             addr,
+            stop,
             thread: Some(thread),
         })
     }
@@ -216,9 +220,21 @@ impl AdminServer {
     }
 
     fn stop(&mut self) {
-        self.server.unblock();
+        self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // wake the blocking accept with a connection of our own
+            let mut wake = self.addr;
+            if wake.ip().is_unspecified() {
+                wake.set_ip(match wake {
+                    SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                    SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                });
+            }
+            if TcpStream::connect_timeout(&wake, Duration::from_secs(1)).is_ok() {
+                let _ = t.join();
+            } else {
+                log::warn!("txbox: admin endpoint: could not wake its accepting thread");
+            }
         }
     }
 }
@@ -229,43 +245,201 @@ impl Drop for AdminServer {
     }
 }
 
-/// Serves one request: route and token first, the body (only a route that takes
-/// one reads it) within the request timeout.
-fn serve(store: &Arc<dyn Store>, options: &AdminOptions, mut request: Request) {
-    let deadline = Instant::now() + options.request_timeout;
-    let auth = request
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("Authorization"))
-        .map(|h| h.value.as_str().to_string());
-    let call = Call {
-        method: request.method().clone(),
-        url: request.url().to_string(),
-    };
-    let response = match authorize(options, &call, auth.as_deref()) {
-        Err(refused) => refused,
-        Ok(()) => {
-            let body = if call.method == Method::Patch {
-                read_body(&mut request, deadline)
-            } else {
-                Ok(Vec::new())
-            };
-            match body {
-                Err(refused) => refused,
-                Ok(body) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    handle(store, options, &call, &body)
-                }))
-                .unwrap_or_else(|_| err(500, "internal error")),
+/// What `handle` needs of a request.
+struct Call {
+    method: String,
+    url: String,
+}
+
+/// A response: status, content type and body.
+struct Resp {
+    code: u16,
+    content_type: &'static str,
+    body: String,
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        204 => "No Content",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        411 => "Length Required",
+        413 => "Payload Too Large",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        _ => "Internal Server Error",
+    }
+}
+
+/// Writes `r` and closes the connection. With `linger`, what the client still
+/// sends (a body that was not read) is read and dropped for a moment first, so
+/// the close does not reset the connection before the client read the answer.
+fn answer(mut stream: TcpStream, r: &Resp, linger: bool) {
+    let head = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        r.code,
+        reason(r.code),
+        r.content_type,
+        r.body.len()
+    );
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(r.body.as_bytes()))
+        .and_then(|()| stream.flush());
+    let _ = stream.shutdown(Shutdown::Write);
+    if linger {
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut sink = [0u8; 8192];
+        let mut drained = 0;
+        while Instant::now() < deadline && drained < MAX_BODY {
+            match stream.read(&mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
             }
         }
+    }
+}
+
+/// The request head: method, target, `Authorization`, `Content-Length`, and
+/// the body bytes that came with it.
+struct Head {
+    call: Call,
+    auth: Option<String>,
+    length: Option<usize>,
+    chunked: bool,
+    rest: Vec<u8>,
+}
+
+/// Reads and parses the request line and headers (`httparse`), at most
+/// [`MAX_HEAD`] bytes, before `deadline`.
+fn read_head(stream: &mut TcpStream, deadline: Instant) -> std::result::Result<Head, Resp> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        if Instant::now() > deadline {
+            return Err(err(408, "the request did not arrive in time"));
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => return Err(err(400, "the connection closed before the request ended")),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return Err(err(408, "the request did not arrive in time")),
+        }
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf) {
+            Ok(httparse::Status::Complete(n)) => {
+                let header = |name: &str| {
+                    req.headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case(name))
+                        .map(|h| String::from_utf8_lossy(h.value).trim().to_string())
+                };
+                let length = match header("Content-Length") {
+                    None => None,
+                    Some(v) => Some(
+                        v.parse::<usize>()
+                            .map_err(|_| err(400, "Content-Length is not a number"))?,
+                    ),
+                };
+                return Ok(Head {
+                    call: Call {
+                        method: req.method.unwrap_or_default().to_string(),
+                        url: req.path.unwrap_or_default().to_string(),
+                    },
+                    auth: header("Authorization"),
+                    length,
+                    chunked: header("Transfer-Encoding").is_some(),
+                    rest: buf[n..].to_vec(),
+                });
+            }
+            Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD => {}
+            Ok(httparse::Status::Partial) => {
+                return Err(err(
+                    431,
+                    &format!("request head larger than {MAX_HEAD} bytes"),
+                ))
+            }
+            Err(e) => return Err(err(400, &format!("malformed request: {e}"))),
+        }
+    }
+}
+
+/// Reads the body `head` announced, at most [`MAX_BODY`] bytes, before
+/// `deadline`.
+fn read_body(
+    stream: &mut TcpStream,
+    head: Head,
+    deadline: Instant,
+) -> std::result::Result<Vec<u8>, Resp> {
+    if head.chunked {
+        return Err(err(411, "send the body with a Content-Length"));
+    }
+    let length = head.length.unwrap_or(0);
+    if length > MAX_BODY {
+        return Err(err(
+            413,
+            &format!("request body larger than {MAX_BODY} bytes"),
+        ));
+    }
+    let mut body = head.rest;
+    let mut chunk = [0u8; 8192];
+    while body.len() < length {
+        if Instant::now() > deadline {
+            return Err(err(408, "the request body did not arrive in time"));
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => return Err(err(400, "the connection closed before the body ended")),
+            Ok(n) => body.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Err(err(408, "the request body did not arrive in time")),
+        }
+    }
+    body.truncate(length);
+    Ok(body)
+}
+
+/// Serves one connection: the head, then route and token, then the body (only
+/// a route that takes one reads it), all before the deadline; one answer, then
+/// the connection closes.
+fn serve(store: &Arc<dyn Store>, options: &AdminOptions, mut stream: TcpStream) {
+    let deadline = Instant::now() + options.request_timeout;
+    let head = match read_head(&mut stream, deadline) {
+        Ok(h) => h,
+        Err(refused) => return answer(stream, &refused, false),
     };
-    let _ = request.respond(response);
+    if let Err(refused) = authorize(options, &head.call, head.auth.as_deref()) {
+        return answer(stream, &refused, true);
+    }
+    let call = Call {
+        method: head.call.method.clone(),
+        url: head.call.url.clone(),
+    };
+    let body = if call.method == "PATCH" {
+        match read_body(&mut stream, head, deadline) {
+            Ok(b) => b,
+            Err(refused) => return answer(stream, &refused, false),
+        }
+    } else {
+        Vec::new()
+    };
+    let response = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        handle(store, options, &call, &body)
+    }))
+    .unwrap_or_else(|_| err(500, "internal error"));
+    answer(stream, &response, true);
 }
 
 /// Whether the request may go on: every DLQ route needs the token, `/health`
 /// and `/metrics` only when protected. The token is compared in constant time;
 /// the scheme `Bearer` in any case.
-#[allow(clippy::result_large_err)] // the refusal is the response itself
 fn authorize(
     options: &AdminOptions,
     call: &Call,
@@ -292,52 +466,12 @@ fn authorize(
     }
 }
 
-/// Reads the body up to [`MAX_BODY`] bytes before `deadline`.
-#[allow(clippy::result_large_err)] // the refusal is the response itself
-fn read_body(request: &mut Request, deadline: Instant) -> std::result::Result<Vec<u8>, Resp> {
-    if request.body_length().is_some_and(|n| n > MAX_BODY) {
-        return Err(err(
-            413,
-            &format!("request body larger than {MAX_BODY} bytes"),
-        ));
-    }
-    let reader = request.as_reader();
-    let mut body = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        if Instant::now() > deadline {
-            return Err(err(408, "the request body did not arrive in time"));
-        }
-        match reader.read(&mut chunk) {
-            Ok(0) => return Ok(body),
-            Ok(n) => {
-                body.extend_from_slice(&chunk[..n]);
-                if body.len() > MAX_BODY {
-                    return Err(err(
-                        413,
-                        &format!("request body larger than {MAX_BODY} bytes"),
-                    ));
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return Err(err(408, "the request body did not arrive in time")),
-        }
-    }
-}
-
-/// What `handle` needs of a request.
-struct Call {
-    method: Method,
-    url: String,
-}
-
-type Resp = Response<std::io::Cursor<Vec<u8>>>;
-
 fn reply(code: u16, body: &str) -> Resp {
-    let ct = Header::from_bytes("Content-Type", "application/json").expect("static header");
-    Response::from_string(body)
-        .with_status_code(code)
-        .with_header(ct)
+    Resp {
+        code,
+        content_type: "application/json",
+        body: body.to_string(),
+    }
 }
 
 fn error_json(msg: &str) -> String {
@@ -352,22 +486,22 @@ fn handle(store: &Arc<dyn Store>, options: &AdminOptions, call: &Call, body: &[u
     let path = call.url.split('?').next().unwrap_or_default();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let dlq = Dlq::new(store.clone());
-    let result: Result<Resp> = match (&call.method, segments.as_slice()) {
-        (Method::Get, ["health"]) => Ok(health(store, options)),
-        (Method::Get, ["metrics"]) => {
-            let ct = Header::from_bytes("Content-Type", "text/plain; version=0.0.4")
-                .expect("static header");
-            Ok(Response::from_string(crate::metrics::prometheus()).with_header(ct))
-        }
-        (Method::Get, ["dlq", "events"]) => list(&dlq, &call.url),
-        (Method::Get, ["dlq", "events", id]) => {
+    let result: Result<Resp> = match (call.method.as_str(), segments.as_slice()) {
+        ("GET", ["health"]) => Ok(health(store, options)),
+        ("GET", ["metrics"]) => Ok(Resp {
+            code: 200,
+            content_type: "text/plain; version=0.0.4",
+            body: crate::metrics::prometheus(),
+        }),
+        ("GET", ["dlq", "events"]) => list(&dlq, &call.url),
+        ("GET", ["dlq", "events", id]) => {
             id.parse().and_then(|id| dlq.get(id)).map(|d| json(200, &d))
         }
-        (Method::Patch, ["dlq", "events", id]) => patch(&dlq, id, body),
-        (Method::Post, ["dlq", "move"]) => dlq
+        ("PATCH", ["dlq", "events", id]) => patch(&dlq, id, body),
+        ("POST", ["dlq", "move"]) => dlq
             .move_failed(MOVE_LIMIT)
             .map(|n| json(200, &serde_json::json!({ "moved": n }))),
-        (Method::Delete, ["dlq", "events", id]) => id
+        ("DELETE", ["dlq", "events", id]) => id
             .parse()
             .and_then(|id| dlq.delete(id))
             .map(|()| reply(204, "")),

@@ -133,8 +133,12 @@ impl Backoff {
         } else {
             1.0
         };
-        // Cap at 30 days so huge exponents stay representable.
-        Duration::from_secs_f64((base * spread).clamp(0.001, 30.0 * 86_400.0))
+        // Cap at 30 days so huge exponents stay representable; settings made by
+        // hand (NaN, infinities) fall back to the cap instead of panicking.
+        let secs = base * spread;
+        let secs = if secs.is_nan() { 30.0 * 86_400.0 } else { secs };
+        Duration::try_from_secs_f64(secs.clamp(0.001, 30.0 * 86_400.0))
+            .unwrap_or(Duration::from_secs(30 * 86_400))
     }
 }
 
@@ -437,6 +441,69 @@ impl std::fmt::Debug for ConfigBuilder {
 }
 
 impl Config {
+    /// Checks every value, as [`ConfigBuilder::build`] and [`Config::from_toml`]
+    /// do. The fields are public, so a configuration changed after it was built
+    /// is checked again by [`Relay::start`](crate::Relay::start).
+    pub fn validate(&self) -> Result<()> {
+        crate::store::validate_prefix(&self.table_prefix)?;
+        let max_payload_bytes = self.max_payload_bytes;
+        if !(1..=MAX_PAYLOAD_LIMIT).contains(&max_payload_bytes) {
+            return Err(Error::config(
+                "max_payload_bytes",
+                format!("must be between 1 and {MAX_PAYLOAD_LIMIT}, not {max_payload_bytes}"),
+            ));
+        }
+        validate_event(&self.defaults, "defaults")?;
+        for (name, settings) in &self.events {
+            let path = format!("events.{}", name.escape_debug());
+            if let Err(why) = plain_name(name) {
+                return Err(Error::config(path, format!("event type {why}")));
+            }
+            validate_event(settings, &path)?;
+        }
+        let dlq = &self.dlq;
+        within("dlq.move_interval", dlq.move_interval, MAX_INTERVAL)?;
+        within("dlq.retry_interval", dlq.retry_interval, MAX_INTERVAL)?;
+        within("dlq.cleanup_interval", dlq.cleanup_interval, MAX_INTERVAL)?;
+        within_or_zero("dlq.resolved_ttl", dlq.resolved_ttl, MAX_TTL)?;
+        let m = &self.maintenance;
+        within(
+            "maintenance.recovery_interval",
+            m.recovery_interval,
+            MAX_INTERVAL,
+        )?;
+        within(
+            "maintenance.cleanup_interval",
+            m.cleanup_interval,
+            MAX_INTERVAL,
+        )?;
+        within_or_zero("maintenance.processed_ttl", m.processed_ttl, MAX_TTL)?;
+        if !(1..=100_000).contains(&m.batch_size) {
+            return Err(Error::config(
+                "maintenance.batch_size",
+                "must be between 1 and 100000",
+            ));
+        }
+        let inbox = &self.inbox;
+        within("inbox.ttl", inbox.ttl, MAX_TTL)?;
+        within("inbox.cache_ttl", inbox.cache_ttl, MAX_TTL)?;
+        within(
+            "inbox.cleanup_interval",
+            inbox.cleanup_interval,
+            MAX_INTERVAL,
+        )?;
+        if inbox.cache_ttl > inbox.ttl {
+            return Err(Error::config("inbox.cache_ttl", "must be <= inbox.ttl"));
+        }
+        if !(1..=100_000).contains(&inbox.batch_size) {
+            return Err(Error::config(
+                "inbox.batch_size",
+                "must be between 1 and 100000",
+            ));
+        }
+        Ok(())
+    }
+
     /// A builder with every default.
     pub fn builder() -> ConfigBuilder {
         ConfigBuilder::default()
@@ -631,100 +698,41 @@ impl ConfigBuilder {
 
     /// Resolves inheritance and validates every value.
     pub fn build(self) -> Result<Config> {
-        let table_prefix = self.table_prefix.unwrap_or_default();
-        crate::store::validate_prefix(&table_prefix)?;
-        let max_payload_bytes = self.max_payload_bytes.unwrap_or(1024 * 1024);
-        if !(1..=MAX_PAYLOAD_LIMIT).contains(&max_payload_bytes) {
-            return Err(Error::config(
-                "max_payload_bytes",
-                format!("must be between 1 and {MAX_PAYLOAD_LIMIT}, not {max_payload_bytes}"),
-            ));
-        }
         let defaults = self.defaults.apply(&EventSettings::default());
-        validate_event(&defaults, "defaults")?;
-        let mut events = BTreeMap::new();
-        for (name, options) in &self.events {
-            let path = format!("events.{}", name.escape_debug());
-            if let Err(why) = plain_name(name) {
-                return Err(Error::config(path, format!("event type {why}")));
-            }
-            let settings = options.apply(&defaults);
-            validate_event(&settings, &path)?;
-            events.insert(name.clone(), settings);
-        }
-        let d = self.dlq;
-        let dlq = DlqSettings {
-            enabled: d.enabled.unwrap_or(true),
-            move_interval: d.move_interval.unwrap_or(Duration::from_secs(30)),
-            retry_interval: d.retry_interval.unwrap_or(Duration::from_secs(10)),
-            cleanup_interval: d.cleanup_interval.unwrap_or(Duration::from_secs(600)),
-            resolved_ttl: d.resolved_ttl.unwrap_or(Duration::from_secs(86_400)),
-        };
-        within("dlq.move_interval", dlq.move_interval, MAX_INTERVAL)?;
-        within("dlq.retry_interval", dlq.retry_interval, MAX_INTERVAL)?;
-        within("dlq.cleanup_interval", dlq.cleanup_interval, MAX_INTERVAL)?;
-        within_or_zero("dlq.resolved_ttl", dlq.resolved_ttl, MAX_TTL)?;
-        let m = self.maintenance;
-        let maintenance = MaintenanceSettings {
-            recovery_interval: m.recovery_interval.unwrap_or(Duration::from_secs(60)),
-            cleanup_interval: m.cleanup_interval.unwrap_or(Duration::from_secs(300)),
-            processed_ttl: m.processed_ttl.unwrap_or(Duration::from_secs(86_400)),
-            batch_size: m.batch_size.unwrap_or(1000),
-        };
-        within(
-            "maintenance.recovery_interval",
-            maintenance.recovery_interval,
-            MAX_INTERVAL,
-        )?;
-        within(
-            "maintenance.cleanup_interval",
-            maintenance.cleanup_interval,
-            MAX_INTERVAL,
-        )?;
-        within_or_zero(
-            "maintenance.processed_ttl",
-            maintenance.processed_ttl,
-            MAX_TTL,
-        )?;
-        if !(1..=100_000).contains(&maintenance.batch_size) {
-            return Err(Error::config(
-                "maintenance.batch_size",
-                "must be between 1 and 100000",
-            ));
-        }
-        let i = self.inbox;
-        let inbox = InboxSettings {
-            ttl: i.ttl.unwrap_or(Duration::from_secs(86_400)),
-            cache_ttl: i.cache_ttl.unwrap_or(Duration::from_secs(3600)),
-            cleanup_interval: i.cleanup_interval.unwrap_or(Duration::from_secs(600)),
-            batch_size: i.batch_size.unwrap_or(1000),
-        };
-        within("inbox.ttl", inbox.ttl, MAX_TTL)?;
-        within("inbox.cache_ttl", inbox.cache_ttl, MAX_TTL)?;
-        within(
-            "inbox.cleanup_interval",
-            inbox.cleanup_interval,
-            MAX_INTERVAL,
-        )?;
-        if inbox.cache_ttl > inbox.ttl {
-            return Err(Error::config("inbox.cache_ttl", "must be <= inbox.ttl"));
-        }
-        if !(1..=100_000).contains(&inbox.batch_size) {
-            return Err(Error::config(
-                "inbox.batch_size",
-                "must be between 1 and 100000",
-            ));
-        }
-        Ok(Config {
-            table_prefix,
-            max_payload_bytes,
+        let events = self
+            .events
+            .iter()
+            .map(|(name, options)| (name.clone(), options.apply(&defaults)))
+            .collect();
+        let (d, m, i) = (self.dlq, self.maintenance, self.inbox);
+        let config = Config {
+            table_prefix: self.table_prefix.unwrap_or_default(),
+            max_payload_bytes: self.max_payload_bytes.unwrap_or(1024 * 1024),
             defaults,
             events,
-            dlq,
-            maintenance,
-            inbox,
+            dlq: DlqSettings {
+                enabled: d.enabled.unwrap_or(true),
+                move_interval: d.move_interval.unwrap_or(Duration::from_secs(30)),
+                retry_interval: d.retry_interval.unwrap_or(Duration::from_secs(10)),
+                cleanup_interval: d.cleanup_interval.unwrap_or(Duration::from_secs(600)),
+                resolved_ttl: d.resolved_ttl.unwrap_or(Duration::from_secs(86_400)),
+            },
+            maintenance: MaintenanceSettings {
+                recovery_interval: m.recovery_interval.unwrap_or(Duration::from_secs(60)),
+                cleanup_interval: m.cleanup_interval.unwrap_or(Duration::from_secs(300)),
+                processed_ttl: m.processed_ttl.unwrap_or(Duration::from_secs(86_400)),
+                batch_size: m.batch_size.unwrap_or(1000),
+            },
+            inbox: InboxSettings {
+                ttl: i.ttl.unwrap_or(Duration::from_secs(86_400)),
+                cache_ttl: i.cache_ttl.unwrap_or(Duration::from_secs(3600)),
+                cleanup_interval: i.cleanup_interval.unwrap_or(Duration::from_secs(600)),
+                batch_size: i.batch_size.unwrap_or(1000),
+            },
             kafka: self.kafka,
-        })
+        };
+        config.validate()?;
+        Ok(config)
     }
 }
 

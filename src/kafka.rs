@@ -215,6 +215,8 @@ const REBUILD_AFTER: usize = 3;
 
 struct Shared {
     config: ClientConfig,
+    /// The properties, to keep their secrets out of logged errors.
+    properties: BTreeMap<String, String>,
     timed_out_batches: AtomicUsize,
     /// A batch failed for the transport: [`Sender::ready`] asks the brokers for
     /// metadata before the next claim.
@@ -271,12 +273,13 @@ impl KafkaSenderBuilder {
             Some((k, v)) => v
                 .parse()
                 .ok()
-                .filter(|ms| *ms <= MAX_MESSAGE_TIMEOUT_MS)
+                // 0 is "no limit" to librdkafka: a batch would wait forever
+                .filter(|ms| (1..=MAX_MESSAGE_TIMEOUT_MS).contains(ms))
                 .ok_or_else(|| {
                     Error::config(
                         format!("kafka.{k}"),
                         format!(
-                            "must be a number of milliseconds up to {MAX_MESSAGE_TIMEOUT_MS}, not {v:?}"
+                            "must be a number of milliseconds from 1 to {MAX_MESSAGE_TIMEOUT_MS}, not {v:?}"
                         ),
                     )
                 })?,
@@ -294,6 +297,7 @@ impl KafkaSenderBuilder {
         Ok(KafkaSender {
             shared: Arc::new(Shared {
                 config,
+                properties,
                 timed_out_batches: AtomicUsize::new(0),
                 unreachable: AtomicBool::new(false),
                 producer: RwLock::new((0, producer)),
@@ -352,7 +356,10 @@ impl KafkaSender {
                 self.shared.timed_out_batches.store(0, Ordering::Relaxed);
                 *w = (generation + 1, p);
             }
-            Err(e) => log::error!("txbox: kafka producer could not be replaced ({why}): {e}"),
+            Err(e) => log::error!(
+                "txbox: kafka producer could not be replaced ({why}): {}",
+                crate::redact::values(&e.to_string(), &self.shared.properties)
+            ),
         }
     }
 

@@ -164,6 +164,20 @@ impl Outbox {
                 )));
             }
         }
+        // an AMQP header name is a short string (255 bytes); a NUL would cut a
+        // Kafka header name short on the consumer's side
+        if let Some(name) = e
+            .headers
+            .keys()
+            .find(|n| n.is_empty() || n.len() > 255 || n.chars().any(char::is_control))
+        {
+            return Err(Error::InvalidInput(format!(
+                "header {:?} of event type {:?}: a header name must be 1 to 255 bytes without \
+                 control characters",
+                name.escape_debug().to_string(),
+                e.event_type
+            )));
+        }
         if let Some(name) = e
             .headers
             .keys()

@@ -11,8 +11,33 @@ pub(crate) const REDACTED: &str = "<redacted>";
 /// `text` with the password of every URL in it replaced: `scheme://user:pw@host`
 /// becomes `scheme://user:<redacted>@host`. The user info ends at the last `@`
 /// before the next whitespace, so a password with a raw `@` or `/` in it is
-/// covered too.
+/// covered too. A `password=...` (a query parameter, a key=value connection
+/// string) is redacted up to the next whitespace or `&`.
 pub(crate) fn urls(text: &str) -> String {
+    password_params(&user_info(text))
+}
+
+/// Every `password=value` of `text` (any case) with its value redacted.
+fn password_params(text: &str) -> String {
+    const KEY: &str = "password=";
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(found) = lower[at..].find(KEY) {
+        let value = at + found + KEY.len();
+        out.push_str(&text[at..value]);
+        out.push_str(REDACTED);
+        at = value
+            + text[value..]
+                .find(|c: char| c.is_whitespace() || c == '&')
+                .unwrap_or(text.len() - value);
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+/// The user-info passwords of [`urls`].
+fn user_info(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {
@@ -75,6 +100,7 @@ impl fmt::Debug for Properties<'_> {
     }
 }
 
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 /// `text` (a client's error message) with the value of every secret property of
 /// `properties` replaced, and URL passwords scrubbed.
 pub(crate) fn values(text: &str, properties: &BTreeMap<String, String>) -> String {
@@ -106,6 +132,14 @@ mod tests {
             "a postgres://u@h/d and mysql://r:<redacted>@h/d"
         );
         assert_eq!(urls("no url here: x@y"), "no url here: x@y");
+        assert_eq!(
+            urls("host=db user=app Password=hunter2 dbname=x"),
+            "host=db user=app Password=<redacted> dbname=x"
+        );
+        assert_eq!(
+            urls("postgres://db/x?user=a&password=pw&sslmode=off"),
+            "postgres://db/x?user=a&password=<redacted>&sslmode=off"
+        );
     }
 
     #[test]

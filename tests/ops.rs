@@ -610,12 +610,15 @@ fn every_dlq_route_needs_the_token_and_probes_can_be_protected() {
     server.shutdown();
 }
 
-/// A client that sends its headers and then stalls (a `Content-Length` and a
-/// trickle of body, or nothing at all) neither keeps `/health` from answering
-/// nor `shutdown` from returning, and is answered 408 once its time is up.
+/// Clients that stall or trickle (a `Content-Length` and then silence, a body
+/// one byte at a time, headers that never end, an absurd `Content-Length`)
+/// neither keep `/health` from answering nor `shutdown` from returning; each is
+/// answered 408 once its time is up; an endpoint idle for longer than the
+/// request timeout still serves.
 #[test]
 fn a_stalled_client_blocks_neither_health_nor_shutdown() {
     use std::io::{Read, Write};
+    use std::net::TcpStream;
     let p = "t_ops_stall_";
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
@@ -624,32 +627,12 @@ fn a_stalled_client_blocks_neither_health_nor_shutdown() {
         fx.store.clone(),
         AdminOptions::new()
             .token("s3cret")
-            .request_timeout(Duration::from_secs(2)),
+            .request_timeout(Duration::from_secs(1)),
     )
     .unwrap();
     let addr = server.addr();
     let (agent, base) = http(&server);
-    let id = EventId::new();
-    // authorized, a body announced and never sent
-    let mut stalled = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        stalled,
-        "PATCH /dlq/events/{id} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\
-         Content-Length: 60000\r\n\r\n{{\"sta"
-    )
-    .unwrap();
-    // a GET with a body that never comes
-    let mut stalled_get = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        stalled_get,
-        "GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\nab"
-    )
-    .unwrap();
-    // headers that never end
-    let mut half = std::net::TcpStream::connect(addr).unwrap();
-    write!(half, "GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    for _ in 0..5 {
+    let health = || {
         let t = std::time::Instant::now();
         let (code, _) = body(agent.get(format!("{base}/health")).call().unwrap());
         assert_eq!(code, 200);
@@ -658,22 +641,74 @@ fn a_stalled_client_blocks_neither_health_nor_shutdown() {
             "health took {:?} while clients stall",
             t.elapsed()
         );
+    };
+    // idle for longer than the request timeout: still serving
+    std::thread::sleep(Duration::from_millis(1500));
+    health();
+
+    let id = EventId::new();
+    let open = |text: String| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(text.as_bytes()).unwrap();
+        s
+    };
+    let patch = format!(
+        "PATCH /dlq/events/{id} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\
+         Content-Length: 60000\r\n\r\n{{\"sta"
+    );
+    // authorized, a body announced and never sent
+    let mut silent = open(patch.clone());
+    // the same body trickled one byte at a time, for longer than the timeout
+    let mut trickle = open(patch);
+    let mut trickler = trickle.try_clone().unwrap();
+    let dripping = std::thread::spawn(move || {
+        for _ in 0..25 {
+            std::thread::sleep(Duration::from_millis(200));
+            if trickler.write_all(b" ").is_err() {
+                return;
+            }
+        }
+    });
+    // GETs that announce bodies they never send, one absurdly large
+    let huge_get =
+        open("GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n".into());
+    let max_get = open(format!(
+        "GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        u64::MAX
+    ));
+    // headers that never end
+    let half = open("GET /health HTTP/1.1\r\nHost: x\r\n".into());
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..5 {
+        health();
     }
-    // the stalled PATCH is answered 408 once its time is up
-    stalled
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut answer = String::new();
-    let _ = stalled.read_to_string(&mut answer);
-    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    // each stalled request is answered 408 within its time (plus one read)
+    let t = std::time::Instant::now();
+    for (what, s) in [
+        ("silent body", &mut silent),
+        ("trickled body", &mut trickle),
+    ] {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{what}: {answer:?}");
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "408s took {:?}",
+        t.elapsed()
+    );
+    // shutdown while a client still holds its headers open
+    let half2 = open("GET /health HTTP/1.1\r\n".into());
     let t = std::time::Instant::now();
     server.shutdown();
     assert!(
-        t.elapsed() < Duration::from_secs(3),
+        t.elapsed() < Duration::from_secs(2),
         "shutdown took {:?}",
         t.elapsed()
     );
-    drop((stalled_get, half));
+    dripping.join().unwrap();
+    drop((huge_get, max_get, half, half2));
 }
 
 /// `/health` says the database is unreachable and why goes to the log: no

@@ -149,6 +149,22 @@ fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
     let err = outbox.publish_event(&mut tx, reserved).unwrap_err();
     assert!(err.to_string().contains("reserved"), "{err}");
 
+    // header names a broker cannot carry: longer than an AMQP short string, or
+    // with a NUL (a Kafka consumer would read it cut short)
+    for name in ["x".repeat(300), "a\0b".to_string(), String::new()] {
+        let event = NewEvent::new("order-created", &1)
+            .unwrap()
+            .header(name.clone(), "v");
+        let err = outbox.publish_event(&mut tx, event).unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidInput(_))
+                && err
+                    .to_string()
+                    .contains("1 to 255 bytes without control characters"),
+            "{name:?}: {err}"
+        );
+    }
+
     // none of that touched the transaction: it still works and commits one event
     outbox
         .publish(&mut tx, "order-created", &json!({"ok": true}))

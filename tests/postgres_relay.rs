@@ -1408,9 +1408,10 @@ fn held_claims_needing_more_connections_than_the_pool_are_refused() {
 }
 
 /// A configuration changed by hand after it was validated (its fields are public)
-/// with an event type holding a NUL: the relay starts, its thread name escaped.
+/// with an event type holding a NUL, or a NaN multiplier: `Relay::start` checks it
+/// again and refuses it with the key, where it used to panic on the thread name.
 #[test]
-fn an_event_type_with_a_nul_set_by_hand_does_not_panic_the_start() {
+fn a_configuration_changed_by_hand_is_checked_again_at_start() {
     let p = "t_rel_nul_type_";
     let Some((store, _client)) = fresh(p) else {
         return;
@@ -1419,9 +1420,22 @@ fn an_event_type_with_a_nul_set_by_hand_does_not_panic_the_start() {
     config
         .events
         .insert("bad\0type".into(), txbox::EventSettings::default());
-    let relay = Relay::start(store, &config, MemorySender::new()).unwrap();
-    assert!(relay
-        .thread_names()
-        .contains(&"txbox-poll-bad?type".to_string()));
-    relay.shutdown(Duration::from_secs(5)).unwrap();
+    let err = Relay::start(store.clone(), &config, MemorySender::new())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.starts_with("events.bad\\0type event type must not contain control characters"),
+        "{err}"
+    );
+    let mut config = Config::builder().table_prefix(p).build().unwrap();
+    config.defaults.backoff.multiplier = f64::NAN;
+    let err = Relay::start(store, &config, MemorySender::new())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.starts_with("defaults.backoff.multiplier must be between"),
+        "{err}"
+    );
 }

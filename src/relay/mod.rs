@@ -169,6 +169,8 @@ impl Relay {
                 ));
             }
         }
+        // its fields are public: checked again as it is now
+        config.validate()?;
         let maintenance = if config.dlq.enabled { 5 } else { 2 };
         check_lease(config, sender.ack_wait())?;
         check_connections(store.as_ref(), config, maintenance)?;

@@ -343,10 +343,19 @@ pub fn connect(url: &str, table_prefix: &str) -> Result<std::sync::Arc<dyn Store
             #[cfg(not(feature = "oracle"))]
             return Err(missing("oracle"));
         }
-        _ => Err(Error::InvalidInput(format!(
-            "database url {:?}: expected postgres://, mysql://, sqlite:PATH or oracle://",
-            crate::redact::urls(url)
-        ))),
+        // the URL is not echoed (it may hold a password anywhere, or be a
+        // key=value string), only a scheme that looks like one
+        _ => {
+            let plain = !scheme.is_empty()
+                && scheme.len() <= 20
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+            Err(Error::InvalidInput(format!(
+                "database url: unknown scheme {:?}: expected postgres://, mysql://, sqlite:PATH or oracle://",
+                if plain { scheme } else { "?" }
+            )))
+        }
     }
 }
 

@@ -155,7 +155,9 @@ fn row(r: &oracle::Row) -> Result<Row> {
 }
 
 fn fetch(conn: &oracle::Connection, sql: &str, params: &[Val], max: usize) -> Result<Vec<Row>> {
-    let size = max.clamp(1, 10_000) as u32;
+    // one array holds the whole limit (maintenance takes up to 100,000 rows):
+    // a second fetch would lock rows past it
+    let size = max.clamp(1, 100_000) as u32;
     let mut stmt = conn
         .statement(sql)
         .fetch_array_size(size)

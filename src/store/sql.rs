@@ -1735,16 +1735,16 @@ mod tests {
     #[test]
     fn every_statement_of_every_dialect_binds_each_value_where_its_number_says() {
         let t = Tables::new("p_").unwrap();
-        #[allow(unused_mut)]
-        let mut dialects: Vec<(&str, Dialect)> = Vec::new();
-        #[cfg(feature = "postgres")]
-        dialects.push(("postgres", super::super::postgres::dialect(&t)));
-        #[cfg(feature = "mysql")]
-        dialects.push(("mysql", super::super::mysql::dialect(&t)));
-        #[cfg(feature = "sqlite")]
-        dialects.push(("sqlite", super::super::sqlite::dialect(&t)));
-        #[cfg(feature = "oracle")]
-        dialects.push(("oracle", super::super::oracle::dialect(&t)));
+        let dialects: Vec<(&str, Dialect)> = vec![
+            #[cfg(feature = "postgres")]
+            ("postgres", super::super::postgres::dialect(&t)),
+            #[cfg(feature = "mysql")]
+            ("mysql", super::super::mysql::dialect(&t)),
+            #[cfg(feature = "sqlite")]
+            ("sqlite", super::super::sqlite::dialect(&t)),
+            #[cfg(feature = "oracle")]
+            ("oracle", super::super::oracle::dialect(&t)),
+        ];
         let fixed: Vec<Val> = (1..=12).map(|i| Val::Int(100 + i)).collect();
         let ids = [Val::Int(901), Val::Int(902)];
         let show = |v: &Val| format!("<{v:?}>");
