@@ -258,6 +258,23 @@ fn the_cli_migrates_shows_status_and_operates_the_dlq() {
             "{args:?}: {err}"
         );
     }
+    // help for every command, and a suggestion for a typo
+    for args in [
+        vec!["--help"],
+        vec!["dlq", "--help"],
+        vec!["dlq", "retry", "--help"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_txbox"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(text.contains("Usage: txbox"), "{args:?}: {text}");
+    }
+    let (code, _, err) = cli(p, &["dlq", "lisst"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("a similar subcommand exists: 'list'"), "{err}");
     let out = Command::new(env!("CARGO_BIN_EXE_txbox"))
         .args(["status"])
         .env_remove("TXBOX_DATABASE_URL")

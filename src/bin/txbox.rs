@@ -1,4 +1,4 @@
-//! `txbox`: operate an outbox from the shell.
+//! `txbox`: operate an outbox from the shell (feature `cli`).
 //!
 //! ```text
 //! txbox [--database-url URL] [--table-prefix P] [--json] COMMAND
@@ -13,16 +13,87 @@
 //!   dlq resolve ID... | --type T
 //!   dlq delete ID... | --type T
 //! ```
-//! The URL comes from `--database-url` or `TXBOX_DATABASE_URL` (`postgres://...`,
-//! `mysql://...`, `sqlite:PATH`, `oracle://...`). Exit codes: 0 ok, 1 error, 2 bad usage.
+//! `txbox help COMMAND` or `--help` after any command tells more. The URL comes
+//! from `--database-url` or `TXBOX_DATABASE_URL` (`postgres://...`, `mysql://...`,
+//! `sqlite:PATH`, `oracle://...`). Exit codes: 0 ok, 1 error, 2 bad usage.
 
 use std::process::ExitCode;
 
+use clap::{Args, Parser, Subcommand};
 use txbox::{Dlq, DlqFilter, DlqStatus, EventId};
 
-const USAGE: &str = "usage: txbox [--database-url URL] [--table-prefix P] [--json] \
-migrate | status | dlq list [--type T] [--status S] [--offset N] [--limit N] | dlq show ID | \
-dlq move | dlq retry|resolve|delete (ID... | --type T)";
+/// Operate a txbox outbox: migrate, status, dead letters.
+#[derive(Parser)]
+#[command(name = "txbox", version)]
+struct Cli {
+    /// The database: postgres://..., mysql://..., sqlite:PATH, oracle://...
+    /// (default: $TXBOX_DATABASE_URL)
+    #[arg(long, global = true, value_name = "URL")]
+    database_url: Option<String>,
+    /// The configuration's table prefix
+    #[arg(long, global = true, value_name = "P", default_value = "")]
+    table_prefix: String,
+    /// Print JSON instead of text
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create the tables and apply the schema versions missing (idempotent)
+    Migrate,
+    /// Per event type: pending, in process, failed, and the oldest pending's age
+    Status,
+    /// Dead letters: list, show, move, retry, resolve, delete
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+#[derive(Subcommand)]
+enum DlqCommand {
+    /// Dead letters, oldest moved first
+    List {
+        /// Only this event type
+        #[arg(long = "type", value_name = "T")]
+        event_type: Option<String>,
+        /// Only this status: DEAD, RETRY or RESOLVED
+        #[arg(long, value_name = "S")]
+        status: Option<DlqStatus>,
+        /// Skip this many
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        offset: u64,
+        /// At most this many
+        #[arg(long, default_value_t = 50, value_name = "N")]
+        limit: u64,
+    },
+    /// One dead letter with payload, headers and last error
+    Show {
+        /// The event id
+        id: EventId,
+    },
+    /// Move FAILED outbox events to the dead letters now (the relay's DLQ thread
+    /// does it; with the DLQ off, this is how they are reached)
+    Move,
+    /// Back to the outbox with a fresh retry budget
+    Retry(Target),
+    /// Mark handled; deleted after the resolved TTL
+    Resolve(Target),
+    /// Delete for good
+    Delete(Target),
+}
+
+/// The dead letters an action applies to: ids, or every one of a type.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct Target {
+    /// Event ids
+    ids: Vec<EventId>,
+    /// Every dead letter of this event type
+    #[arg(long = "type", value_name = "T")]
+    event_type: Option<String>,
+}
 
 /// A failure and its exit code.
 enum Fail {
@@ -34,14 +105,6 @@ impl From<txbox::Error> for Fail {
     fn from(e: txbox::Error) -> Self {
         Fail::Run(e.to_string())
     }
-}
-
-struct Args {
-    url: Option<String>,
-    prefix: String,
-    json: bool,
-    words: Vec<String>,
-    flags: Vec<(String, String)>,
 }
 
 /// The arguments, each of which must be UTF-8 (a path or a URL given as other
@@ -75,65 +138,6 @@ fn printable(s: &str) -> String {
             }
         })
         .collect()
-}
-
-fn parse(raw: Vec<String>) -> Result<Args, Fail> {
-    let mut args = Args {
-        url: None,
-        prefix: String::new(),
-        json: false,
-        words: Vec::new(),
-        flags: Vec::new(),
-    };
-    let mut it = raw.into_iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .ok_or_else(|| Fail::Usage(format!("{name} needs a value")))
-        };
-        match a.as_str() {
-            "--json" => args.json = true,
-            "--database-url" => args.url = Some(value("--database-url")?),
-            "--table-prefix" => args.prefix = value("--table-prefix")?,
-            "--type" | "--status" | "--offset" | "--limit" => {
-                let v = value(&a)?;
-                args.flags.push((a, v));
-            }
-            "-h" | "--help" => return Err(Fail::Usage(String::new())),
-            s if s.starts_with('-') => return Err(Fail::Usage(format!("unknown option {s}"))),
-            _ => args.words.push(a),
-        }
-    }
-    Ok(args)
-}
-
-impl Args {
-    fn flag(&self, name: &str) -> Option<&str> {
-        self.flags
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn number(&self, name: &str, default: u64) -> Result<u64, Fail> {
-        match self.flag(name) {
-            None => Ok(default),
-            Some(v) => v
-                .parse()
-                .map_err(|_| Fail::Usage(format!("{name} must be a whole number, not {v:?}"))),
-        }
-    }
-
-    fn ids(&self, from: usize) -> Result<Vec<EventId>, Fail> {
-        self.words[from..]
-            .iter()
-            .map(|w| {
-                w.parse()
-                    .map_err(|e: txbox::Error| Fail::Usage(e.to_string()))
-            })
-            .collect()
-    }
 }
 
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
@@ -176,63 +180,31 @@ fn listing<T: serde::Serialize>(
     }
 }
 
-fn run(args: Args) -> Result<String, Fail> {
-    let cmd: Vec<&str> = args.words.iter().map(String::as_str).collect();
-    // usage errors before touching the database
-    match cmd.as_slice() {
-        ["migrate"] | ["status"] | ["dlq", "list"] | ["dlq", "show", _] | ["dlq", "move"] => {}
-        ["dlq", "retry" | "resolve" | "delete", ..] => {
-            let by_type = args.flag("--type").is_some();
-            if by_type == (cmd.len() > 2) {
-                return Err(Fail::Usage(format!(
-                    "dlq {} takes ids or --type, not both or neither",
-                    cmd[1]
-                )));
-            }
-            args.ids(2)?;
-        }
-        [] => return Err(Fail::Usage("no command".into())),
-        _ => {
-            return Err(Fail::Usage(format!(
-                "unknown command {:?}",
-                args.words.join(" ")
-            )))
-        }
-    }
-    let status = args
-        .flag("--status")
-        .map(str::parse::<DlqStatus>)
-        .transpose()
-        .map_err(|e| Fail::Usage(e.to_string()))?;
-    let (offset, limit) = (args.number("--offset", 0)?, args.number("--limit", 50)?);
-    if let ["dlq", "show", id] = cmd.as_slice() {
-        id.parse::<EventId>()
-            .map_err(|e| Fail::Usage(e.to_string()))?;
-    }
-
-    let url = args
-        .url
+fn run(cli: Cli) -> Result<String, Fail> {
+    let url = cli
+        .database_url
         .clone()
         .or_else(|| std::env::var("TXBOX_DATABASE_URL").ok())
         .filter(|u| !u.is_empty())
         .ok_or_else(|| {
             Fail::Usage("no database: pass --database-url or set TXBOX_DATABASE_URL".into())
         })?;
-    let store = txbox::store::connect(&url, &args.prefix)?;
+    let as_json = cli.json;
+    let store = txbox::store::connect(&url, &cli.table_prefix)?;
     let dlq = Dlq::new(store.clone());
-    Ok(match cmd.as_slice() {
-        ["migrate"] => {
+    Ok(match cli.command {
+        Command::Migrate => {
             store.migrate()?;
-            if args.json {
+            if as_json {
                 json(&serde_json::json!({"migrated": true}))?
             } else {
                 "migrated".into()
             }
         }
-        ["status"] => {
+        Command::Status => {
             let rows = store.status()?;
             listing(
-                args.json,
+                as_json,
                 &rows,
                 &[
                     "EVENT TYPE",
@@ -255,16 +227,21 @@ fn run(args: Args) -> Result<String, Fail> {
                 },
             )?
         }
-        ["dlq", "list"] => {
+        Command::Dlq(DlqCommand::List {
+            event_type,
+            status,
+            offset,
+            limit,
+        }) => {
             let filter = DlqFilter {
-                event_type: args.flag("--type").map(String::from),
+                event_type,
                 status,
                 offset,
                 limit,
             };
             let rows = dlq.list(&filter)?;
             listing(
-                args.json,
+                as_json,
                 &rows,
                 &[
                     "ID",
@@ -293,12 +270,9 @@ fn run(args: Args) -> Result<String, Fail> {
                 },
             )?
         }
-        ["dlq", "show", id] => {
-            let d = dlq.get(
-                id.parse()
-                    .map_err(|e: txbox::Error| Fail::Usage(e.to_string()))?,
-            )?;
-            if args.json {
+        Command::Dlq(DlqCommand::Show { id }) => {
+            let d = dlq.get(id)?;
+            if as_json {
                 json(&d)?
             } else {
                 format!(
@@ -316,7 +290,7 @@ fn run(args: Args) -> Result<String, Fail> {
                 )
             }
         }
-        ["dlq", "move"] => {
+        Command::Dlq(DlqCommand::Move) => {
             let mut moved = 0;
             loop {
                 let n = dlq.move_failed(10_000)?;
@@ -325,59 +299,75 @@ fn run(args: Args) -> Result<String, Fail> {
                     break;
                 }
             }
-            if args.json {
+            if as_json {
                 json(&serde_json::json!({ "moved": moved }))?
             } else {
                 format!("{moved} failed events moved to the dead letters")
             }
         }
-        ["dlq", action, ..] => {
-            let done: Vec<String> = if let Some(t) = args.flag("--type") {
-                let n = match *action {
-                    "retry" => dlq.retry_type(t)?,
-                    "resolve" => dlq.resolve_type(t)?,
-                    _ => dlq.delete_type(t)?,
-                };
-                vec![format!("{n} dead letters of type {t}")]
-            } else {
-                let mut done = Vec::new();
-                for id in args.ids(2)? {
-                    match *action {
-                        "retry" => dlq.retry(id)?,
-                        "resolve" => dlq.resolve(id)?,
-                        _ => dlq.delete(id)?,
-                    }
-                    done.push(id.to_string());
+        Command::Dlq(
+            action @ (DlqCommand::Retry(_) | DlqCommand::Resolve(_) | DlqCommand::Delete(_)),
+        ) => {
+            let (name, verb, target) = match action {
+                DlqCommand::Retry(t) => ("retry", "marked for retry", t),
+                DlqCommand::Resolve(t) => ("resolve", "resolved", t),
+                DlqCommand::Delete(t) => ("delete", "deleted", t),
+                _ => unreachable!("matched above"),
+            };
+            let done: Vec<String> = match &target.event_type {
+                Some(t) => {
+                    let n = match name {
+                        "retry" => dlq.retry_type(t)?,
+                        "resolve" => dlq.resolve_type(t)?,
+                        _ => dlq.delete_type(t)?,
+                    };
+                    vec![format!("{n} dead letters of type {}", printable(t))]
                 }
-                done
+                None => {
+                    let mut done = Vec::new();
+                    for id in target.ids {
+                        match name {
+                            "retry" => dlq.retry(id)?,
+                            "resolve" => dlq.resolve(id)?,
+                            _ => dlq.delete(id)?,
+                        }
+                        done.push(id.to_string());
+                    }
+                    done
+                }
             };
-            let verb = match *action {
-                "retry" => "marked for retry",
-                "resolve" => "resolved",
-                _ => "deleted",
-            };
-            if args.json {
-                json(&serde_json::json!({ "action": action, "done": done }))?
+            if as_json {
+                json(&serde_json::json!({ "action": name, "done": done }))?
             } else {
                 format!("{verb}: {}", done.join(", "))
             }
         }
-        _ => return Err(Fail::Usage("unknown command".into())),
     })
 }
 
 fn main() -> ExitCode {
-    let outcome = utf8_args().and_then(parse).and_then(run);
-    match outcome {
+    let cli = utf8_args().and_then(|args| {
+        Cli::try_parse_from(std::iter::once("txbox".to_string()).chain(args)).map_err(|e| {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                std::process::exit(0);
+            }
+            Fail::Usage(
+                e.to_string()
+                    .trim_start_matches("error: ")
+                    .trim_end()
+                    .to_string(),
+            )
+        })
+    });
+    match cli.and_then(run) {
         Ok(out) => {
             println!("{out}");
             ExitCode::SUCCESS
         }
         Err(Fail::Usage(msg)) => {
-            if !msg.is_empty() {
-                eprintln!("txbox: {msg}");
-            }
-            eprintln!("{USAGE}");
+            eprintln!("txbox: {msg}");
             ExitCode::from(2)
         }
         Err(Fail::Run(msg)) => {
