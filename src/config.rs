@@ -504,6 +504,20 @@ impl Config {
         Ok(())
     }
 
+    /// Opens the store `url` names (see [`crate::store::connect`]) on this
+    /// configuration's tables: the table prefix is given once.
+    ///
+    /// ```no_run
+    /// # fn main() -> txbox::Result<()> {
+    /// let config = txbox::Config::builder().table_prefix("shop_").build()?;
+    /// let store = config.connect("sqlite:jobs.db")?;
+    /// store.migrate()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect(&self, url: &str) -> Result<std::sync::Arc<dyn crate::Store>> {
+        crate::store::connect(url, &self.table_prefix)
+    }
+
     /// A builder with every default.
     pub fn builder() -> ConfigBuilder {
         ConfigBuilder::default()

@@ -1439,3 +1439,39 @@ fn a_configuration_changed_by_hand_is_checked_again_at_start() {
         "{err}"
     );
 }
+
+/// A store opened on other tables than the configuration names would have the
+/// relay read tables the publisher never writes: refused at start, naming both.
+#[test]
+fn a_store_on_other_tables_than_the_configuration_is_refused() {
+    let p = "t_rel_prefix_";
+    let Some((store, _client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix("t_rel_other_")
+        .event("e", EventOptions::new())
+        .build()
+        .unwrap();
+    let err = Relay::start(store, &config, MemorySender::new())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.starts_with(
+            "table_prefix is \"t_rel_other_\" but the store was opened with \"t_rel_prefix_\""
+        ),
+        "{err}"
+    );
+    // opened from the configuration, the prefix is given once
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", EventOptions::new())
+        .build()
+        .unwrap();
+    let store = config.connect(&pg_url()).unwrap();
+    Relay::start(store, &config, MemorySender::new())
+        .unwrap()
+        .shutdown(Duration::from_secs(5))
+        .unwrap();
+}

@@ -197,6 +197,13 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// The table prefix the store was opened with, when it has one.
+    /// [`Relay::start`](crate::Relay::start) refuses a configuration whose
+    /// `table_prefix` differs: publisher and relay would use different tables.
+    fn table_prefix(&self) -> Option<&str> {
+        None
+    }
+
     /// The most database connections the store's pool opens, when it has a
     /// bound. A relay with held claims needs one per batch in flight: it refuses
     /// to start when they cannot all be had. The default: no bound known.

@@ -213,6 +213,9 @@ macro_rules! delegate_store {
             fn max_connections(&self) -> Option<usize> {
                 self.inner.max_connections()
             }
+            fn table_prefix(&self) -> Option<&str> {
+                self.inner.table_prefix()
+            }
             fn claim_held(
                 &self,
                 args: &$crate::store::ClaimArgs<'_>,
@@ -1382,6 +1385,10 @@ impl<P: Pool> Store for SqlStore<P> {
 
     fn max_connections(&self) -> Option<usize> {
         self.pool.max_size()
+    }
+
+    fn table_prefix(&self) -> Option<&str> {
+        Some(&self.tables.prefix)
     }
 
     fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
