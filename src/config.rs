@@ -425,21 +425,6 @@ impl std::fmt::Debug for Config {
     }
 }
 
-impl std::fmt::Debug for ConfigBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConfigBuilder")
-            .field("table_prefix", &self.table_prefix)
-            .field("max_payload_bytes", &self.max_payload_bytes)
-            .field("defaults", &self.defaults)
-            .field("events", &self.events)
-            .field("dlq", &self.dlq)
-            .field("maintenance", &self.maintenance)
-            .field("inbox", &self.inbox)
-            .field("kafka", &crate::redact::Properties(&self.kafka))
-            .finish()
-    }
-}
-
 impl Config {
     /// Checks every value, as [`ConfigBuilder::build`] and [`Config::from_toml`]
     /// do. The fields are public, so a configuration changed after it was built
@@ -577,8 +562,8 @@ impl Config {
     }
 }
 
-/// Builds a [`Config`] in code.
-#[derive(Clone, Default)]
+/// Builds a [`Config`] in code. Its `Debug` redacts secret Kafka properties.
+#[derive(Debug, Clone, Default)]
 pub struct ConfigBuilder {
     table_prefix: Option<String>,
     max_payload_bytes: Option<usize>,
@@ -587,7 +572,7 @@ pub struct ConfigBuilder {
     dlq: DlqOptions,
     maintenance: MaintenanceOptions,
     inbox: InboxOptions,
-    kafka: BTreeMap<String, String>,
+    kafka: crate::redact::SecretMap,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -706,7 +691,7 @@ impl ConfigBuilder {
 
     /// Sets a librdkafka property (e.g. `"bootstrap.servers"`) for the Kafka sender and consumer.
     pub fn kafka_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.kafka.insert(key.into(), value.into());
+        self.kafka.0.insert(key.into(), value.into());
         self
     }
 
@@ -743,7 +728,7 @@ impl ConfigBuilder {
                 cleanup_interval: i.cleanup_interval.unwrap_or(Duration::from_secs(600)),
                 batch_size: i.batch_size.unwrap_or(1000),
             },
-            kafka: self.kafka,
+            kafka: self.kafka.0,
         };
         config.validate()?;
         Ok(config)
@@ -1132,7 +1117,7 @@ mod toml_model {
                     cleanup_interval: dur("inbox.cleanup_interval", &self.inbox.cleanup_interval)?,
                     batch_size: self.inbox.batch_size,
                 },
-                kafka: kafka_properties(self.kafka)?,
+                kafka: crate::redact::SecretMap(kafka_properties(self.kafka)?),
             })
         }
     }

@@ -543,6 +543,18 @@ fn migrate_upgrades_a_0_1_inbox_in_place_keeping_its_rows(b: Backend, p: &str) {
     assert_eq!(fx.store.delete_expired_inbox(ms(10), 100).unwrap(), 22);
 }
 
+/// After the upgrade: ids from before it are consumed for every consumer, new
+/// ones are kept per consumer.
+fn upgraded_inbox_works(fx: &Fixture, old: &[EventId]) {
+    assert!(fx.store.inbox_insert("billing", old).unwrap().is_empty());
+    let new = EventId::new();
+    assert_eq!(fx.store.inbox_insert("billing", &[new]).unwrap(), vec![new]);
+    assert_eq!(
+        fx.store.inbox_insert("shipping", &[new]).unwrap(),
+        vec![new]
+    );
+}
+
 /// Two instances starting at once on a 0.1 table both migrate without an error,
 /// and the upgrade is applied once.
 fn two_instances_migrating_at_once_both_succeed(b: Backend, p: &str) {
@@ -566,13 +578,7 @@ fn two_instances_migrating_at_once_both_succeed(b: Backend, p: &str) {
             r.join().unwrap().unwrap();
         }
     });
-    assert!(fx.store.inbox_insert("billing", &old).unwrap().is_empty());
-    let new = EventId::new();
-    assert_eq!(fx.store.inbox_insert("billing", &[new]).unwrap(), vec![new]);
-    assert_eq!(
-        fx.store.inbox_insert("shipping", &[new]).unwrap(),
-        vec![new]
-    );
+    upgraded_inbox_works(&fx, &old);
 }
 
 fn four_relays_deliver_every_event_exactly_once(b: Backend, p: &str) {
@@ -829,13 +835,7 @@ fn mysql_resumes_an_upgrade_that_stopped_half_way() {
     c.query_drop(first).unwrap();
     fx.store.migrate().unwrap();
     fx.store.migrate().unwrap();
-    assert!(fx.store.inbox_insert("billing", &old).unwrap().is_empty());
-    let new = EventId::new();
-    assert_eq!(fx.store.inbox_insert("billing", &[new]).unwrap(), vec![new]);
-    assert_eq!(
-        fx.store.inbox_insert("shipping", &[new]).unwrap(),
-        vec![new]
-    );
+    upgraded_inbox_works(&fx, &old);
     let versions: Vec<i32> = c
         .query(format!("SELECT version FROM {p}txbox_schema_version"))
         .unwrap();
