@@ -64,9 +64,25 @@ pub enum Error {
         max: usize,
     },
 
-    /// The database returned an error or could not be reached.
-    #[error("database: {0}")]
-    Database(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The database returned an error or could not be reached. `kind` says
+    /// whether the same call may succeed if tried again.
+    #[error("database: {source}")]
+    Database {
+        /// What kind of failure it is.
+        kind: DatabaseErrorKind,
+        /// The driver's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// Something this build or this store cannot do: a Cargo feature left out,
+    /// or a mode the database does not offer.
+    #[error("{what} is not supported: {why}")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+        /// Why it cannot be done, and what to do instead.
+        why: String,
+    },
 
     /// A connection could not be taken from the pool in time.
     #[error("database pool: {0}")]
@@ -115,12 +131,56 @@ pub enum Error {
     },
 }
 
+/// What kind of database failure an [`Error::Database`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DatabaseErrorKind {
+    /// The same call may succeed if tried again: a deadlock, a lock wait timeout.
+    Retryable,
+    /// A unique key refused the row (the inbox takes it as a duplicate).
+    UniqueViolation,
+    /// Anything else: a lost connection, a statement the database refused.
+    Other,
+}
+
 impl Error {
     pub(crate) fn config(path: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Config {
             path: path.into(),
             message: message.into(),
         }
+    }
+
+    /// A database error of `kind`.
+    #[cfg_attr(
+        not(any(
+            feature = "postgres",
+            feature = "mysql",
+            feature = "sqlite",
+            feature = "oracle"
+        )),
+        allow(dead_code)
+    )]
+    pub(crate) fn database(
+        kind: DatabaseErrorKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::Database {
+            kind,
+            source: source.into(),
+        }
+    }
+
+    /// Whether the same call may succeed if tried again (a database deadlock or
+    /// lock wait timeout).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Database {
+                kind: DatabaseErrorKind::Retryable,
+                ..
+            }
+        )
     }
 }
 
@@ -158,7 +218,7 @@ impl std::error::Error for PgError {
 #[cfg(feature = "postgres")]
 impl From<postgres::Error> for Error {
     fn from(e: postgres::Error) -> Self {
-        Error::Database(Box::new(PgError(e)))
+        Error::database(DatabaseErrorKind::Other, PgError(e))
     }
 }
 

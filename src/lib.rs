@@ -87,7 +87,7 @@ pub mod store;
 pub use config::{ClaimMode, Config, ConfigBuilder, EventOptions, EventSettings};
 pub use consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 pub use dlq::{DeadLetter, Dlq, DlqFilter, DlqStatus};
-pub use error::{Error, Result};
+pub use error::{DatabaseErrorKind, Error, Result};
 pub use event::{Event, EventId, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
 pub use outbox::{Outbox, OutboxTransaction};
 pub use relay::{Relay, RelayProbe};

@@ -1071,9 +1071,14 @@ fn held_claims_need_a_store_that_can_hold_them() {
         "{err}"
     );
     assert!(err.to_string().contains("PostgreSQL"), "{err}");
-    assert!(store
+    let err = store
         .claim_held(&ClaimArgs::new("y", 10, Duration::from_secs(1)))
-        .is_err());
+        .err()
+        .expect("SQLite cannot hold a claim open");
+    assert!(
+        matches!(&err, txbox::Error::Unsupported { what, .. } if what.contains("lock")),
+        "{err}"
+    );
 }
 
 /// A held claim sends its statements as one script each, values written as

@@ -64,9 +64,10 @@ impl Outcome {
 
 /// The error of a store that cannot hold a claim open.
 pub(crate) fn cannot_hold_claims() -> Error {
-    Error::InvalidInput(
-        "claim mode \"lock\" needs a store that can hold a claim open (PostgreSQL)".into(),
-    )
+    Error::Unsupported {
+        what: "claim mode \"lock\"".into(),
+        why: "it needs a store that can hold a claim open (PostgreSQL)".into(),
+    }
 }
 
 /// A batch claimed by [`Store::claim_held`]: its rows stay PENDING, locked by a
@@ -300,10 +301,9 @@ pub fn connect(url: &str, table_prefix: &str) -> Result<std::sync::Arc<dyn Store
     let _ = table_prefix; // unused when txbox is built without any SQL dialect
     let scheme = url.split(':').next().unwrap_or_default();
     #[allow(unused_variables)]
-    let missing = |feature: &str| {
-        Error::InvalidInput(format!(
-            "database url {scheme}:...: txbox was built without the feature `{feature}`"
-        ))
+    let missing = |feature: &str| Error::Unsupported {
+        what: format!("database url {scheme}:..."),
+        why: format!("txbox was built without the feature `{feature}`"),
     };
     match scheme {
         "postgres" | "postgresql" => {

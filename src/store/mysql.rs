@@ -8,8 +8,9 @@
 use mysql::prelude::Queryable;
 use mysql::{Params, Value};
 
-use super::sql::{self, Conn, Dialect, Retryable, Row, SqlStore, Style, Val};
+use super::sql::{self, Conn, Dialect, Row, SqlStore, Style, Val};
 use super::Tables;
+use crate::error::DatabaseErrorKind;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
 
@@ -97,9 +98,9 @@ fn err(e: mysql::Error) -> Error {
     match &e {
         // deadlock, lock wait timeout
         mysql::Error::MySqlError(m) if m.code == 1213 || m.code == 1205 => {
-            Error::Database(Box::new(Retryable(m.to_string())))
+            Error::database(DatabaseErrorKind::Retryable, m.to_string())
         }
-        _ => Error::Database(Box::new(e)),
+        _ => Error::database(DatabaseErrorKind::Other, e),
     }
 }
 

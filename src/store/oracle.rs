@@ -15,8 +15,9 @@
 
 use oracle::sql_type::{OracleType, ToSql};
 
-use super::sql::{self, Conn, Dialect, Retryable, Row, SqlStore, Style, UniqueViolation, Val};
+use super::sql::{self, Conn, Dialect, Row, SqlStore, Style, Val};
 use super::Tables;
+use crate::error::DatabaseErrorKind;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
 
@@ -116,9 +117,9 @@ pub(crate) fn dialect(t: &Tables) -> Dialect {
 
 fn err(e: oracle::Error) -> Error {
     match e.db_error().map(|d| d.code()) {
-        Some(1) => Error::Database(Box::new(UniqueViolation(e.to_string()))),
-        Some(60) => Error::Database(Box::new(Retryable(e.to_string()))),
-        _ => Error::Database(Box::new(e)),
+        Some(1) => Error::database(DatabaseErrorKind::UniqueViolation, e),
+        Some(60) => Error::database(DatabaseErrorKind::Retryable, e),
+        _ => Error::database(DatabaseErrorKind::Other, e),
     }
 }
 

@@ -57,8 +57,9 @@ impl Row {
             }
             Val::Text(s) => s.parse(),
             Val::Bytes(b) => String::from_utf8_lossy(b).parse(),
-            other => Err(Error::Database(
-                format!("expected an id in column {i}, got {other:?}").into(),
+            other => Err(Error::database(
+                crate::error::DatabaseErrorKind::Other,
+                format!("expected an id in column {i}, got {other:?}"),
             )),
         }
     }
@@ -361,32 +362,9 @@ pub(crate) enum Style {
     Colon,
 }
 
-/// A driver error that means "try again" (deadlock, lock wait timeout).
-#[derive(Debug)]
-pub(crate) struct Retryable(pub(crate) String);
-
-impl std::fmt::Display for Retryable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} (retryable)", self.0)
-    }
-}
-
-impl std::error::Error for Retryable {}
-
-/// A driver error that means "unique key violated" (Oracle's inbox insert).
-#[derive(Debug)]
-pub(crate) struct UniqueViolation(pub(crate) String);
-
-impl std::fmt::Display for UniqueViolation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UniqueViolation {}
-
-fn is<T: std::error::Error + 'static>(e: &Error) -> bool {
-    matches!(e, Error::Database(b) if b.downcast_ref::<T>().is_some())
+/// Whether `e` is a database error of `kind`.
+fn is(e: &Error, kind: crate::error::DatabaseErrorKind) -> bool {
+    matches!(e, Error::Database { kind: k, .. } if *k == kind)
 }
 
 /// `template` with every `$n` placeholder replaced by `f(n)`.
@@ -1166,7 +1144,7 @@ pub(crate) fn insert_inbox_ids(
         match run_execute(conn, d, &d.inbox_insert, &values, &[]) {
             Ok(1) => new.push(*id),
             Ok(_) => {}
-            Err(e) if is::<UniqueViolation>(&e) => {}
+            Err(e) if is(&e, crate::error::DatabaseErrorKind::UniqueViolation) => {}
             Err(e) => return Err(e),
         }
     }
@@ -1237,7 +1215,7 @@ impl<P: Pool> SqlStore<P> {
         let mut attempt = 0;
         loop {
             match f() {
-                Err(e) if is::<Retryable>(&e) && attempt < 5 => {
+                Err(e) if e.is_retryable() && attempt < 5 => {
                     attempt += 1;
                     log::debug!("txbox: {what}: {e}; retrying ({attempt})");
                     std::thread::sleep(Duration::from_millis(5 * attempt + fastrand::u64(0..10)));
@@ -1491,7 +1469,7 @@ impl<P: Pool> Store for SqlStore<P> {
                     &[],
                 ) {
                     Ok(_) => {}
-                    Err(e) if is::<UniqueViolation>(&e) => {} // inserted concurrently: fine
+                    Err(e) if is(&e, crate::error::DatabaseErrorKind::UniqueViolation) => {} // inserted concurrently: fine
                     Err(e) => return Err(e),
                 }
                 Ok(run_execute(

@@ -91,7 +91,7 @@ pub(crate) fn dialect(t: &Tables) -> Dialect {
 }
 
 fn err(e: rusqlite::Error) -> Error {
-    Error::Database(Box::new(e))
+    Error::database(crate::error::DatabaseErrorKind::Other, e)
 }
 
 fn value(v: &Val) -> Value {
