@@ -1,41 +1,18 @@
-//! RabbitMQ (feature `rabbitmq`): a [`RabbitSender`] for the relay and a
-//! [`RabbitConsumer`] loop, on `amiquip`.
-//!
-//! ## Message contract
-//! - exchange: the event type's `destination`; routing key: its `routing_key`
-//!   (default: the event type);
-//! - body: the JSON payload; `content_type` `application/json`; `type` the event type;
-//! - `message_id` and the header `txbox-event-id`: the event id; header
-//!   `txbox-event-type`: the event type; `txbox-event-key`: the event's key, when
-//!   it has one; then the user's headers (string values);
-//! - persistent (`delivery_mode` 2) and `mandatory`: a message no queue takes comes
-//!   back as a failure and is never counted as sent.
-//!
-//! Each relay thread gets its own connection and channel with publisher confirms; a
-//! batch waits for the broker's ack of every message, while the relay publishes its
-//! next batch on the same channel ([`Sender::start`]). A dropped connection fails
-//! the unconfirmed messages of every batch in flight and is opened again on a later
-//! batch, with backoff.
+//! The relay's RabbitMQ sender: one connection and one confirm-mode channel per
+//! relay thread.
 
 use std::collections::VecDeque;
-use std::fmt::Display;
 use std::time::{Duration, Instant};
 
 use amiquip::{
-    AmqpProperties, AmqpValue, Channel, Confirm, Connection, ConsumerMessage, ConsumerOptions,
-    FieldTable, Publish, Return,
+    AmqpProperties, AmqpValue, Channel, Confirm, Connection, FieldTable, Publish, Return,
 };
-use crossbeam_channel::{select, Receiver};
+use crossbeam_channel::Receiver;
 
-use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
-use crate::error::{Error, Result};
+use super::{MAX_RECONNECT, MIN_RECONNECT};
+use crate::error::Result;
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE};
 use crate::sender::{SendError, Sender, SenderFactory};
-
-/// Opens a plain-TCP AMQP connection (`amqp://`; TLS is not built in).
-fn open(url: &str) -> std::result::Result<Connection, amiquip::Error> {
-    Connection::insecure_open(url)
-}
 
 /// Frames a sender hands to amiquip's I/O thread without waiting for it (a message
 /// is three: method, header, body). With amiquip's default of 16 the relay thread
@@ -52,13 +29,6 @@ fn open_publisher(url: &str) -> std::result::Result<Connection, amiquip::Error> 
         url,
         amiquip::ConnectionTuning::default().mem_channel_bound(PUBLISH_FRAMES),
     )
-}
-
-fn text(v: &AmqpValue) -> String {
-    match v {
-        AmqpValue::LongString(s) => s.clone(),
-        other => format!("{other:?}"),
-    }
 }
 
 /// Makes one [`RabbitSender`] per relay thread.
@@ -129,9 +99,6 @@ pub struct RabbitSender {
     /// Batches started and not yet waited for, oldest first.
     in_flight: VecDeque<Unconfirmed>,
 }
-
-const MIN_RECONNECT: Duration = Duration::from_millis(100);
-const MAX_RECONNECT: Duration = Duration::from_secs(10);
 
 impl RabbitSender {
     /// A sender that connects on its first batch.
@@ -425,197 +392,3 @@ impl RabbitSender {
 }
 
 crate::sender::pipelined_sender!(RabbitSender);
-
-/// What the consumer loop does with a message whose handler failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnError {
-    /// Nack with requeue: the broker delivers it again (default).
-    Requeue,
-    /// Reject without requeue: it goes to the queue's dead-letter exchange, if any.
-    DeadLetter,
-}
-
-/// A blocking RabbitMQ consumer loop: manual ack after the handler returned `Ok`; on
-/// `Err`, nack with requeue (or reject to the dead-letter exchange).
-///
-/// ```no_run
-/// # fn main() -> txbox::Result<()> {
-/// use txbox::{consumer::StopSignal, rabbitmq::RabbitConsumer};
-/// let consumer = RabbitConsumer::new("amqp://guest:guest@127.0.0.1:5672", "billing-orders").prefetch(50);
-/// let stop = StopSignal::new();
-/// consumer.run(&stop, |event| {
-///     println!("{:?}", event.id);
-///     Ok::<(), std::io::Error>(())
-/// })?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct RabbitConsumer {
-    url: String,
-    queue: String,
-    prefetch: u16,
-    on_error: OnError,
-    retry_delay: Duration,
-}
-
-/// The URL's password is redacted.
-impl std::fmt::Debug for RabbitConsumer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitConsumer")
-            .field("url", &crate::redact::urls(&self.url))
-            .field("queue", &self.queue)
-            .field("prefetch", &self.prefetch)
-            .field("on_error", &self.on_error)
-            .field("retry_delay", &self.retry_delay)
-            .finish()
-    }
-}
-
-impl RabbitConsumer {
-    /// Consumes `queue` (which must exist) at `url`. Prefetch 100, requeue on error.
-    pub fn new(url: &str, queue: &str) -> Self {
-        RabbitConsumer {
-            url: url.to_string(),
-            queue: queue.to_string(),
-            prefetch: 100,
-            on_error: OnError::Requeue,
-            retry_delay: Duration::from_millis(500),
-        }
-    }
-
-    /// Unacked messages the broker may push at once.
-    pub fn prefetch(mut self, n: u16) -> Self {
-        self.prefetch = n.max(1);
-        self
-    }
-
-    /// What a handler error does to the message.
-    pub fn on_error(mut self, policy: OnError) -> Self {
-        self.on_error = policy;
-        self
-    }
-
-    /// Wait after a handler error before the next message (default 500ms), so a
-    /// requeued message that keeps failing does not spin.
-    pub fn retry_delay(mut self, d: Duration) -> Self {
-        self.retry_delay = d;
-        self
-    }
-
-    /// Hands every message to `handler` until `stop`. A lost connection is logged and
-    /// opened again with backoff; unacked messages are redelivered by the broker.
-    pub fn run<E, F>(&self, stop: &StopSignal, handler: F) -> Result<()>
-    where
-        E: Display,
-        F: FnMut(&ReceivedEvent) -> Result<(), E>,
-    {
-        self.run_with(stop, crate::consumer::verdicts(handler))
-    }
-
-    /// Like [`RabbitConsumer::run`] with a [`Verdict`] per message: `Ack` acks,
-    /// `Retry` nacks as [`OnError`] says, `Reject` rejects to the dead-letter exchange
-    /// (logged at error level), `Stop` nacks with requeue and returns
-    /// [`Error::ConsumerStopped`].
-    pub fn run_with<F>(&self, stop: &StopSignal, mut handler: F) -> Result<()>
-    where
-        F: FnMut(&ReceivedEvent) -> Verdict,
-    {
-        let mut backoff = MIN_RECONNECT;
-        while !stop.is_stopped() {
-            match self.session(stop, &mut handler) {
-                Ok(()) => return Ok(()),
-                Err(e @ Error::ConsumerStopped(_)) => return Err(e),
-                Err(e) => {
-                    log::warn!(
-                        "txbox: rabbitmq consumer on {}: {e}; reconnecting in {backoff:?}",
-                        self.queue
-                    );
-                    if stop.sleep(backoff) {
-                        return Ok(());
-                    }
-                    backoff = (backoff * 2).min(MAX_RECONNECT);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn session<F>(&self, stop: &StopSignal, handler: &mut F) -> Result<()>
-    where
-        F: FnMut(&ReceivedEvent) -> Verdict,
-    {
-        let amqp = |e: amiquip::Error| {
-            Error::Broker(format!("rabbitmq: {}", crate::redact::urls(&e.to_string())))
-        };
-        let mut connection = open(&self.url).map_err(amqp)?;
-        let channel = connection.open_channel(None).map_err(amqp)?;
-        channel.qos(0, self.prefetch, false).map_err(amqp)?;
-        let consumer = channel
-            .basic_consume(self.queue.clone(), ConsumerOptions::default())
-            .map_err(amqp)?;
-        loop {
-            let message = select! {
-                recv(stop.receiver()) -> _ => return Ok(()),
-                recv(consumer.receiver()) -> m => m,
-            };
-            let mut delivery = match message {
-                Ok(ConsumerMessage::Delivery(d)) => d,
-                Ok(other) => {
-                    return Err(Error::Broker(format!("rabbitmq consumer ended: {other:?}")))
-                }
-                Err(_) => return Err(Error::Broker("rabbitmq consumer channel closed".into())),
-            };
-            let mut raw: Vec<(String, String)> = delivery
-                .properties
-                .headers()
-                .as_ref()
-                .map(|h| h.iter().map(|(k, v)| (k.clone(), text(v))).collect())
-                .unwrap_or_default();
-            if !raw.iter().any(|(k, _)| k == HEADER_EVENT_ID) {
-                if let Some(id) = delivery.properties.message_id() {
-                    raw.push((HEADER_EVENT_ID.to_string(), id.clone()));
-                }
-            }
-            let event = ReceivedEvent::from_parts(
-                raw,
-                None,
-                std::mem::take(&mut delivery.body), // the ack needs only the tag
-                Position::RabbitMq {
-                    queue: self.queue.clone(),
-                    delivery_tag: delivery.delivery_tag(),
-                    redelivered: delivery.redelivered,
-                },
-            );
-            match handler(&event) {
-                Verdict::Ack => consumer.ack(delivery).map_err(amqp)?,
-                Verdict::Reject(why) => {
-                    log::error!(
-                        "txbox: rabbitmq message at {} rejected to the dead-letter exchange: {why}",
-                        event.position
-                    );
-                    consumer.reject(delivery, false).map_err(amqp)?;
-                }
-                Verdict::Stop(why) => {
-                    consumer.nack(delivery, true).map_err(amqp)?;
-                    return Err(Error::ConsumerStopped(why));
-                }
-                Verdict::Retry(why) => {
-                    let requeue = self.on_error == OnError::Requeue;
-                    log::warn!(
-                        "txbox: handler failed at {}: {why}; {}",
-                        event.position,
-                        if requeue {
-                            "requeued"
-                        } else {
-                            "rejected to the dead-letter exchange"
-                        }
-                    );
-                    consumer.nack(delivery, requeue).map_err(amqp)?;
-                    if stop.sleep(self.retry_delay) {
-                        return Ok(());
-                    }
-                }
-            }
-        }
-    }
-}

@@ -1,0 +1,66 @@
+//! Kafka (feature `kafka`): a [`KafkaSender`] for the relay and a [`KafkaConsumer`]
+//! loop, both on `rdkafka` with its bundled librdkafka and no async runtime.
+//!
+//! ## Record contract
+//! - record key: the event's key (none when the event has none);
+//! - record value: the JSON payload, byte for byte;
+//! - headers: `txbox-event-id` (the UUIDv7, text), `txbox-event-type`, then the
+//!   user's headers as they were published.
+//!
+//! ## Delivery
+//! The producer runs with `acks=all` and `enable.idempotence=true`. Each record is
+//! confirmed by its own delivery report, never by `flush()`: a batch waits for all of
+//! its reports up to the delivery timeout, and one record that fails (unknown topic,
+//! too large, timeout) fails alone while the rest of its batch counts as sent. The
+//! relay pipelines ([`Sender::start`](crate::Sender::start)): its next batch is enqueued while the broker
+//! still acks the previous one.
+
+//!
+//! The sender is in `sender.rs`, the consumer loop in `consumer.rs`, topic
+//! creation in `admin.rs`; each item has one path: `txbox::kafka::...`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+
+use crate::error::{Error, Result};
+
+mod admin;
+mod consumer;
+mod sender;
+
+pub use admin::ensure_topic;
+pub use consumer::{KafkaConsumer, KafkaConsumerBuilder};
+pub use sender::{KafkaSender, KafkaSenderBuilder};
+
+/// Default `message.timeout.ms`: how long librdkafka tries one record.
+pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The largest `message.timeout.ms` librdkafka takes (its own limit).
+const MAX_MESSAGE_TIMEOUT_MS: u64 = 2_147_483_647;
+
+pub(crate) fn client_config(properties: &BTreeMap<String, String>) -> Result<ClientConfig> {
+    if !properties.contains_key("bootstrap.servers") {
+        return Err(Error::config("kafka.bootstrap.servers", "must be set"));
+    }
+    let mut c = ClientConfig::new();
+    for (k, v) in properties {
+        c.set(k, v);
+    }
+    Ok(c)
+}
+
+pub(crate) fn kafka_err(what: &str, e: KafkaError) -> Error {
+    Error::Broker(format!("kafka {what}: {e}"))
+}
+
+/// `e` with the values of `properties`' secrets taken out of its text: librdkafka
+/// may quote a property's value when it refuses it.
+pub(crate) fn secret_free(e: Error, properties: &BTreeMap<String, String>) -> Error {
+    match e {
+        Error::Broker(text) => Error::Broker(crate::redact::values(&text, properties)),
+        other => other,
+    }
+}
