@@ -1,0 +1,530 @@
+//! One event type's poller: claim a batch, hand it to the sender, finish the rows
+//! with the broker's verdicts.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use uuid::Uuid;
+
+use super::{Ctx, PollState, Wake, MAX_ERROR_LEN, RESCAN_EVERY};
+use crate::config::{ClaimMode, EventSettings};
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::metrics::{self, Counter};
+use crate::sender::{SendError, Sender, SenderFactory, Started};
+use crate::store::{ClaimArgs, HeldBatch, HeldClaim, Outcome};
+
+pub(super) struct Poller {
+    ctx: Ctx,
+    event_type: String,
+    destination: String,
+    routing_key: String,
+    settings: EventSettings,
+    factory: Arc<dyn SenderFactory>,
+    sender: Option<Box<dyn Sender>>,
+    /// Claimed batches handed to the sender, oldest first.
+    in_flight: VecDeque<Claimed>,
+    /// Where the next claim starts while a backlog drains: the last id of the
+    /// previous full batch, and how many batches ago the last full scan was.
+    resume: Option<(crate::EventId, usize)>,
+    /// `processed_ttl` is zero: acked rows are deleted, not marked PROCESSED.
+    delete_acked: bool,
+    /// A held batch whose outcomes are known, kept to be finished together with
+    /// the next claim (one round trip) when that claim follows at once.
+    stash: Option<Stashed>,
+}
+
+/// A held batch waiting for its finish ([`HeldBatch::finish_and_claim`]).
+struct Stashed {
+    held: Box<dyn HeldBatch>,
+    events: Vec<Event>,
+    outcomes: Vec<(crate::EventId, Outcome)>,
+}
+
+/// A claimed batch on its way to the broker.
+struct Claimed {
+    token: Uuid,
+    /// The open transaction that holds the rows ([`ClaimMode::Lock`]).
+    held: Option<Box<dyn HeldBatch>>,
+    events: Vec<Event>,
+    lease_end: Instant,
+    started: Instant,
+    /// The results, when the sender gave them at once.
+    results: Option<Vec<Result<(), SendError>>>,
+}
+
+impl Poller {
+    /// A poller of `event_type` that claims nothing until [`Poller::run`].
+    pub(super) fn new(
+        ctx: Ctx,
+        event_type: String,
+        settings: EventSettings,
+        factory: Arc<dyn SenderFactory>,
+        delete_acked: bool,
+    ) -> Self {
+        Poller {
+            ctx,
+            destination: settings
+                .destination
+                .clone()
+                .unwrap_or_else(|| event_type.clone()),
+            routing_key: settings
+                .routing_key
+                .clone()
+                .unwrap_or_else(|| event_type.clone()),
+            event_type,
+            settings,
+            factory,
+            sender: None,
+            in_flight: VecDeque::new(),
+            resume: None,
+            delete_acked,
+            stash: None,
+        }
+    }
+
+    pub(super) fn run(mut self, wake: Receiver<()>) {
+        let mut state = PollState::new(&self.settings.polling);
+        let mut delay = self.settings.polling.initial_delay;
+        loop {
+            // a poller sleeps only with nothing in flight, so only a full batch's
+            // successor (no delay) finds batches to finish at a stop
+            if delay.is_zero() {
+                if self.ctx.stopped() {
+                    self.drain(0, false);
+                    return;
+                }
+            } else {
+                // nothing is claimed at once: a stashed batch is finished alone
+                self.flush_stash();
+                if let Wake::Stop = self.ctx.sleep(delay, Some(&wake)) {
+                    return;
+                }
+            }
+            let next = match catch_unwind(AssertUnwindSafe(|| self.poll_once())) {
+                Ok(Ok(claimed)) => state.after_batch(claimed, self.settings.batch_size),
+                Ok(Err(e)) => {
+                    let d = state.after_error();
+                    log::warn!("txbox: poller {}: {e}; next try in {d:?}", self.event_type);
+                    d
+                }
+                Err(_) => {
+                    // the sender's state is unknown: its batches return after the lease
+                    self.sender = None;
+                    self.in_flight.clear();
+                    self.stash = None;
+                    let d = state.after_error();
+                    log::error!(
+                        "txbox: poller {} panicked; its batches return after the lease (held claims: at once); next try in {d:?}",
+                        self.event_type
+                    );
+                    d
+                }
+            };
+            metrics::polling_delay(&self.event_type, next);
+            delay = next;
+        }
+    }
+
+    /// Claims one batch and hands it to the sender; finishes the batches whose turn
+    /// has come. Returns how many events it claimed.
+    fn poll_once(&mut self) -> Result<usize> {
+        if self.sender.is_none() {
+            self.sender = Some(self.factory.create()?);
+        }
+        // a broker that cannot be reached: claim nothing (the events stay
+        // PENDING, no attempt counted) until it can
+        if let Some(Err(e)) = self.sender.as_mut().map(|s| s.ready()) {
+            self.resume = None;
+            self.drain(0, false);
+            return Err(Error::Broker(format!("sender not ready: {e}")));
+        }
+        let token = Uuid::now_v7();
+        let claimed_at = Instant::now();
+        let after = self.resume.map(|(id, _)| id);
+        let claim = match self.settings.claim {
+            ClaimMode::Lease => self
+                .ctx
+                .store
+                .claim_after(
+                    &self.event_type,
+                    after,
+                    self.settings.batch_size,
+                    self.settings.lease,
+                    token,
+                )
+                .map(|events| (events, None)),
+            ClaimMode::Lock => self.claim_held(after),
+        };
+        let s = &self.settings;
+        let (mut events, held) = match claim {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                self.resume = None;
+                self.drain(0, false);
+                return Err(e);
+            }
+        };
+        let claimed = events.len();
+        // a full batch: more is waiting, and the next claim starts after this one;
+        // anything else (or every RESCAN_EVERY batches) scans from the lowest id
+        let scanned = self.resume.map_or(0, |(_, n)| n);
+        self.resume = match events.last() {
+            Some(last) if claimed >= s.batch_size && scanned + 1 < RESCAN_EVERY => {
+                Some((last.id, scanned + 1))
+            }
+            _ => None,
+        };
+        let mut pipelined = false;
+        if claimed > 0 {
+            for e in &mut events {
+                e.destination.clone_from(&self.destination);
+                e.routing_key.clone_from(&self.routing_key);
+            }
+            let started = Instant::now();
+            let Some(sender) = &mut self.sender else {
+                unreachable!("created above");
+            };
+            let results = match sender.start(&events) {
+                Started::Done(results) => Some(results),
+                Started::InFlight => None,
+            };
+            pipelined = results.is_none();
+            self.in_flight.push_back(Claimed {
+                token,
+                held,
+                events,
+                lease_end: claimed_at
+                    .checked_add(s.lease)
+                    .unwrap_or(claimed_at + crate::config::MAX_LEASE),
+                started,
+                results,
+            });
+        }
+        // after a full batch the next claim follows at once: up to in_flight - 1
+        // batches stay with the broker meanwhile; otherwise all are finished now
+        let keep = if pipelined && claimed >= s.batch_size {
+            s.in_flight - 1
+        } else {
+            0
+        };
+        // a full batch is followed by the next claim at once: the last batch
+        // finished now waits to go with it
+        let released = self.drain(keep, claimed >= s.batch_size);
+        if released > 0 {
+            // the transport failed: back off before the next claim (and ask the
+            // sender whether it is ready) instead of claiming the same rows again
+            self.resume = None;
+            return Err(Error::Broker(format!(
+                "{released} events went back to pending, no attempt counted: \
+                 the broker could not be reached"
+            )));
+        }
+        Ok(claimed)
+    }
+
+    /// A held claim, on the connection of a stashed batch together with its finish
+    /// when there is one.
+    fn claim_held(&mut self, after: Option<crate::EventId>) -> Result<HeldClaim> {
+        let stash = self.stash.take();
+        let args = ClaimArgs {
+            event_type: &self.event_type,
+            after,
+            limit: self.settings.batch_size,
+            lease: self.settings.lease,
+            delete_acked: self.delete_acked,
+        };
+        if let Some(st) = stash {
+            match st.held.finish_and_claim(&st.events, &st.outcomes, &args) {
+                Ok((_, Some(claim))) => return Ok(claim),
+                Ok((_, None)) => {} // finished only: the store claims
+                Err(e) => {
+                    log::error!(
+                        "txbox: poller {}: could not finish {} events and claim the next batch \
+                         ({e}); unless their commit went through, their claim ended with the \
+                         transaction, so they stay pending and are sent again",
+                        self.event_type,
+                        st.outcomes.len()
+                    );
+                    return Err(e);
+                }
+            }
+        }
+        self.ctx.store.claim_held(&args)
+    }
+
+    /// Finishes a stashed held batch on its own.
+    fn flush_stash(&mut self) {
+        if let Some(st) = self.stash.take() {
+            self.finish_held(st.held, &st.events, &st.outcomes);
+        }
+    }
+
+    /// Waits for and finishes the oldest batches until `keep` are in flight. With
+    /// `stash` (the next claim follows at once) the last held batch waits to be
+    /// finished together with that claim. Returns how many events went back to
+    /// PENDING for a transport failure ([`Outcome::Release`]).
+    fn drain(&mut self, keep: usize, stash: bool) -> usize {
+        let mut released = 0;
+        while self.in_flight.len() > keep {
+            let Some(batch) = self.in_flight.pop_front() else {
+                break;
+            };
+            let results = match (batch.results, &mut self.sender) {
+                (Some(results), _) => results,
+                (None, Some(sender)) => sender.wait(),
+                (None, None) => Vec::new(),
+            };
+            metrics::send_latency(batch.started.elapsed());
+            let outcomes = outcomes(&batch.events, results, &self.settings, self.delete_acked);
+            let (mut sent, mut retried, mut failed) = (0, 0, 0);
+            for (_, o) in &outcomes {
+                match o {
+                    Outcome::Sent | Outcome::SentDelete => sent += 1,
+                    Outcome::Retry { .. } => retried += 1,
+                    Outcome::Failed { .. } => failed += 1,
+                    Outcome::Release { .. } => released += 1,
+                }
+            }
+            metrics::acked(
+                outcomes
+                    .iter()
+                    .filter_map(|(id, o)| o.is_sent().then_some(*id)),
+            );
+            metrics::add(Counter::Sent, sent);
+            metrics::add(Counter::Retried, retried);
+            metrics::add(Counter::Failed, failed);
+            match batch.held {
+                Some(held) if stash && self.stash.is_none() && self.in_flight.len() == keep => {
+                    self.stash = Some(Stashed {
+                        held,
+                        events: batch.events,
+                        outcomes,
+                    });
+                }
+                Some(held) => self.finish_held(held, &batch.events, &outcomes),
+                None => self.finish(batch.token, &outcomes, batch.lease_end),
+            }
+        }
+        if !stash {
+            self.flush_stash();
+        }
+        released
+    }
+
+    /// Finishes a held batch in its transaction: once, for a lost connection has
+    /// already freed its rows (still PENDING, so sent again).
+    fn finish_held(
+        &self,
+        held: Box<dyn HeldBatch>,
+        events: &[Event],
+        outcomes: &[(crate::EventId, Outcome)],
+    ) {
+        if let Err(e) = held.finish(events, outcomes) {
+            log::error!(
+                "txbox: poller {}: could not finish {} events ({e}); their claim ended with \
+                 the transaction, so they stay pending and are sent again",
+                self.event_type,
+                outcomes.len()
+            );
+        }
+    }
+
+    /// Finishes the batch, retrying a lost database until the lease runs out (after
+    /// that, recovery hands the rows to another relay and the token fences us out).
+    fn finish(&self, token: Uuid, outcomes: &[(crate::EventId, Outcome)], lease_end: Instant) {
+        let mut wait = Duration::from_millis(50);
+        let mut stop_deadline: Option<Instant> = None;
+        loop {
+            match self.ctx.store.finish(token, outcomes) {
+                Ok(n) if (n as usize) < outcomes.len() => {
+                    log::warn!(
+                        "txbox: poller {}: {} of {} events were no longer held by this relay \
+                         (lease expired and recovered); their new owner finishes them",
+                        self.event_type,
+                        outcomes.len() - n as usize,
+                        outcomes.len()
+                    );
+                    return;
+                }
+                Ok(_) => return,
+                Err(e) => {
+                    let now = Instant::now();
+                    if self.ctx.stopped() {
+                        stop_deadline.get_or_insert(now + Duration::from_secs(5));
+                    }
+                    let deadline = stop_deadline.map_or(lease_end, |d| d.min(lease_end));
+                    if now + wait >= deadline {
+                        log::error!(
+                            "txbox: poller {}: could not finish {} events ({e}); they stay in \
+                             process and are sent again after the lease",
+                            self.event_type,
+                            outcomes.len()
+                        );
+                        return;
+                    }
+                    log::warn!(
+                        "txbox: poller {}: finishing batch: {e}; retrying in {wait:?}",
+                        self.event_type
+                    );
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
+
+/// Turns the sender's per-event results into row outcomes: acked (PROCESSED, or
+/// deleted when `delete_acked`), a transport failure back to PENDING with no
+/// attempt counted, retry with backoff while retries are left, FAILED after.
+fn outcomes(
+    events: &[Event],
+    results: Vec<Result<(), SendError>>,
+    s: &EventSettings,
+    delete_acked: bool,
+) -> Vec<(crate::EventId, Outcome)> {
+    let got = results.len();
+    let mut results = results.into_iter();
+    events
+        .iter()
+        .map(|e| {
+            let result = results.next().unwrap_or_else(|| {
+                Err(SendError::transient(format!(
+                    "sender returned {got} results for {} events",
+                    events.len()
+                )))
+            });
+            let outcome = match result {
+                Ok(()) if delete_acked => Outcome::SentDelete,
+                Ok(()) => Outcome::Sent,
+                Err(err) if err.is_transient() => Outcome::Release {
+                    error: clean_error(&err.message),
+                },
+                Err(err) => {
+                    let error = clean_error(&err.message);
+                    let retry = e.attempts + 1;
+                    if retry > s.max_retries {
+                        Outcome::Failed { error }
+                    } else {
+                        Outcome::Retry {
+                            delay: s.backoff.delay_for(retry),
+                            error,
+                        }
+                    }
+                }
+            };
+            (e.id, outcome)
+        })
+        .collect()
+}
+
+/// An error text as it can be stored: NUL bytes (which PostgreSQL's text refuses,
+/// so the finish would fail and the row be sent again forever) written as `\0`,
+/// cut to [`MAX_ERROR_LEN`].
+fn clean_error(message: &str) -> String {
+    truncate(&message.replace('\0', "\\0"), MAX_ERROR_LEN)
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventId;
+
+    fn event(attempts: u32) -> Event {
+        Event {
+            id: EventId::new(),
+            event_type: "t".into(),
+            destination: "t".into(),
+            routing_key: "t".into(),
+            key: None,
+            headers: Default::default(),
+            payload: "{}".into(),
+            attempts,
+        }
+    }
+
+    #[test]
+    fn outcomes_retry_then_fail_and_short_results_fail() {
+        let mut s = EventSettings::default();
+        s.backoff.jitter = 0.0;
+        let events = vec![event(0), event(2), event(3), event(0)];
+        let results = vec![Ok(()), Err(SendError::new("x")), Err(SendError::new("y"))];
+        let o = outcomes(&events, results.clone(), &s, false);
+        assert_eq!(o[0].1, Outcome::Sent);
+        // processed rows not kept: the acked one is deleted, the failures are the same
+        let deleting = outcomes(&events, results, &s, true);
+        assert_eq!(deleting[0].1, Outcome::SentDelete);
+        assert_eq!(deleting[1..], o[1..]);
+        assert_eq!(
+            o[1].1,
+            Outcome::Retry {
+                delay: Duration::from_secs(90),
+                error: "x".into()
+            }
+        );
+        assert_eq!(o[2].1, Outcome::Failed { error: "y".into() });
+        // a missing result is not the event's fault: no attempt counted
+        assert!(matches!(&o[3].1, Outcome::Release { error } if error.contains("3 results for 4")));
+    }
+
+    #[test]
+    fn transient_errors_release_without_an_attempt_and_nul_bytes_are_escaped() {
+        let s = EventSettings::default();
+        let events = vec![event(3), event(0)];
+        let results = vec![
+            Err(SendError::transient("broker down")),
+            Err(SendError::new("bad\0byte")),
+        ];
+        let o = outcomes(&events, results, &s, false);
+        // even with no retry left, an outage does not fail the event
+        assert_eq!(
+            o[0].1,
+            Outcome::Release {
+                error: "broker down".into()
+            }
+        );
+        assert!(
+            matches!(&o[1].1, Outcome::Retry { error, .. } if error == "bad\\0byte"),
+            "{:?}",
+            o[1].1
+        );
+    }
+
+    #[test]
+    fn backoff_grows_and_disabled_is_fixed() {
+        let mut s = EventSettings::default();
+        s.backoff.jitter = 0.0;
+        assert_eq!(s.backoff.delay_for(1), Duration::from_secs(10));
+        assert_eq!(s.backoff.delay_for(2), Duration::from_secs(30));
+        assert_eq!(s.backoff.delay_for(3), Duration::from_secs(90));
+        s.backoff.enabled = false;
+        assert_eq!(s.backoff.delay_for(3), Duration::from_secs(10));
+        s.backoff.enabled = true;
+        s.backoff.jitter = 0.5;
+        for _ in 0..100 {
+            let d = s.backoff.delay_for(1).as_secs_f64();
+            assert!((5.0..=15.0).contains(&d), "{d}");
+        }
+    }
+
+    #[test]
+    fn truncates_on_char_boundary() {
+        assert_eq!(truncate("ééé", 3), "é");
+        assert_eq!(truncate("abc", 5), "abc");
+    }
+}
