@@ -1,0 +1,607 @@
+//! The engine: [`SqlStore`], the [`Store`] every dialect shares.
+
+#![allow(clippy::wildcard_imports)]
+use super::*;
+
+/// Implements [`Store`] for a dialect's store type by delegating to its `inner`
+/// [`SqlStore`], where the shared logic lives.
+macro_rules! delegate_store {
+    ($t:ty) => {
+        impl $crate::store::Store for $t {
+            fn migrate(&self) -> $crate::Result<()> {
+                self.inner.migrate()
+            }
+            fn ping(&self) -> $crate::Result<()> {
+                self.inner.ping()
+            }
+            fn claim_after(
+                &self,
+                event_type: &str,
+                after: Option<$crate::EventId>,
+                limit: usize,
+                lease: std::time::Duration,
+                token: uuid::Uuid,
+            ) -> $crate::Result<Vec<$crate::Event>> {
+                self.inner
+                    .claim_after(event_type, after, limit, lease, token)
+            }
+            fn finish(
+                &self,
+                token: uuid::Uuid,
+                outcomes: &[($crate::EventId, $crate::store::Outcome)],
+            ) -> $crate::Result<u64> {
+                self.inner.finish(token, outcomes)
+            }
+            fn can_hold_claims(&self) -> bool {
+                self.inner.can_hold_claims()
+            }
+            fn max_connections(&self) -> Option<usize> {
+                self.inner.max_connections()
+            }
+            fn table_prefix(&self) -> Option<&str> {
+                self.inner.table_prefix()
+            }
+            fn claim_held(
+                &self,
+                args: &$crate::store::ClaimArgs<'_>,
+            ) -> $crate::Result<$crate::store::HeldClaim> {
+                self.inner.claim_held(args)
+            }
+            fn recover_expired(&self, limit: usize) -> $crate::Result<u64> {
+                self.inner.recover_expired(limit)
+            }
+            fn delete_processed(
+                &self,
+                ttl: std::time::Duration,
+                limit: usize,
+            ) -> $crate::Result<u64> {
+                self.inner.delete_processed(ttl, limit)
+            }
+            fn move_failed_to_dlq(&self, limit: usize) -> $crate::Result<u64> {
+                self.inner.move_failed_to_dlq(limit)
+            }
+            fn requeue_dlq_retries(&self, limit: usize) -> $crate::Result<u64> {
+                self.inner.requeue_dlq_retries(limit)
+            }
+            fn delete_resolved_dlq(
+                &self,
+                ttl: std::time::Duration,
+                limit: usize,
+            ) -> $crate::Result<u64> {
+                self.inner.delete_resolved_dlq(ttl, limit)
+            }
+            fn try_lock(
+                &self,
+                name: &str,
+                owner: uuid::Uuid,
+                lease: std::time::Duration,
+            ) -> $crate::Result<bool> {
+                self.inner.try_lock(name, owner, lease)
+            }
+            fn unlock(&self, name: &str, owner: uuid::Uuid) -> $crate::Result<()> {
+                self.inner.unlock(name, owner)
+            }
+            fn dlq_list(
+                &self,
+                filter: &$crate::DlqFilter,
+            ) -> $crate::Result<Vec<$crate::DeadLetter>> {
+                self.inner.dlq_list(filter)
+            }
+            fn dlq_count(&self, filter: &$crate::DlqFilter) -> $crate::Result<u64> {
+                self.inner.dlq_count(filter)
+            }
+            fn dlq_get(&self, id: $crate::EventId) -> $crate::Result<Option<$crate::DeadLetter>> {
+                self.inner.dlq_get(id)
+            }
+            fn dlq_set_status(
+                &self,
+                ids: &[$crate::EventId],
+                from: &[$crate::DlqStatus],
+                to: $crate::DlqStatus,
+            ) -> $crate::Result<Vec<$crate::EventId>> {
+                self.inner.dlq_set_status(ids, from, to)
+            }
+            fn dlq_delete(
+                &self,
+                ids: &[$crate::EventId],
+                from: &[$crate::DlqStatus],
+            ) -> $crate::Result<Vec<$crate::EventId>> {
+                self.inner.dlq_delete(ids, from)
+            }
+            fn status(&self) -> $crate::Result<Vec<$crate::store::TypeStatus>> {
+                self.inner.status()
+            }
+            fn inbox_insert(
+                &self,
+                consumer: &str,
+                ids: &[$crate::EventId],
+            ) -> $crate::Result<Vec<$crate::EventId>> {
+                self.inner.inbox_insert(consumer, ids)
+            }
+            fn delete_expired_inbox(
+                &self,
+                ttl: std::time::Duration,
+                limit: usize,
+            ) -> $crate::Result<u64> {
+                self.inner.delete_expired_inbox(ttl, limit)
+            }
+        }
+    };
+}
+pub(crate) use delegate_store;
+
+/// A [`Store`] on any dialect.
+pub(crate) struct SqlStore<P: Pool> {
+    pub(crate) pool: P,
+    pub(crate) tables: Tables,
+    pub(crate) d: std::sync::Arc<Dialect>,
+}
+
+impl<P: Pool> SqlStore<P> {
+    /// Selects up to `limit` ids with `select` ($1 limit, $2 the TTL in ms when
+    /// given) and applies each of `apply` (`apply_fixed`, then {ids}) to them, in one
+    /// transaction that is retried on a deadlock; returns how many.
+    pub(crate) fn select_apply(
+        &self,
+        what: &str,
+        select: &str,
+        limit: usize,
+        ttl: Option<Duration>,
+        apply: &[&str],
+        apply_fixed: &[Val],
+    ) -> Result<u64> {
+        let d = &self.d;
+        let mut fixed = vec![Val::Int(limit as i64)];
+        fixed.extend(ttl.map(ms));
+        self.with_retry(what, || {
+            let mut conn = self.pool.get()?;
+            transaction(&mut *conn, d, |c| {
+                let ids = id_vals(&run_query_max(c, d, select, &fixed, limit)?)?;
+                for chunk in ids.chunks(d.max_ids) {
+                    for stmt in apply {
+                        run_execute(c, d, stmt, apply_fixed, chunk)?;
+                    }
+                }
+                Ok(ids.len() as u64)
+            })
+        })
+    }
+
+    /// Runs `stmt` (`fixed`, then one id as `{ids}`) on each dead letter of `ids` in
+    /// one transaction; returns those it changed. One statement per id: the affected
+    /// count tells which changed, on every dialect. A dead letter another instance
+    /// holds is skipped, not waited for.
+    pub(crate) fn each_dead_letter(
+        &self,
+        ids: &[EventId],
+        stmt: &str,
+        fixed: &[Val],
+    ) -> Result<Vec<EventId>> {
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        let mut changed = Vec::new();
+        transaction(&mut *conn, d, |c| {
+            for id in ids {
+                let one = ids_of(&[*id]);
+                if run_query(c, d, &d.dlq_lock, &one, &[])?.is_empty() {
+                    continue;
+                }
+                if run_execute(c, d, stmt, fixed, &one)? == 1 {
+                    changed.push(*id);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(changed)
+    }
+
+    pub(crate) fn with_retry<T>(&self, what: &str, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        let mut attempt = 0;
+        loop {
+            match f() {
+                Err(e) if e.is_retryable() && attempt < 5 => {
+                    attempt += 1;
+                    log::debug!("txbox: {what}: {e}; retrying ({attempt})");
+                    std::thread::sleep(Duration::from_millis(5 * attempt + fastrand::u64(0..10)));
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl<P: Pool> Store for SqlStore<P> {
+    fn migrate(&self) -> Result<()> {
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        let Some((baseline, upgrades)) = d.schema.split_first() else {
+            return Ok(());
+        };
+        let version_query = format!(
+            "SELECT COALESCE(MAX(version), 0) FROM {}",
+            self.tables.schema_version
+        );
+        // Runs a file's statements. An error that says its change is there
+        // already is passed over: the baseline is idempotent that way where the
+        // dialect has no IF NOT EXISTS, and where DDL is not transactional an
+        // upgrade that stopped half-way (or that another instance applies at
+        // the same time) goes on from where it is.
+        let run = |c: &mut dyn Conn, file: &str| -> Result<()> {
+            for stmt in split_statements(&self.tables.render(file)) {
+                match c.batch(&stmt) {
+                    Ok(()) => {}
+                    Err(e)
+                        if d.exists_errors
+                            .iter()
+                            .any(|code| e.to_string().contains(code)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        };
+        // the baseline, then each version not yet recorded (each file records
+        // itself); in one transaction where DDL is transactional (PostgreSQL,
+        // SQLite), whose lock makes one migrator at a time
+        let upgrade = |c: &mut dyn Conn| -> Result<()> {
+            if let Some(lock) = d.migrate_lock {
+                c.batch(lock)?;
+            }
+            run(c, baseline)?;
+            let at = run_query(c, d, &version_query, &[], &[])?
+                .first()
+                .map_or(0, |r| r.int(0));
+            for (version, file) in (2_i64..).zip(upgrades) {
+                if version <= at {
+                    continue;
+                }
+                run(c, file).inspect_err(|e| {
+                    log::error!("txbox: applying schema version {version}: {e}")
+                })?;
+                log::info!(
+                    "txbox: schema of prefix {:?} upgraded to version {version}",
+                    self.tables.prefix
+                );
+            }
+            Ok(())
+        };
+        if d.transactional_ddl {
+            transaction(&mut *conn, d, upgrade)
+        } else {
+            upgrade(&mut *conn)
+        }
+    }
+
+    fn claim_after(
+        &self,
+        event_type: &str,
+        after: Option<EventId>,
+        limit: usize,
+        lease: Duration,
+        token: Uuid,
+    ) -> Result<Vec<Event>> {
+        // no lower bound: the nil id, below every UUIDv7
+        let after = Val::Id(after.map_or(Uuid::nil(), |id| id.as_uuid()));
+        let d = &self.d;
+        let mut rows = self.with_retry("claim", || {
+            let mut conn = self.pool.get()?;
+            if let Some(one) = &d.claim_returning {
+                let fixed = [
+                    event_type.into(),
+                    Val::Int(limit as i64),
+                    Val::Id(token),
+                    ms(lease),
+                    after.clone(),
+                ];
+                return run_query(&mut *conn, d, one, &fixed, &[]);
+            }
+            transaction(&mut *conn, d, |c| {
+                let rows = run_query_max(
+                    c,
+                    d,
+                    &d.claim_select,
+                    &[event_type.into(), after.clone(), Val::Int(limit as i64)],
+                    limit,
+                )?;
+                if !rows.is_empty() {
+                    let ids = id_vals(&rows)?;
+                    run_execute(
+                        c,
+                        d,
+                        &d.common.claim_update,
+                        &[Val::Id(token), ms(lease)],
+                        &ids,
+                    )?;
+                }
+                Ok(rows)
+            })
+        })?;
+        claimed_events(&mut rows)
+    }
+
+    fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
+        let d = &self.d;
+        let steps = finish_steps(d, &d.common.finish, token, outcomes);
+        let apply = |c: &mut dyn Conn| -> Result<u64> {
+            let mut changed = 0;
+            for (template, fixed, ids) in &steps {
+                changed += run_execute(c, d, template, fixed, ids)?;
+            }
+            Ok(changed)
+        };
+        // sent rows and failed rows change together, so a retried deadlock cannot
+        // count rows finished by the first try as lost; the all-sent batch (the common
+        // case) is one statement without a transaction around it
+        self.with_retry("finish", || {
+            let mut conn = self.pool.get()?;
+            if steps.len() <= 1 {
+                apply(&mut *conn)
+            } else {
+                transaction(&mut *conn, d, apply)
+            }
+        })
+    }
+
+    fn can_hold_claims(&self) -> bool {
+        self.d.hold_claim.is_some()
+    }
+
+    fn max_connections(&self) -> Option<usize> {
+        self.pool.max_size()
+    }
+
+    fn table_prefix(&self) -> Option<&str> {
+        Some(&self.tables.prefix)
+    }
+
+    fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
+        let d = &self.d;
+        let Some(hold) = &d.hold_claim else {
+            return Err(crate::store::cannot_hold_claims());
+        };
+        let mut held = HeldTx {
+            conn: self.pool.get_owned()?,
+            d: d.clone(),
+            open: false,
+            deleted: None,
+        };
+        // not resuming a backlog: maybe there is nothing to claim (an idle type)
+        if args.after.is_none()
+            && run_query(
+                &mut *held.conn,
+                d,
+                &hold.probe,
+                &[args.event_type.into()],
+                &[],
+            )?
+            .is_empty()
+        {
+            return Ok((Vec::new(), None));
+        }
+        // the transaction, its idle timeout and the locking claim: one round trip
+        let script = held.claim_script(args)?;
+        // marked open first: should a statement fail, the drop rolls back
+        held.open = true;
+        let rows = held.conn.script(&script)?.rows;
+        Box::new(held).take_claim(rows, args.delete_acked)
+    }
+
+    fn recover_expired(&self, limit: usize) -> Result<u64> {
+        let c = &self.d.common;
+        self.select_apply(
+            "recovery",
+            &self.d.select_expired,
+            limit,
+            None,
+            &[&c.recover],
+            &[],
+        )
+    }
+
+    fn delete_processed(&self, ttl: Duration, limit: usize) -> Result<u64> {
+        let c = &self.d.common;
+        self.select_apply(
+            "cleanup",
+            &self.d.select_processed,
+            limit,
+            Some(ttl),
+            &[&c.delete_outbox],
+            &[],
+        )
+    }
+
+    fn move_failed_to_dlq(&self, limit: usize) -> Result<u64> {
+        let c = &self.d.common;
+        let steps = [&c.delete_dlq, &c.copy_to_dlq, &c.delete_outbox].map(String::as_str);
+        self.select_apply(
+            "move to DLQ",
+            &self.d.select_failed,
+            limit,
+            None,
+            &steps,
+            &[],
+        )
+    }
+
+    fn requeue_dlq_retries(&self, limit: usize) -> Result<u64> {
+        let c = &self.d.common;
+        let steps = [&c.delete_outbox, &c.copy_to_outbox, &c.delete_dlq].map(String::as_str);
+        self.select_apply("DLQ retry", &self.d.select_retry, limit, None, &steps, &[])
+    }
+
+    fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> Result<u64> {
+        let c = &self.d.common;
+        self.select_apply(
+            "DLQ cleanup",
+            &self.d.select_resolved,
+            limit,
+            Some(ttl),
+            &[&c.delete_dlq],
+            &[],
+        )
+    }
+
+    fn try_lock(&self, name: &str, owner: Uuid, lease: Duration) -> Result<bool> {
+        let d = &self.d;
+        self.with_retry("lock", || {
+            let mut conn = self.pool.get()?;
+            transaction(&mut *conn, d, |c| {
+                match run_execute(
+                    c,
+                    d,
+                    &d.lock_insert,
+                    &[name.into(), Val::Id(owner), ms(lease)],
+                    &[],
+                ) {
+                    Ok(_) => {}
+                    Err(e) if is(&e, crate::error::DatabaseErrorKind::UniqueViolation) => {} // inserted concurrently: fine
+                    Err(e) => return Err(e),
+                }
+                Ok(run_execute(
+                    c,
+                    d,
+                    &d.common.lock_take,
+                    &[Val::Id(owner), ms(lease), name.into()],
+                    &[],
+                )? == 1)
+            })
+        })
+    }
+
+    fn unlock(&self, name: &str, owner: Uuid) -> Result<()> {
+        let mut conn = self.pool.get()?;
+        run_execute(
+            &mut *conn,
+            &self.d,
+            &self.d.common.unlock,
+            &[name.into(), Val::Id(owner)],
+            &[],
+        )?;
+        Ok(())
+    }
+
+    fn dlq_list(&self, f: &DlqFilter) -> Result<Vec<DeadLetter>> {
+        let mut conn = self.pool.get()?;
+        let fixed = [
+            f.event_type.as_deref().into(),
+            f.status.map(|s| s.as_str()).into(),
+            Val::Int(f.limit as i64),
+            Val::Int(f.offset as i64),
+        ];
+        run_query(&mut *conn, &self.d, &self.d.dlq_list, &fixed, &[])?
+            .iter()
+            .map(dead_letter)
+            .collect()
+    }
+
+    fn ping(&self) -> Result<()> {
+        let mut conn = self.pool.get()?;
+        run_query(&mut *conn, &self.d, self.d.ping, &[], &[]).map(|_| ())
+    }
+
+    fn dlq_count(&self, f: &DlqFilter) -> Result<u64> {
+        let mut conn = self.pool.get()?;
+        let fixed = [
+            f.event_type.as_deref().into(),
+            f.status.map(|s| s.as_str()).into(),
+        ];
+        let rows = run_query(&mut *conn, &self.d, &self.d.dlq_count, &fixed, &[])?;
+        Ok(rows.first().map(|r| r.int(0)).unwrap_or(0).max(0) as u64)
+    }
+
+    fn dlq_get(&self, id: EventId) -> Result<Option<DeadLetter>> {
+        let mut conn = self.pool.get()?;
+        let rows = run_query(
+            &mut *conn,
+            &self.d,
+            &self.d.dlq_get,
+            &[Val::Id(id.as_uuid())],
+            &[],
+        )?;
+        rows.first().map(dead_letter).transpose()
+    }
+
+    fn dlq_set_status(
+        &self,
+        ids: &[EventId],
+        from: &[DlqStatus],
+        to: DlqStatus,
+    ) -> Result<Vec<EventId>> {
+        let update = self
+            .d
+            .common
+            .dlq_set_status
+            .replace("{from}", &status_list(from));
+        self.each_dead_letter(ids, &update, &[to.as_str().into()])
+    }
+
+    fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> Result<Vec<EventId>> {
+        let delete = self
+            .d
+            .common
+            .dlq_delete_status
+            .replace("{from}", &status_list(from));
+        self.each_dead_letter(ids, &delete, &[])
+    }
+
+    fn status(&self) -> Result<Vec<TypeStatus>> {
+        let mut conn = self.pool.get()?;
+        Ok(run_query(&mut *conn, &self.d, &self.d.status, &[], &[])?
+            .iter()
+            .map(|r| TypeStatus {
+                event_type: r.text(0),
+                pending: r.int(1).max(0) as u64,
+                in_process: r.int(2).max(0) as u64,
+                failed: r.int(3).max(0) as u64,
+                oldest_pending_age: r.opt_float(4).map(|s| Duration::from_secs_f64(s.max(0.0))),
+            })
+            .collect())
+    }
+
+    fn inbox_insert(&self, consumer: &str, ids: &[EventId]) -> Result<Vec<EventId>> {
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        transaction(&mut *conn, d, |c| insert_inbox_ids(c, d, consumer, ids))
+    }
+
+    fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64> {
+        let c = &self.d.common;
+        self.select_apply(
+            "inbox cleanup",
+            &self.d.select_inbox_expired,
+            limit,
+            Some(ttl),
+            &[&c.delete_inbox],
+            &[ms(ttl)],
+        )
+    }
+}
+
+/// `publish` and the inbox on one driver's transaction type: both only need this
+/// dialect's statements (built once per table prefix) and a [`Conn`].
+macro_rules! transaction_impls {
+    ($tx:ty, $name:literal, $dialect:path $(, $check:path)?) => {
+        impl crate::outbox::sealed::Sealed for $tx {}
+
+        impl crate::outbox::OutboxTransaction for $tx {
+            fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
+                $($check(self)?;)?
+                sql::insert_events(self, &sql::cached($name, tables, $dialect), events)
+            }
+        }
+
+        impl crate::inbox::sealed::Sealed for $tx {}
+
+        impl crate::inbox::InboxTransaction for $tx {
+            fn insert_new_ids(
+                &mut self,
+                tables: &Tables,
+                consumer: &str,
+                ids: &[EventId],
+            ) -> Result<Vec<EventId>> {
+                $($check(self)?;)?
+                sql::insert_inbox_ids(self, &sql::cached($name, tables, $dialect), consumer, ids)
+            }
+        }
+    };
+}
+pub(crate) use transaction_impls;

@@ -1,0 +1,224 @@
+//! The logic every SQL dialect shares. A dialect supplies its statements (a
+//! [`Dialect`]) and a connection adapter ([`Conn`]); the flows below — claim,
+//! finish, recovery, dead letters, locks, inbox — are written once.
+//!
+//! Statements are written with numbered placeholders `$1`, `$2`, ... and an optional
+//! `{ids}` list, rendered per call into the driver's style (`$n`, `?`, `?n`, `:n`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::{ClaimArgs, HeldBatch, HeldClaim, Outcome, Store, Tables, TypeStatus};
+use crate::dlq::{DeadLetter, DlqFilter, DlqStatus};
+use crate::error::{Error, Result};
+use crate::event::{Event, EventId, NewEvent};
+
+mod engine;
+mod held;
+mod render;
+mod rows;
+mod statements;
+mod values;
+
+pub(crate) use engine::*;
+pub(crate) use held::*;
+pub(crate) use render::*;
+pub(crate) use rows::*;
+pub(crate) use statements::*;
+pub(crate) use values::*;
+
+#[cfg(test)]
+impl Dialect {
+    /// Every statement template of the dialect, named.
+    fn statements(&self) -> Vec<(String, String)> {
+        let c = &self.common;
+        let mut out: Vec<(&str, &str)> = vec![
+            ("claim_select", &self.claim_select),
+            ("select_expired", &self.select_expired),
+            ("select_processed", &self.select_processed),
+            ("select_failed", &self.select_failed),
+            ("select_retry", &self.select_retry),
+            ("select_resolved", &self.select_resolved),
+            ("select_inbox_expired", &self.select_inbox_expired),
+            ("lock_insert", &self.lock_insert),
+            ("dlq_list", &self.dlq_list),
+            ("dlq_count", &self.dlq_count),
+            ("dlq_get", &self.dlq_get),
+            ("dlq_lock", &self.dlq_lock),
+            ("status", &self.status),
+            ("inbox_insert", &self.inbox_insert),
+            ("insert_event_row", &self.insert_event_row),
+            ("claim_update", &c.claim_update),
+            ("recover", &c.recover),
+            ("delete_outbox", &c.delete_outbox),
+            ("delete_dlq", &c.delete_dlq),
+            ("copy_to_dlq", &c.copy_to_dlq),
+            ("copy_to_outbox", &c.copy_to_outbox),
+            ("delete_inbox", &c.delete_inbox),
+            ("lock_take", &c.lock_take),
+            ("unlock", &c.unlock),
+            ("dlq_set_status", &c.dlq_set_status),
+            ("dlq_delete_status", &c.dlq_delete_status),
+        ];
+        for (name, f) in [("finish", &c.finish), ("finish_held", &c.finish_held)] {
+            out.push((name, &f.sent));
+            out.push((name, &f.delete));
+            out.push((name, &f.failed));
+        }
+        if let Some(r) = &self.claim_returning {
+            out.push(("claim_returning", r));
+        }
+        if let Some(h) = &self.hold_claim {
+            out.push(("hold_claim.probe", &h.probe));
+            out.push(("hold_claim.claim_delete", &h.claim_delete));
+            out.push(("hold_claim.restore", &h.restore));
+        }
+        out.into_iter()
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The statement the database runs when the driver binds `bound` to `sql`,
+    /// written out with each value in its place: PostgreSQL (`$n`) and SQLite
+    /// (`?n`) bind by number; MySQL (`?`) and Oracle bind by position, the order
+    /// the placeholders appear in, whatever an Oracle placeholder is named.
+    fn as_the_database_binds(sql: &str, style: Style, bound: &[&Val]) -> String {
+        let show = |v: &Val| format!("<{v:?}>");
+        let mut out = String::new();
+        let mut chars = sql.chars().peekable();
+        let mut position = 0;
+        while let Some(c) = chars.next() {
+            let marker = match style {
+                Style::Dollar => '$',
+                Style::Question | Style::QuestionNumbered => '?',
+                Style::Colon => ':',
+            };
+            let numbered = chars.peek().is_some_and(char::is_ascii_digit);
+            if c != marker || (style != Style::Question && !numbered) {
+                out.push(c);
+                continue;
+            }
+            let mut n = 0;
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n * 10 + d as usize;
+                chars.next();
+            }
+            position += 1;
+            let index = match style {
+                Style::Dollar | Style::QuestionNumbered => n,
+                Style::Question | Style::Colon => position,
+            };
+            out.push_str(&bound.get(index - 1).map_or("<unbound>".into(), |v| show(v)));
+        }
+        out
+    }
+
+    /// For every statement of every dialect, the values the store binds reach the
+    /// placeholders their numbers name: the same statement as each `$n` written
+    /// out as the n-th value. (Oracle binds by position: a statement that names
+    /// `$2` before `$1`, or one value twice, would otherwise get the wrong ones.)
+    #[test]
+    fn every_statement_of_every_dialect_binds_each_value_where_its_number_says() {
+        let t = Tables::new("p_").unwrap();
+        let dialects: Vec<(&str, Dialect)> = vec![
+            #[cfg(feature = "postgres")]
+            ("postgres", super::super::postgres::dialect(&t)),
+            #[cfg(feature = "mysql")]
+            ("mysql", super::super::mysql::dialect(&t)),
+            #[cfg(feature = "sqlite")]
+            ("sqlite", super::super::sqlite::dialect(&t)),
+            #[cfg(feature = "oracle")]
+            ("oracle", super::super::oracle::dialect(&t)),
+        ];
+        let fixed: Vec<Val> = (1..=12).map(|i| Val::Int(100 + i)).collect();
+        let ids = [Val::Int(901), Val::Int(902)];
+        let show = |v: &Val| format!("<{v:?}>");
+        let mut checked = 0;
+        for (name, d) in &dialects {
+            for (what, template) in d.statements() {
+                let template = template.replace("{from}", "'DEAD'");
+                let n_ids = if template.contains("{ids}") { 2 } else { 0 };
+                let want = inline(&template, &fixed, &ids[..n_ids], show);
+                let (sql, params) = prepare(d, &template, &fixed, &ids[..n_ids]);
+                let bound: Vec<&Val> = params.iter().collect();
+                assert_eq!(
+                    as_the_database_binds(&sql, d.style, &bound),
+                    want,
+                    "{name} {what}: {sql}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(
+            checked > 30 * dialects.len(),
+            "{checked} statements checked"
+        );
+    }
+
+    #[test]
+    fn splits_statements() {
+        let s =
+            split_statements("-- c\nCREATE TABLE a (x int); -- t\n\nCREATE INDEX i\n ON a (x);\n");
+        assert_eq!(
+            s,
+            vec!["CREATE TABLE a (x int)", "CREATE INDEX i\n ON a (x)"]
+        );
+    }
+
+    #[test]
+    fn shifts_placeholders() {
+        assert_eq!(
+            shift("($1, $2, $3, $4::jsonb, $5)", 100),
+            "($101, $102, $103, $104::jsonb, $105)"
+        );
+    }
+
+    #[test]
+    fn renders_placeholders_per_style() {
+        let t = "UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids}) AND c = $1";
+        let (sql, order) = render(t, Style::Question, 2, 2);
+        assert_eq!(
+            sql,
+            "UPDATE t SET a = ? WHERE b = ? AND id IN (?, ?) AND c = ?"
+        );
+        assert_eq!(order, vec![1, 0, 2, 3, 0]);
+        // Oracle: one bind per occurrence, in the order they appear
+        let (sql, order) = render(t, Style::Colon, 2, 1);
+        assert_eq!(
+            sql,
+            "UPDATE t SET a = :1 WHERE b = :2 AND id IN (:3) AND c = :4"
+        );
+        assert_eq!(order, vec![1, 0, 2, 0]);
+        let (_, order) = render("VALUES ($1, $2)", Style::QuestionNumbered, 3, 0);
+        assert_eq!(order, vec![0, 1], "an unused last parameter is not bound");
+        let (sql, _) = render(t, Style::QuestionNumbered, 2, 1);
+        assert_eq!(
+            sql,
+            "UPDATE t SET a = ?2 WHERE b = ?1 AND id IN (?3) AND c = ?1"
+        );
+        let (sql, _) = render("SELECT '$x', $10", Style::Dollar, 10, 0);
+        assert_eq!(sql, "SELECT '$x', $10");
+    }
+
+    #[test]
+    fn inlines_every_placeholder_as_a_literal() {
+        let literal = |v: &Val| match v {
+            Val::Int(n) => format!("<{n}>"),
+            _ => "<?>".into(),
+        };
+        let t = "UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids}) AND c = $7";
+        let fixed = [Val::Int(1), Val::Int(2)];
+        let sql = inline(t, &fixed, &[Val::Int(3), Val::Int(4)], literal);
+        assert_eq!(
+            sql,
+            "UPDATE t SET a = <2> WHERE b = <1> AND id IN (<3>, <4>) AND c = NULL"
+        );
+    }
+}

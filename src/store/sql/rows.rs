@@ -1,0 +1,171 @@
+//! Rows to events and dead letters, events to rows.
+
+#![allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The ids in the first column of `rows`, as parameters.
+pub(crate) fn id_vals(rows: &[Row]) -> Result<Vec<Val>> {
+    rows.iter()
+        .map(|r| r.id(0).map(|i| Val::Id(i.as_uuid())))
+        .collect()
+}
+
+pub(crate) fn ms(d: Duration) -> Val {
+    Val::Float(d.as_secs_f64() * 1000.0)
+}
+
+pub(crate) fn ids_of(ids: &[EventId]) -> Vec<Val> {
+    ids.iter().map(|i| Val::Id(i.as_uuid())).collect()
+}
+
+pub(crate) fn status_list(s: &[DlqStatus]) -> String {
+    // enum names, never user input
+    s.iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(crate) fn parse_headers(text: &str) -> BTreeMap<String, String> {
+    if text == "{}" {
+        return BTreeMap::new(); // most events have none
+    }
+    match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
+        Ok(map) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+pub(crate) fn headers_json(h: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(h).unwrap_or_else(|_| "{}".into())
+}
+
+/// The event of a claimed row (id, type, key, headers, payload, attempts), its
+/// text moved out of the row.
+pub(crate) fn event_row(r: &mut Row) -> Result<Event> {
+    let id = r.id(0)?;
+    // parsed once: later reads of the id find it as such
+    r.0[0] = Val::Id(id.as_uuid());
+    let headers = match r.get(3) {
+        Val::Text(text) => parse_headers(text),
+        _ => parse_headers(&r.text(3)),
+    };
+    Ok(Event {
+        id,
+        event_type: r.take_text(1).unwrap_or_default(),
+        destination: String::new(),
+        routing_key: String::new(),
+        key: r.take_text(2),
+        headers,
+        payload: r.take_text(4).unwrap_or_default(),
+        attempts: r.int(5).max(0) as u32,
+    })
+}
+
+/// The events of claimed rows, sorted by id.
+pub(crate) fn claimed_events(rows: &mut [Row]) -> Result<Vec<Event>> {
+    let mut events = rows.iter_mut().map(event_row).collect::<Result<Vec<_>>>()?;
+    events.sort_by_key(|e| e.id);
+    Ok(events)
+}
+
+pub(crate) fn dead_letter(r: &Row) -> Result<DeadLetter> {
+    Ok(DeadLetter {
+        id: r.id(0)?,
+        event_type: r.text(1),
+        key: r.opt_text(2),
+        headers: parse_headers(&r.text(3)),
+        payload: r.text(4),
+        attempts: r.int(5).max(0) as u32,
+        last_error: r.opt_text(6),
+        status: r.text(7).parse().unwrap_or(DlqStatus::Dead),
+        created_at: r.text(8),
+        moved_at: r.text(9),
+    })
+}
+
+/// Splits a migration file into statements (on `;` at line ends, comments dropped).
+pub(crate) fn split_statements(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in sql.lines() {
+        let line = match line.find("--") {
+            Some(i) => &line[..i],
+            None => line,
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        cur.push_str(line);
+        cur.push('\n');
+        if line.trim_end().ends_with(';') {
+            out.push(cur.trim().trim_end_matches(';').to_owned());
+            cur.clear();
+        }
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_owned());
+    }
+    out
+}
+
+/// Inserts new events: one multi-row `INSERT` (one round trip) per chunk.
+pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Dialect, events: &[NewEvent]) -> Result<()> {
+    for chunk in events.chunks((d.max_ids / 5).max(1)) {
+        let params: Vec<Val> = chunk.iter().flat_map(event_values).collect();
+        run_execute(conn, d, &insert_events_sql(d, chunk.len()), &params, &[])?;
+    }
+    Ok(())
+}
+
+/// The dialect's `INSERT` of `rows` events, [`event_values`] of each in turn.
+pub(crate) fn insert_events_sql(d: &Dialect, rows: usize) -> String {
+    let mut template = d.insert_events.clone();
+    for i in 0..rows {
+        if i > 0 {
+            template.push_str(d.insert_events_sep);
+        }
+        template.push_str(&shift(&d.insert_event_row, i * 5));
+    }
+    template.push_str(d.insert_events_suffix);
+    template
+}
+
+/// What [`insert_events_sql`] writes of one event: id, type, key, headers, payload.
+pub(crate) fn event_values(e: &NewEvent) -> [Val; 5] {
+    [
+        Val::Id(e.id.as_uuid()),
+        Val::Text(e.event_type.clone()),
+        e.key.as_deref().into(),
+        Val::Text(headers_json(&e.headers)),
+        Val::Text(e.payload.clone()),
+    ]
+}
+
+/// Records ids; returns the new ones. The unique key decides: a conflicting insert
+/// waits for the other transaction and then affects no row (or, on Oracle, fails
+/// with a unique violation).
+pub(crate) fn insert_inbox_ids(
+    conn: &mut dyn Conn,
+    d: &Dialect,
+    consumer: &str,
+    ids: &[EventId],
+) -> Result<Vec<EventId>> {
+    let mut new = Vec::new();
+    for id in ids {
+        let values = [consumer.into(), Val::Id(id.as_uuid())];
+        match run_execute(conn, d, &d.inbox_insert, &values, &[]) {
+            Ok(1) => new.push(*id),
+            Ok(_) => {}
+            Err(e) if is(&e, crate::error::DatabaseErrorKind::UniqueViolation) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(new)
+}

@@ -1,0 +1,244 @@
+//! The statement catalog: what a dialect supplies, and the statements every
+//! dialect writes alike.
+
+#![allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The statements that finish a claimed batch, each kept to the rows the claim
+/// still holds by a `fence` condition.
+pub(crate) struct Finish {
+    /// $1 token, {ids}
+    pub sent: String,
+    /// $1 token, {ids}
+    pub delete: String,
+    /// $1 status, $2 delay ms, $3 error, $4 id, $5 token, $6 attempts to add (0 or 1)
+    pub failed: String,
+}
+
+impl Finish {
+    /// `ids` picks the rows of the statements with an id list, `fence` keeps them
+    /// to the claim's, `fence_one` does for the one-row statement (whose token is
+    /// `$5`).
+    pub(crate) fn new(
+        o: &str,
+        now: &str,
+        plus: fn(&str) -> String,
+        ids: &str,
+        fence: &str,
+        fence_one: &str,
+    ) -> Finish {
+        Finish {
+            sent: format!(
+                "UPDATE {o} SET status = 'PROCESSED', processed_at = {now}, claim_token = NULL, lease_until = NULL \
+                 WHERE {fence} AND {ids}"
+            ),
+            delete: format!("DELETE FROM {o} WHERE {fence} AND {ids}"),
+            failed: format!(
+                "UPDATE {o} SET status = $1, attempts = attempts + $6, \
+                   next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
+                   last_error = $3, claim_token = NULL, lease_until = NULL \
+                 WHERE id = $4 AND {fence_one}",
+                plus("$2")
+            ),
+        }
+    }
+}
+
+/// The statements every dialect writes alike but for its clock: `now` is its
+/// "current time" expression and `plus("$n")` its "now + $n milliseconds".
+pub(crate) struct Common {
+    /// $1 token, $2 lease ms, {ids}
+    pub claim_update: String,
+    /// Finishing a batch claimed under a lease: fenced by its token.
+    pub finish: Finish,
+    /// Finishing a batch whose rows the claim's open transaction holds locked
+    /// ([`crate::ClaimMode::Lock`]): they are still PENDING.
+    pub finish_held: Finish,
+    /// {ids}
+    pub recover: String,
+    pub delete_outbox: String,
+    pub delete_dlq: String,
+    pub copy_to_dlq: String,
+    pub copy_to_outbox: String,
+    /// $1 TTL ms, {ids}
+    pub delete_inbox: String,
+    /// $1 owner, $2 lease ms, $3 name -> affected rows 1 when taken
+    pub lock_take: String,
+    /// $1 name, $2 owner
+    pub unlock: String,
+    /// $1 to, {from} literal list, {ids}
+    pub dlq_set_status: String,
+    /// {from} literal list, {ids}
+    pub dlq_delete_status: String,
+}
+
+/// `id IN ({ids})`, the way most dialects finish a batch by its ids.
+pub(crate) const IDS_IN: &str = "id IN ({ids})";
+
+/// The statements of [`Common`] for a dialect whose clock is `now`, whose "now + n
+/// ms" is `plus`, and whose finish statements pick their rows with `finish_ids`
+/// (usually [`IDS_IN`]).
+pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String, finish_ids: &str) -> Common {
+    let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
+    Common {
+        claim_update: format!(
+            "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
+            plus("$2")
+        ),
+        // A row holds a claim token exactly while it is IN_PROCESS (every way out
+        // clears it), so the token alone fences. Naming the status as well would let
+        // PostgreSQL pick the in-process partial index and step over every dead
+        // entry in it instead of looking the ids up in the primary key.
+        finish: Finish::new(o, now, plus, finish_ids, "claim_token = $1", "claim_token = $5"),
+        // a held claim's rows are locked by its transaction: nothing else changes
+        // them, and naming their status would again pick the pending index
+        finish_held: Finish::new(o, now, plus, finish_ids, "1 = 1", "1 = 1"),
+        recover: format!(
+            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
+             WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
+        ),
+        delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
+        delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
+        copy_to_dlq: format!(
+            "INSERT INTO {d} (id, event_type, event_key, headers, payload, attempts, last_error, status, \
+               created_at, moved_at, updated_at) \
+             SELECT id, event_type, event_key, headers, payload, attempts, last_error, 'DEAD', created_at, \
+               {now}, {now} FROM {o} WHERE id IN ({{ids}})"
+        ),
+        copy_to_outbox: format!(
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, next_attempt_at, \
+               last_error, created_at) \
+             SELECT id, event_type, event_key, headers, payload, 'PENDING', 0, {now}, last_error, created_at \
+             FROM {d} WHERE id IN ({{ids}})"
+        ),
+        // an event's row of each consumer expires on its own
+        delete_inbox: format!(
+            "DELETE FROM {i} WHERE consumed_at < {} AND event_id IN ({{ids}})",
+            ago(plus, "$1")
+        ),
+        lock_take: format!(
+            "UPDATE {l} SET owner = $1, locked_at = {now}, locked_until = {} \
+             WHERE name = $3 AND (locked_until < {now} OR owner = $1)",
+            plus("$2")
+        ),
+        unlock: format!("DELETE FROM {l} WHERE name = $1 AND owner = $2"),
+        dlq_set_status: format!(
+            "UPDATE {d} SET status = $1, updated_at = {now} WHERE status IN ({{from}}) AND id IN ({{ids}})"
+        ),
+        dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})"),
+    }
+}
+
+/// The statements a held claim adds to `claim_select` and [`Common::finish_held`].
+pub(crate) struct HoldClaim {
+    /// Opens the transaction and has the database end the session once it idled
+    /// in it for `{ms}` milliseconds.
+    pub open: &'static str,
+    /// $1 type -> a row when a due PENDING event may be there (no lock taken), so an
+    /// idle type costs one statement per poll, not a transaction of three.
+    pub probe: String,
+    /// A value as an SQL literal: the claim and the finish go as one
+    /// script each (one round trip), their values written into the SQL.
+    pub literal: fn(&Val) -> String,
+    /// The claim when acked rows are deleted: `claim_select`'s rows deleted in the
+    /// held transaction, returning its columns and then `created_at` as text
+    /// ($1 type, $2 after, $3 limit).
+    pub claim_delete: String,
+    /// Writes back a row that such a claim deleted and the broker did not ack:
+    /// $1 status, $2 delay ms, $3 error, $4 id (as [`Finish::failed`]), then the
+    /// claimed row's $5 type, $6 key, $7 headers, $8 payload, $9 attempts (this
+    /// one included when it counts), $10 created_at.
+    pub restore: String,
+}
+
+/// Every statement of one dialect, with the table names filled in.
+pub(crate) struct Dialect {
+    pub style: Style,
+    /// Opens a transaction ("BEGIN", "START TRANSACTION", "BEGIN IMMEDIATE"; "" when
+    /// the driver is always in one).
+    pub begin: &'static str,
+    /// The schema files in order (with `{prefix}`): the first (`001`) is the
+    /// idempotent baseline, applied on every migration; file n (from 2 on) is
+    /// applied once, when the version table does not list n yet, and records n
+    /// there as its last statement.
+    pub schema: &'static [&'static str],
+    /// DDL runs inside a transaction (PostgreSQL, SQLite): a migration is all or
+    /// nothing. Elsewhere each DDL statement commits on its own.
+    pub transactional_ddl: bool,
+    /// Serializes concurrent migrations (PostgreSQL's advisory lock), run in the
+    /// migration's transaction.
+    pub migrate_lock: Option<&'static str>,
+    /// DDL errors meaning "already there" (a table, index, column or key that
+    /// exists, a key already dropped, a version already recorded), passed over
+    /// where the dialect has no IF NOT EXISTS or no transactional DDL.
+    pub exists_errors: &'static [&'static str],
+    /// A statement that touches no table, for [`crate::Store::ping`].
+    pub ping: &'static str,
+    /// Largest `{ids}` list per statement.
+    pub max_ids: usize,
+    /// The statements every dialect writes alike.
+    pub common: Common,
+    /// One-statement claim with RETURNING ($1 type, $2 limit, $3 token, $4 lease ms,
+    /// $5 only ids above this one); without it: `claim_select` then `claim_update` in
+    /// a transaction.
+    pub claim_returning: Option<String>,
+    /// The statements of a held claim ([`crate::ClaimMode::Lock`]); `None`: the
+    /// dialect cannot hold claims.
+    pub hold_claim: Option<HoldClaim>,
+    /// $1 type, $2 only ids above this one, $3 limit (Oracle limits by fetching)
+    /// -> id, type, key, headers, payload, attempts
+    pub claim_select: String,
+    /// $1 limit (and $2 TTL in ms for the cleanups) -> id, for each maintenance selection
+    pub select_expired: String,
+    pub select_processed: String,
+    pub select_failed: String,
+    pub select_retry: String,
+    pub select_resolved: String,
+    pub select_inbox_expired: String,
+    /// $1 name, $2 owner, $3 lease ms (insert if absent, never fails on conflict)
+    pub lock_insert: String,
+    /// $1 type, $2 status, $3 limit, $4 offset
+    pub dlq_list: String,
+    /// $1 type, $2 status
+    pub dlq_count: String,
+    /// $1 id
+    pub dlq_get: String,
+    /// $1 id -> a row when this transaction could lock it (skips a locked row)
+    pub dlq_lock: String,
+    /// -> type, pending, in process, failed, oldest pending age in seconds
+    pub status: String,
+    /// $1 consumer, $2 id -> affected rows 1 when new (for this consumer, and
+    /// not recorded before the per-consumer key by the consumer `'*'`)
+    pub inbox_insert: String,
+    /// `INSERT INTO outbox (id, event_type, event_key, headers, payload) VALUES `
+    pub insert_events: String,
+    /// one row of `insert_events`, with `$1`..`$5`
+    pub insert_event_row: String,
+    /// between rows (", "; Oracle's INSERT ALL: " ")
+    pub insert_events_sep: &'static str,
+    /// after the last row ("" ; Oracle: " SELECT 1 FROM dual")
+    pub insert_events_suffix: &'static str,
+}
+
+/// The statements of `dialect` for `t`, built once per process and table prefix
+/// (publish and the inbox ask for them on every call).
+pub(crate) fn cached(
+    dialect: &'static str,
+    t: &Tables,
+    build: fn(&Tables) -> Dialect,
+) -> std::sync::Arc<Dialect> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, LazyLock, Mutex};
+    // dialect -> table prefix -> statements; a hit allocates nothing
+    type Cache = Mutex<HashMap<&'static str, HashMap<String, Arc<Dialect>>>>;
+    static CACHE: LazyLock<Cache> = LazyLock::new(Default::default);
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let by_prefix = cache.entry(dialect).or_default();
+    if let Some(d) = by_prefix.get(t.prefix.as_str()) {
+        return d.clone();
+    }
+    by_prefix
+        .entry(t.prefix.clone())
+        .or_insert_with(|| Arc::new(build(t)))
+        .clone()
+}
