@@ -6,109 +6,15 @@
 //! with a fresh retry budget), [`resolve`](Dlq::resolve)s it (kept until the
 //! resolved TTL, then cleaned up) or [`delete`](Dlq::delete)s it.
 
-use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::event::EventId;
 use crate::store::Store;
+pub use crate::store::{DeadLetter, DlqFilter, DlqStatus};
 
 /// Most ids one batch call accepts.
 pub const MAX_BATCH_IDS: usize = 1000;
-
-/// Status of a dead letter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum DlqStatus {
-    /// Waiting for an operator.
-    Dead,
-    /// Marked for retry; the relay's DLQ retry thread moves it back to the outbox.
-    Retry,
-    /// Handled by an operator; deleted after the resolved TTL.
-    Resolved,
-}
-
-impl DlqStatus {
-    /// The name stored in the database.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            DlqStatus::Dead => "DEAD",
-            DlqStatus::Retry => "RETRY",
-            DlqStatus::Resolved => "RESOLVED",
-        }
-    }
-}
-
-impl fmt::Display for DlqStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for DlqStatus {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_uppercase().as_str() {
-            "DEAD" => Ok(DlqStatus::Dead),
-            "RETRY" => Ok(DlqStatus::Retry),
-            "RESOLVED" => Ok(DlqStatus::Resolved),
-            _ => Err(Error::InvalidInput(format!(
-                "unknown dead-letter status {s:?}: expected DEAD, RETRY or RESOLVED"
-            ))),
-        }
-    }
-}
-
-/// A dead-lettered event.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct DeadLetter {
-    /// The event id.
-    pub id: EventId,
-    /// The event type.
-    pub event_type: String,
-    /// The key, if any.
-    pub key: Option<String>,
-    /// The user's headers.
-    pub headers: BTreeMap<String, String>,
-    /// The payload as published.
-    pub payload: String,
-    /// Failed send attempts.
-    pub attempts: u32,
-    /// Why the last send failed.
-    pub last_error: Option<String>,
-    /// Its status.
-    pub status: DlqStatus,
-    /// When it was published, as RFC 3339 text from the database clock.
-    pub created_at: String,
-    /// When it became a dead letter (RFC 3339).
-    pub moved_at: String,
-}
-
-/// Filters and paging for [`Dlq::list`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DlqFilter {
-    /// Only this event type.
-    pub event_type: Option<String>,
-    /// Only this status.
-    pub status: Option<DlqStatus>,
-    /// Rows to skip (ordered by moved-at, then id).
-    pub offset: u64,
-    /// Rows to return at most (default 50, capped at 1000).
-    pub limit: u64,
-}
-
-impl Default for DlqFilter {
-    fn default() -> Self {
-        DlqFilter {
-            event_type: None,
-            status: None,
-            offset: 0,
-            limit: 50,
-        }
-    }
-}
 
 /// The dead-letter admin API.
 ///

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use crate::dlq::{DeadLetter, DlqFilter, DlqStatus};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId};
 
+mod dead_letter;
+pub use dead_letter::{DeadLetter, DlqFilter, DlqStatus};
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "oracle")]

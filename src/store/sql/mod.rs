@@ -11,9 +11,9 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::{ClaimArgs, HeldBatch, HeldClaim, Outcome, Store, Tables, TypeStatus};
-use crate::dlq::{DeadLetter, DlqFilter, DlqStatus};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId, NewEvent};
+use crate::store::{DeadLetter, DlqFilter, DlqStatus};
 
 mod engine;
 mod held;
