@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use txbox::{Config, EventId, EventOptions, MemorySender, Outbox, OutboxTransaction, Relay, Store};
+use txbox::{Config, EventId, EventOptions, MemorySender, Outbox, Relay, Store, Transaction};
 
 #[derive(Serialize)]
 struct OrderCreated {
@@ -41,7 +41,7 @@ fn declined(i: i64) -> bool {
 }
 
 /// Publishes the order's event in the caller's open transaction.
-fn publish<T: OutboxTransaction>(outbox: &Outbox, tx: &mut T, i: i64) -> txbox::Result<EventId> {
+fn publish<T: Transaction>(outbox: &Outbox, tx: &mut T, i: i64) -> txbox::Result<EventId> {
     outbox.publish(tx, "order-created", &order(i))
 }
 

@@ -51,7 +51,7 @@
 //!
 //! ## Guarantees
 //!
-//! - `publish` joins the caller's transaction ([`OutboxTransaction`]); it never
+//! - `publish` joins the caller's transaction ([`Transaction`]); it never
 //!   begins, commits or rolls back.
 //! - Event ids are UUIDv7 and travel in the [`HEADER_EVENT_ID`] header.
 //! - A row is marked PROCESSED (or, with `processed_ttl` zero, deleted) only after the
@@ -83,13 +83,15 @@ mod redact;
 pub mod relay;
 pub mod sender;
 pub mod store;
+mod tables;
+mod transaction;
 
 pub use config::{ClaimMode, Config, ConfigBuilder, EventOptions, EventSettings};
 pub use consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 pub use dlq::{DeadLetter, Dlq, DlqFilter, DlqStatus};
 pub use error::{DatabaseErrorKind, Error, Result};
 pub use event::{Event, EventId, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
-pub use outbox::{Outbox, OutboxTransaction};
+pub use outbox::Outbox;
 pub use relay::{Relay, RelayProbe};
 pub use sender::{MemorySender, SendError, SendErrorKind, Sender, SenderFactory, Started};
 #[cfg(feature = "mysql")]
@@ -101,3 +103,4 @@ pub use store::postgres::{PgPublisher, PgStore};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::SqliteStore;
 pub use store::{ClaimArgs, HeldBatch, Outcome, Store, Tables, TypeStatus};
+pub use transaction::Transaction;

@@ -8,21 +8,8 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent, RESERVED_HEADER_PREFIX};
-use crate::store::Tables;
-
-pub(crate) mod sealed {
-    pub trait Sealed {}
-}
-
-/// An open database transaction that events can join: `postgres::Transaction`
-/// (feature `postgres`). A plain connection is not one, so "publish without a
-/// transaction" does not compile.
-///
-/// Sealed: txbox implements it for each supported driver.
-pub trait OutboxTransaction: sealed::Sealed {
-    #[doc(hidden)]
-    fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()>;
-}
+use crate::tables::Tables;
+use crate::transaction::Transaction;
 
 /// Writes events into the outbox table inside the caller's transaction.
 ///
@@ -77,7 +64,7 @@ impl Outbox {
     /// connection instead.
     pub fn publish<T, P>(&self, tx: &mut T, event_type: &str, payload: &P) -> Result<EventId>
     where
-        T: OutboxTransaction + ?Sized,
+        T: Transaction + ?Sized,
         P: Serialize + ?Sized,
     {
         self.check_type(event_type)?;
@@ -88,7 +75,7 @@ impl Outbox {
     /// Inserts one event built with [`NewEvent`] (key, headers). Returns its id.
     pub fn publish_event<T>(&self, tx: &mut T, event: NewEvent) -> Result<EventId>
     where
-        T: OutboxTransaction + ?Sized,
+        T: Transaction + ?Sized,
     {
         let id = event.id;
         self.publish_events(tx, vec![event])?;
@@ -104,7 +91,7 @@ impl Outbox {
         payloads: I,
     ) -> Result<Vec<EventId>>
     where
-        T: OutboxTransaction + ?Sized,
+        T: Transaction + ?Sized,
         P: Serialize,
         I: IntoIterator<Item = P>,
     {
@@ -119,7 +106,7 @@ impl Outbox {
     /// Inserts many built events (any known types) in one statement. Returns their ids.
     pub fn publish_events<T>(&self, tx: &mut T, events: Vec<NewEvent>) -> Result<Vec<EventId>>
     where
-        T: OutboxTransaction + ?Sized,
+        T: Transaction + ?Sized,
     {
         if events.is_empty() {
             return Ok(Vec::new());

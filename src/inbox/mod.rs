@@ -31,7 +31,9 @@ use std::time::Duration;
 use crate::consumer::ReceivedEvent;
 use crate::error::{Error, Result};
 use crate::event::EventId;
-use crate::store::{Store, Tables};
+use crate::store::Store;
+use crate::tables::Tables;
+use crate::transaction::Transaction;
 
 mod cache;
 #[cfg(feature = "redis")]
@@ -40,23 +42,6 @@ mod redis;
 pub use cache::{InboxCache, MemoryCache};
 #[cfg(feature = "redis")]
 pub use redis::RedisCache;
-
-pub(crate) mod sealed {
-    pub trait Sealed {}
-}
-
-/// An open transaction the inbox can record ids in: `postgres::Transaction`,
-/// `mysql::Transaction`, `rusqlite::Transaction` or an `oracle::Connection` (with
-/// their features). Sealed: txbox implements it per driver.
-pub trait InboxTransaction: sealed::Sealed {
-    #[doc(hidden)]
-    fn insert_new_ids(
-        &mut self,
-        tables: &Tables,
-        consumer: &str,
-        ids: &[EventId],
-    ) -> Result<Vec<EventId>>;
-}
 
 /// Whether the handler ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,7 +250,7 @@ impl Inbox {
         }
     }
 
-    fn insert<Tx: InboxTransaction + ?Sized>(
+    fn insert<Tx: Transaction + ?Sized>(
         &self,
         tx: &mut Tx,
         ids: &[EventId],
@@ -288,7 +273,7 @@ impl Inbox {
         handler: F,
     ) -> Result<Handled<T>, E>
     where
-        Tx: InboxTransaction + ?Sized,
+        Tx: Transaction + ?Sized,
         E: From<Error>,
         F: FnOnce(&mut Tx) -> Result<T, E>,
     {
@@ -314,7 +299,7 @@ impl Inbox {
         handler: F,
     ) -> Result<Handled<T>, E>
     where
-        Tx: InboxTransaction + ?Sized,
+        Tx: Transaction + ?Sized,
         E: From<Error>,
         F: FnOnce(&mut Tx) -> Result<T, E>,
     {
@@ -337,7 +322,7 @@ impl Inbox {
         handler: F,
     ) -> Result<Handled<T>, E>
     where
-        Tx: InboxTransaction + ?Sized,
+        Tx: Transaction + ?Sized,
         E: From<Error>,
         F: FnOnce(&mut Tx, Vec<&'a ReceivedEvent>) -> Result<T, E>,
     {

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, EventId};
 
 mod dead_letter;
+pub use crate::tables::{validate_prefix, Tables, MAX_PREFIX_LEN};
 pub use dead_letter::{DeadLetter, DlqFilter, DlqStatus};
 #[cfg(feature = "mysql")]
 pub mod mysql;
@@ -364,66 +365,6 @@ pub fn connect(url: &str, table_prefix: &str) -> Result<std::sync::Arc<dyn Store
                 if plain { scheme } else { "?" }
             )))
         }
-    }
-}
-
-/// The table names, from a validated prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tables {
-    /// The validated prefix.
-    pub prefix: String,
-    /// Outbox events.
-    pub outbox: String,
-    /// Dead letters.
-    pub dlq: String,
-    /// Inbox consumed ids.
-    pub inbox: String,
-    /// Lease locks.
-    pub locks: String,
-    /// The schema versions applied after the baseline.
-    pub schema_version: String,
-}
-
-impl Tables {
-    /// Validates `prefix` and derives the table names.
-    pub fn new(prefix: &str) -> Result<Self> {
-        validate_prefix(prefix)?;
-        Ok(Tables {
-            prefix: prefix.to_owned(),
-            outbox: format!("{prefix}outbox_events"),
-            dlq: format!("{prefix}outbox_dead_letters"),
-            inbox: format!("{prefix}inbox_consumed"),
-            locks: format!("{prefix}job_locks"),
-            schema_version: format!("{prefix}txbox_schema_version"),
-        })
-    }
-
-    /// Substitutes the prefix into a schema file (`{prefix}`).
-    pub fn render(&self, sql: &str) -> String {
-        sql.replace("{prefix}", &self.prefix)
-    }
-}
-
-/// Longest table prefix: PostgreSQL names are at most 63 bytes and the longest
-/// derived name adds 34.
-pub const MAX_PREFIX_LEN: usize = 24;
-
-/// Checks that a table prefix is a plain SQL identifier (or empty): ASCII letters,
-/// digits and `_`, not starting with a digit.
-pub fn validate_prefix(prefix: &str) -> Result<()> {
-    let ok = prefix.len() <= MAX_PREFIX_LEN
-        && prefix
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !prefix.starts_with(|c: char| c.is_ascii_digit());
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidIdentifier {
-            what: "table prefix",
-            value: prefix.to_owned(),
-            max: MAX_PREFIX_LEN,
-        })
     }
 }
 

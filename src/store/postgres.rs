@@ -594,9 +594,18 @@ struct Prepared<'p, 't, 'c> {
     insert: &'p Kept,
 }
 
-impl crate::outbox::sealed::Sealed for Prepared<'_, '_, '_> {}
+impl crate::transaction::sealed::Sealed for Prepared<'_, '_, '_> {}
 
-impl crate::outbox::OutboxTransaction for Prepared<'_, '_, '_> {
+impl crate::transaction::Transaction for Prepared<'_, '_, '_> {
+    fn insert_new_ids(
+        &mut self,
+        tables: &Tables,
+        consumer: &str,
+        ids: &[EventId],
+    ) -> Result<Vec<EventId>> {
+        self.tx.insert_new_ids(tables, consumer, ids)
+    }
+
     fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
         let [e] = events else {
             return self.tx.insert_events(tables, events);

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use txbox::{Config, EventId, Outbox, Store};
 
 /// A business transaction that both publish and the inbox accept.
-pub trait BusinessTx: txbox::OutboxTransaction + txbox::inbox::InboxTransaction {}
+pub trait BusinessTx: txbox::Transaction {}
 
-impl<T: txbox::OutboxTransaction + txbox::inbox::InboxTransaction + ?Sized> BusinessTx for T {}
+impl<T: txbox::Transaction + ?Sized> BusinessTx for T {}
 
 /// The dialects the suite runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

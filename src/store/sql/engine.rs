@@ -580,18 +580,14 @@ impl<P: Pool> Store for SqlStore<P> {
 /// dialect's statements (built once per table prefix) and a [`Conn`].
 macro_rules! transaction_impls {
     ($tx:ty, $name:literal, $dialect:path $(, $check:path)?) => {
-        impl crate::outbox::sealed::Sealed for $tx {}
+        impl crate::transaction::sealed::Sealed for $tx {}
 
-        impl crate::outbox::OutboxTransaction for $tx {
+        impl crate::transaction::Transaction for $tx {
             fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
                 $($check(self)?;)?
                 sql::insert_events(self, &sql::cached($name, tables, $dialect), events)
             }
-        }
 
-        impl crate::inbox::sealed::Sealed for $tx {}
-
-        impl crate::inbox::InboxTransaction for $tx {
             fn insert_new_ids(
                 &mut self,
                 tables: &Tables,
