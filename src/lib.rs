@@ -13,8 +13,8 @@
 //! ## Example
 //!
 //! ```no_run
-//! use std::{sync::Arc, time::Duration};
-//! use txbox::{Config, EventOptions, MemorySender, Outbox, PgStore, Relay, Store};
+//! use std::time::Duration;
+//! use txbox::{Config, EventOptions, MemorySender, Outbox, Relay};
 //!
 //! fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let url = "postgres://postgres@127.0.0.1:5432/test";
@@ -22,11 +22,10 @@
 //!     let config = Config::builder()
 //!         .defaults(EventOptions::new().batch_size(100))
 //!         .event("order-created", EventOptions::new().destination("orders"))
-//!         .dlq(true)
 //!         .build()?;
 //!
-//!     // 2. Schema (idempotent).
-//!     let store = Arc::new(PgStore::connect(url, &config.table_prefix)?);
+//!     // 2. The store on the configuration's tables, and its schema (idempotent).
+//!     let store = config.connect(url)?;
 //!     store.migrate()?;
 //!
 //!     // 3. Publish inside the business transaction.
