@@ -206,7 +206,7 @@ fn publish_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
                 outbox.publish(&mut tx, "bench", &payload)?;
             }
             2 => {
-                publisher.publish(&mut tx, "bench", &payload)?;
+                outbox.publish(&mut publisher.on(&mut tx), "bench", &payload)?;
             }
             3 => {
                 let id = uuid::Uuid::now_v7();
@@ -237,13 +237,13 @@ fn publish_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
         "-",
     ));
     out.push(ms_row(
-        "publish overhead, prepared (PgPublisher), median",
+        "publish overhead, prepared (PgPrepared), median",
         m2,
         m0,
         "<= 1.3",
     ));
     out.push(ms_row(
-        "publish overhead, prepared (PgPublisher), p99",
+        "publish overhead, prepared (PgPrepared), p99",
         pct(prepared, 0.99),
         pct(without, 0.99),
         "-",
@@ -267,7 +267,7 @@ fn batch_publish(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     for _ in 0..s.batches {
         let t = Instant::now();
         let mut tx = c.transaction()?;
-        outbox.publish_batch(&mut tx, "bench", &payloads)?;
+        outbox.publish_all(&mut tx, txbox::NewEvent::batch("bench", &payloads)?)?;
         tx.commit()?;
         ours.push(t.elapsed().as_secs_f64() * 1000.0);
 
@@ -313,10 +313,9 @@ fn fill(c: &mut postgres::Client, outbox: &Outbox, n: usize) -> Res<Vec<EventId>
     let mut ids = Vec::with_capacity(n);
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
         let mut tx = c.transaction()?;
-        ids.extend(outbox.publish_batch(
+        ids.extend(outbox.publish_all(
             &mut tx,
-            "bench",
-            chunk.iter().map(|i| serde_json::json!({"n": i})),
+            txbox::NewEvent::batch("bench", chunk.iter().map(|i| serde_json::json!({"n": i})))?,
         )?);
         tx.commit()?;
     }
@@ -925,10 +924,9 @@ fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
     })?;
     let mut commit = |n: usize| -> Res<Vec<(EventId, Instant)>> {
         let mut tx = c.transaction()?;
-        let ids = outbox.publish_batch(
+        let ids = outbox.publish_all(
             &mut tx,
-            "bench",
-            (0..n).map(|i| serde_json::json!({"n": i})),
+            txbox::NewEvent::batch("bench", (0..n).map(|i| serde_json::json!({"n": i})))?,
         )?;
         tx.commit()?;
         let t = Instant::now();

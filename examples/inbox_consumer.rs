@@ -66,10 +66,12 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let sender = KafkaSender::builder(&brokers).build()?;
     let relay = Relay::start(store.clone(), &config, sender.clone())?;
     let mut tx = db.transaction()?;
-    let ids = outbox.publish_batch(
+    let ids = outbox.publish_all(
         &mut tx,
-        "order-created",
-        (0..50).map(|i| serde_json::json!({"amount_cents": 100 + i})),
+        txbox::NewEvent::batch(
+            "order-created",
+            (0..50).map(|i| serde_json::json!({"amount_cents": 100 + i})),
+        )?,
     )?;
     tx.commit()?;
     relay.wake("order-created");

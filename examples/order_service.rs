@@ -189,7 +189,7 @@ fn run(broker: &str) -> Result<bool, Box<dyn std::error::Error>> {
         )?
         .key(customer)
         .header("source", "order_service");
-        let id = publisher.publish_event(&mut tx, event)?;
+        let id = outbox.publish_all(&mut publisher.on(&mut tx), [event])?[0];
         if i % 10 == 9 {
             tx.rollback()?;
         } else {

@@ -134,6 +134,26 @@ impl NewEvent {
         Ok(Self::from_json(event_type, payload))
     }
 
+    /// One event of `event_type` per payload, in order, for
+    /// [`Outbox::publish_all`](crate::Outbox::publish_all) (one statement).
+    ///
+    /// ```
+    /// let events = txbox::NewEvent::batch("order-created", [1, 2, 3])?;
+    /// assert_eq!(events.len(), 3);
+    /// assert_eq!(events[2].event_type(), "order-created");
+    /// # Ok::<(), txbox::Error>(())
+    /// ```
+    pub fn batch<T, I>(event_type: &str, payloads: I) -> Result<Vec<Self>>
+    where
+        T: Serialize,
+        I: IntoIterator<Item = T>,
+    {
+        payloads
+            .into_iter()
+            .map(|p| Self::new(event_type, &p))
+            .collect()
+    }
+
     /// An event whose payload is already serialized JSON text.
     pub fn from_json(event_type: &str, payload: impl Into<String>) -> Self {
         NewEvent {

@@ -98,7 +98,7 @@ pub use store::mysql::MySqlStore;
 #[cfg(feature = "oracle")]
 pub use store::oracle::OracleStore;
 #[cfg(feature = "postgres")]
-pub use store::postgres::{PgPublisher, PgStore};
+pub use store::postgres::{PgPrepared, PgPreparedTx, PgStore};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::SqliteStore;
 pub use store::{ClaimArgs, HeldBatch, Outcome, Store, Tables, TypeStatus};

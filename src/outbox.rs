@@ -60,8 +60,8 @@ impl Outbox {
     /// statements in it after a database error).
     ///
     /// On PostgreSQL the statement is parsed and planned on every call; a
-    /// `PgPublisher` (`Outbox::prepare_pg`, feature `postgres`) prepares it once per
-    /// connection instead.
+    /// `PgPrepared` (`Outbox::prepare_pg`, feature `postgres`) prepares it once per
+    /// connection instead: publish on `prepared.on(&mut tx)`.
     pub fn publish<T, P>(&self, tx: &mut T, event_type: &str, payload: &P) -> Result<EventId>
     where
         T: Transaction + ?Sized,
@@ -69,45 +69,37 @@ impl Outbox {
     {
         self.check_type(event_type)?;
         let event = NewEvent::new(event_type, payload)?;
-        self.publish_event(tx, event)
-    }
-
-    /// Inserts one event built with [`NewEvent`] (key, headers). Returns its id.
-    pub fn publish_event<T>(&self, tx: &mut T, event: NewEvent) -> Result<EventId>
-    where
-        T: Transaction + ?Sized,
-    {
         let id = event.id;
-        self.publish_events(tx, vec![event])?;
+        self.publish_all(tx, [event])?;
         Ok(id)
     }
 
-    /// Inserts many payloads of one type in one statement (one round trip).
-    /// Returns their ids in order.
-    pub fn publish_batch<T, P, I>(
-        &self,
-        tx: &mut T,
-        event_type: &str,
-        payloads: I,
-    ) -> Result<Vec<EventId>>
+    /// Inserts events built with [`NewEvent`] (any known types, keys, headers;
+    /// [`NewEvent::batch`] for many payloads of one type) in one statement, one
+    /// round trip. Returns their ids in order. Nothing is written when one of them
+    /// is refused.
+    ///
+    /// ```no_run
+    /// # fn main() -> txbox::Result<()> {
+    /// # let config = txbox::Config::builder().event("order-created", txbox::EventOptions::new()).build()?;
+    /// use txbox::{NewEvent, Outbox};
+    /// let outbox = Outbox::new(&config)?;
+    /// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
+    /// let mut tx = client.transaction()?;
+    /// let keyed = NewEvent::new("order-created", &serde_json::json!({"id": 7}))?
+    ///     .key("order-7")
+    ///     .header("trace-id", "abc");
+    /// let ids = outbox.publish_all(&mut tx, [keyed])?;
+    /// let more = outbox.publish_all(&mut tx, NewEvent::batch("order-created", [8, 9])?)?;
+    /// tx.commit()?;
+    /// # let _ = (ids, more); Ok(()) }
+    /// ```
+    pub fn publish_all<T, I>(&self, tx: &mut T, events: I) -> Result<Vec<EventId>>
     where
         T: Transaction + ?Sized,
-        P: Serialize,
-        I: IntoIterator<Item = P>,
+        I: IntoIterator<Item = NewEvent>,
     {
-        self.check_type(event_type)?;
-        let events = payloads
-            .into_iter()
-            .map(|p| NewEvent::new(event_type, &p))
-            .collect::<Result<Vec<_>>>()?;
-        self.publish_events(tx, events)
-    }
-
-    /// Inserts many built events (any known types) in one statement. Returns their ids.
-    pub fn publish_events<T>(&self, tx: &mut T, events: Vec<NewEvent>) -> Result<Vec<EventId>>
-    where
-        T: Transaction + ?Sized,
-    {
+        let events: Vec<NewEvent> = events.into_iter().collect();
         if events.is_empty() {
             return Ok(Vec::new());
         }

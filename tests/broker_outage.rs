@@ -45,7 +45,9 @@ fn publish(
     n: usize,
 ) -> Vec<EventId> {
     let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, event_type, 0..n).unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch(event_type, 0..n).unwrap())
+        .unwrap();
     tx.commit().unwrap();
     ids
 }

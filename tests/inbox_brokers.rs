@@ -60,7 +60,9 @@ fn kafka_a_duplicate_resent_raw_is_handled_once() {
     let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
     let relay = Relay::start(store.clone(), &config, sender.clone()).unwrap();
     let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "paid", 0..20).unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("paid", 0..20).unwrap())
+        .unwrap();
     tx.commit().unwrap();
     wait_until("20 sent", Duration::from_secs(30), || {
         count(&mut client, p, "PROCESSED") == 20
@@ -174,7 +176,9 @@ fn rabbitmq_duplicate_handled_once_and_a_message_without_id_is_rejected_to_the_d
     )
     .unwrap();
     let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "paid", 0..20).unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("paid", 0..20).unwrap())
+        .unwrap();
     tx.commit().unwrap();
     wait_until("20 sent", Duration::from_secs(30), || {
         count(&mut client, p, "PROCESSED") == 20

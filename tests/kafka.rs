@@ -51,7 +51,9 @@ fn relayed(name: &str, partitions: u32, n: usize) -> Option<(String, Relay, Vec<
     let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
     let relay = Relay::start(store, &config, sender).unwrap();
     let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "e", 0..n).unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("e", 0..n).unwrap())
+        .unwrap();
     tx.commit().unwrap();
     Some((topic, relay, ids))
 }
@@ -84,7 +86,7 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
             .unwrap()
             .key(format!("order-{}", i % 5))
             .header("trace-id", format!("t{i}"));
-        published.insert(outbox.publish_event(&mut tx, e).unwrap(), i);
+        published.insert(outbox.publish_all(&mut tx, [e]).unwrap()[0], i);
     }
     tx.commit().unwrap();
 

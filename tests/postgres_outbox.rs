@@ -62,15 +62,21 @@ fn batch_publish_keys_and_headers_are_stored() {
     let mut tx = client.transaction().unwrap();
     let payloads: Vec<_> = (0..500).map(|i| json!({"i": i})).collect();
     let ids = outbox
-        .publish_batch(&mut tx, "order-created", &payloads)
+        .publish_all(
+            &mut tx,
+            txbox::NewEvent::batch("order-created", &payloads).unwrap(),
+        )
         .unwrap();
     let built = NewEvent::new("order-paid", &json!({"paid": true}))
         .unwrap()
         .key("order-7")
         .header("trace-id", "abc");
-    let one = outbox.publish_event(&mut tx, built).unwrap();
+    let one = outbox.publish_all(&mut tx, [built]).unwrap()[0];
     assert!(outbox
-        .publish_batch(&mut tx, "order-created", Vec::<i32>::new())
+        .publish_all(
+            &mut tx,
+            txbox::NewEvent::batch("order-created", Vec::<i32>::new()).unwrap()
+        )
         .unwrap()
         .is_empty());
     tx.commit().unwrap();
@@ -146,7 +152,7 @@ fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
     let reserved = NewEvent::new("order-created", &1)
         .unwrap()
         .header("txbox-event-id", "x");
-    let err = outbox.publish_event(&mut tx, reserved).unwrap_err();
+    let err = outbox.publish_all(&mut tx, [reserved]).unwrap_err();
     assert!(err.to_string().contains("reserved"), "{err}");
 
     // header names a broker cannot carry: longer than an AMQP short string, or
@@ -155,7 +161,7 @@ fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
         let event = NewEvent::new("order-created", &1)
             .unwrap()
             .header(name.clone(), "v");
-        let err = outbox.publish_event(&mut tx, event).unwrap_err();
+        let err = outbox.publish_all(&mut tx, [event]).unwrap_err();
         assert!(
             matches!(err, Error::InvalidInput(_))
                 && err
@@ -440,7 +446,7 @@ fn overrides_inherit_from_defaults() {
     assert!(d.require_event("nope").is_err());
 }
 
-/// `PgPublisher`: the same rows as `Outbox::publish`, written with a statement
+/// `PgPrepared`: the same rows as `Outbox::publish`, written with a statement
 /// prepared once; the same checks; a clear error on another connection.
 #[test]
 fn a_prepared_publisher_writes_the_same_rows_and_refuses_another_connection() {
@@ -452,31 +458,43 @@ fn a_prepared_publisher_writes_the_same_rows_and_refuses_another_connection() {
     let publisher = outbox.prepare_pg(&mut client).unwrap();
 
     let mut tx = client.transaction().unwrap();
-    publisher
-        .publish(&mut tx, "order-created", &json!({"rolled": true}))
+    outbox
+        .publish(
+            &mut publisher.on(&mut tx),
+            "order-created",
+            &json!({"rolled": true}),
+        )
         .unwrap();
     tx.rollback().unwrap();
     let mut tx = client.transaction().unwrap();
-    let plain = publisher
-        .publish(&mut tx, "order-created", &json!({"n": 1}))
+    let plain = outbox
+        .publish(
+            &mut publisher.on(&mut tx),
+            "order-created",
+            &json!({"n": 1}),
+        )
         .unwrap();
     let built = NewEvent::new("order-paid", &json!({"paid": true}))
         .unwrap()
         .key("order-7")
         .header("trace-id", "abc");
-    let keyed = publisher.publish_event(&mut tx, built).unwrap();
+    let keyed = outbox
+        .publish_all(&mut publisher.on(&mut tx), [built])
+        .unwrap()[0];
     // the same checks as the outbox's, and the transaction stays usable after them
     assert!(matches!(
-        publisher.publish(&mut tx, "order-lost", &1),
+        outbox.publish(&mut publisher.on(&mut tx), "order-lost", &1),
         Err(Error::UnknownEventType(t)) if t == "order-lost"
     ));
     assert!(matches!(
-        publisher.publish(&mut tx, "order-paid", &"x".repeat(2000)),
+        outbox.publish(&mut publisher.on(&mut tx), "order-paid", &"x".repeat(2000)),
         Err(Error::PayloadTooLarge { .. })
     ));
-    let batch = publisher
-        .outbox()
-        .publish_batch(&mut tx, "order-created", [1, 2])
+    let batch = outbox
+        .publish_all(
+            &mut tx,
+            txbox::NewEvent::batch("order-created", [1, 2]).unwrap(),
+        )
         .unwrap();
     tx.commit().unwrap();
 
@@ -535,11 +553,15 @@ fn a_prepared_publisher_writes_the_same_rows_and_refuses_another_connection() {
     // client goes on once the aborted transaction is rolled back
     let mut other = common::client().unwrap();
     let mut tx = other.transaction().unwrap();
-    let err = publisher
-        .publish(&mut tx, "order-created", &json!({"n": 2}))
+    let err = outbox
+        .publish(
+            &mut publisher.on(&mut tx),
+            "order-created",
+            &json!({"n": 2}),
+        )
         .unwrap_err();
     assert!(
-        matches!(&err, Error::InvalidInput(m) if m.contains("PgPublisher")),
+        matches!(&err, Error::InvalidInput(m) if m.contains("PgPrepared")),
         "{err}"
     );
     tx.rollback().unwrap();
@@ -582,7 +604,11 @@ fn a_pooled_connection_keeps_its_prepared_publisher() {
     let publish = |conn: &mut Conn, n: i32| -> txbox::Result<()> {
         let publisher = outbox.prepare_pg_pooled(conn)?;
         let mut tx = conn.transaction()?;
-        publisher.publish(&mut tx, "order-created", &json!({ "n": n }))?;
+        outbox.publish(
+            &mut publisher.on(&mut tx),
+            "order-created",
+            &json!({ "n": n }),
+        )?;
         tx.commit()?;
         Ok(())
     };
@@ -597,7 +623,7 @@ fn a_pooled_connection_keeps_its_prepared_publisher() {
     conn.batch_execute("DEALLOCATE ALL").unwrap();
     let err = publish(&mut conn, 3).unwrap_err();
     assert!(
-        matches!(&err, Error::InvalidInput(m) if m.contains("PgPublisher")),
+        matches!(&err, Error::InvalidInput(m) if m.contains("PgPrepared")),
         "{err}"
     );
     drop(conn);

@@ -49,7 +49,7 @@ fn committed_events_are_delivered_with_key_headers_and_destination() {
         .unwrap()
         .key("o-1")
         .header("trace", "t-1");
-    let id = outbox.publish_event(&mut tx, ev).unwrap();
+    let id = outbox.publish_all(&mut tx, [ev]).unwrap()[0];
     tx.commit().unwrap();
 
     wait_until("the event is processed", Duration::from_secs(10), || {
@@ -261,7 +261,11 @@ fn killed_connections(p: &str, claim: ClaimMode, delete: bool) {
             for i in 0..40 {
                 let mut tx = c.transaction().unwrap();
                 let payloads: Vec<_> = (0..50).map(|j| json!({"n": i * 50 + j})).collect();
-                ids.extend(outbox.publish_batch(&mut tx, "k", &payloads).unwrap());
+                ids.extend(
+                    outbox
+                        .publish_all(&mut tx, txbox::NewEvent::batch("k", &payloads).unwrap())
+                        .unwrap(),
+                );
                 tx.commit().unwrap();
                 std::thread::sleep(ms(25));
             }
@@ -367,7 +371,9 @@ fn cleanup_deletes_old_processed_rows_under_the_lock() {
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
     let mut tx = client.transaction().unwrap();
-    outbox.publish_batch(&mut tx, "c", 0..30).unwrap();
+    outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("c", 0..30).unwrap())
+        .unwrap();
     tx.commit().unwrap();
 
     // another instance holds the cleanup lock: nothing is deleted
@@ -394,7 +400,9 @@ fn cleanup_deletes_old_processed_rows_under_the_lock() {
 
     // the batch bound, directly
     let mut tx = client.transaction().unwrap();
-    outbox.publish_batch(&mut tx, "c", 0..20).unwrap();
+    outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("c", 0..20).unwrap())
+        .unwrap();
     tx.commit().unwrap();
     let t = uuid::Uuid::now_v7();
     let claimed = store.claim("c", 100, Duration::from_secs(60), t).unwrap();
@@ -472,7 +480,9 @@ fn with_no_processed_ttl_acked_rows_are_deleted_and_failed_ones_stay() {
     sender.fail_when(|e| e.payload.ends_with('7').then(|| "refused".to_string()));
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
     let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "d", 0..100).unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("d", 0..100).unwrap())
+        .unwrap();
     tx.commit().unwrap();
 
     let rows = |c: &mut postgres::Client| -> i64 {
@@ -554,7 +564,9 @@ fn refusals_in_a_backlog(p: &str, claim: ClaimMode, delete: bool, transient: boo
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
     let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "f", 0..2000).unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("f", 0..2000).unwrap())
+        .unwrap();
     tx.commit().unwrap();
     let refuse: HashSet<EventId> = ids.iter().step_by(10).copied().collect();
     let refused = Arc::new(Mutex::new(HashSet::new()));
@@ -619,7 +631,9 @@ fn shutdown_finishes(p: &str, claim: ClaimMode, delete: bool) {
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
     let mut tx = client.transaction().unwrap();
-    outbox.publish_batch(&mut tx, "e", 0..2000).unwrap();
+    outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("e", 0..2000).unwrap())
+        .unwrap();
     tx.commit().unwrap();
 
     let sender = Gated::default();
@@ -735,7 +749,9 @@ fn held_backlog(p: &str, store: Arc<impl Store>, client: &mut postgres::Client) 
     let sender = MemorySender::new();
     sender.fail_when(|e| e.payload.ends_with('7').then(|| "refused".to_string()));
     let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "h", 0..1000).unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("h", 0..1000).unwrap())
+        .unwrap();
     tx.commit().unwrap();
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
     wait_until("the acked rows processed", Duration::from_secs(20), || {
@@ -820,7 +836,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
             .unwrap()
             .key(format!("k'{i}"))
             .header("h", r#"a"b\c"#);
-        ids.push(outbox.publish_event(&mut tx, e).unwrap());
+        ids.push(outbox.publish_all(&mut tx, [e]).unwrap()[0]);
     }
     tx.commit().unwrap();
     let before = snapshot(&mut client, p);
@@ -931,7 +947,9 @@ fn finish_and_claim(p: &str, delete: bool) {
     let other = txbox::PgStore::connect(&pg_url(), p).unwrap();
     let outbox = outbox_of_x(p);
     let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "x", 0..10).unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("x", 0..10).unwrap())
+        .unwrap();
     tx.commit().unwrap();
     let of = |events: &[txbox::Event]| events.iter().map(|e| e.id).collect::<Vec<_>>();
     let acked = if delete {
@@ -1106,7 +1124,11 @@ fn held_claims_write_odd_event_types_as_exact_literals() {
     let mut tx = client.transaction().unwrap();
     let mut published = Vec::new();
     for t in odd {
-        published.push(outbox.publish_batch(&mut tx, t, 0..3).unwrap());
+        published.push(
+            outbox
+                .publish_all(&mut tx, txbox::NewEvent::batch(t, 0..3).unwrap())
+                .unwrap(),
+        );
     }
     tx.commit().unwrap();
     for (t, ids) in odd.iter().zip(&published) {
@@ -1141,7 +1163,11 @@ fn lease_and_held_claims_share_a_table_and_deliver_each_event_once() {
     let mut published = HashSet::new();
     for _ in 0..10 {
         let mut tx = client.transaction().unwrap();
-        published.extend(outbox.publish_batch(&mut tx, "m", 0..1000).unwrap());
+        published.extend(
+            outbox
+                .publish_all(&mut tx, txbox::NewEvent::batch("m", 0..1000).unwrap())
+                .unwrap(),
+        );
         tx.commit().unwrap();
     }
     let senders: Vec<MemorySender> = (0..4).map(|_| MemorySender::new()).collect();

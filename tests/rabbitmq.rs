@@ -92,7 +92,7 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
         if i % 2 == 0 {
             e = e.key(format!("order-{i}"));
         }
-        published.insert(outbox.publish_event(&mut tx, e).unwrap(), i);
+        published.insert(outbox.publish_all(&mut tx, [e]).unwrap()[0], i);
     }
     tx.commit().unwrap();
 
@@ -161,7 +161,7 @@ fn an_unroutable_message_fails_alone_and_ends_in_the_dlq() {
         let e = NewEvent::new("shipment", &json!({"i": i}))
             .unwrap()
             .header("region", region);
-        let id = outbox.publish_event(&mut tx, e).unwrap();
+        let id = outbox.publish_all(&mut tx, [e]).unwrap()[0];
         if i == 2 {
             lost = Some(id);
         } else {
@@ -216,7 +216,9 @@ fn a_handler_that_fails_once_sees_the_message_again() {
     let outbox = Outbox::new(&config).unwrap();
     let relay = Relay::start(store, &config, RabbitSenderFactory::new(&rabbit_url())).unwrap();
     let mut tx = client.transaction().unwrap();
-    let ids = outbox.publish_batch(&mut tx, "e", 0..10).unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("e", 0..10).unwrap())
+        .unwrap();
     tx.commit().unwrap();
 
     let victim = ids[3];

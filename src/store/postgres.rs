@@ -416,35 +416,40 @@ impl PgStore {
 
 sql::transaction_impls!(postgres::Transaction<'_>, "postgres", dialect);
 
-/// [`Outbox::publish`](crate::Outbox::publish) with its `INSERT` prepared once on
-/// one connection, for a service that keeps its connection (a worker thread's own
-/// `postgres::Client`): each event then costs the database no parsing or planning.
-/// For a connection from an r2d2 pool,
+/// The outbox's one-event `INSERT`, prepared once on one connection, for a service
+/// that keeps its connection (a worker thread's own `postgres::Client`): each event
+/// then costs the database no parsing or planning. It is not a second publisher:
+/// [`PgPrepared::on`] wraps a transaction of that connection, and
+/// [`Outbox::publish`](crate::Outbox::publish) and
+/// [`Outbox::publish_all`](crate::Outbox::publish_all) write through the wrapper
+/// as through the transaction itself. For a connection from an r2d2 pool,
 /// [`Outbox::prepare_pg_pooled`](crate::Outbox::prepare_pg_pooled) keeps the
 /// statement with the pooled connection.
 ///
-/// A `PgPublisher` works only with transactions of the client it was prepared on,
-/// and only while that session lasts. Used on another connection (or after a
-/// pooler reset the session), the database refuses the statement: the error says
-/// so, and the transaction is aborted, so roll it back.
+/// It works only with transactions of the client it was prepared on, and only
+/// while that session lasts. Used on another connection (or after a pooler reset
+/// the session), the database refuses the statement: the error says so, and the
+/// transaction is aborted, so roll it back.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let config = txbox::Config::builder().event("order-created", txbox::EventOptions::new()).build()?;
 /// let outbox = txbox::Outbox::new(&config)?;
 /// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
-/// let publisher = outbox.prepare_pg(&mut client)?;
+/// let prepared = outbox.prepare_pg(&mut client)?;
 /// for order in 0..3 {
 ///     let mut tx = client.transaction()?;
 ///     tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&order])?;
-///     publisher.publish(&mut tx, "order-created", &serde_json::json!({ "id": order }))?;
+///     let event = serde_json::json!({ "id": order });
+///     outbox.publish(&mut prepared.on(&mut tx), "order-created", &event)?;
 ///     tx.commit()?;
 /// }
 /// # Ok(())
 /// # }
 /// ```
-pub struct PgPublisher {
-    outbox: crate::Outbox,
+pub struct PgPrepared {
+    /// The outbox table the statement writes to.
+    table: String,
     insert: Kept,
 }
 
@@ -465,10 +470,10 @@ impl Kept {
     }
 }
 
-impl std::fmt::Debug for PgPublisher {
+impl std::fmt::Debug for PgPrepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgPublisher")
-            .field("outbox", &self.outbox.tables().outbox)
+        f.debug_struct("PgPrepared")
+            .field("table", &self.table)
             .finish_non_exhaustive()
     }
 }
@@ -479,12 +484,12 @@ impl std::fmt::Debug for PgPublisher {
 struct PreparedInserts(std::collections::HashMap<String, Kept>);
 
 impl crate::Outbox {
-    /// Prepares this outbox's one-event `INSERT` on `client` (one round trip) for
-    /// [`PgPublisher`].
-    pub fn prepare_pg(&self, client: &mut impl GenericClient) -> Result<PgPublisher> {
+    /// Prepares this outbox's one-event `INSERT` on `client` (one round trip):
+    /// see [`PgPrepared`].
+    pub fn prepare_pg(&self, client: &mut impl GenericClient) -> Result<PgPrepared> {
         let sql = self.insert_one();
-        Ok(PgPublisher {
-            outbox: self.clone(),
+        Ok(PgPrepared {
+            table: self.tables().outbox.clone(),
             insert: Kept::new(client.prepare_typed(&sql, &INSERT_ONE_TYPES)?),
         })
     }
@@ -502,14 +507,14 @@ impl crate::Outbox {
     /// # let store = txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?;
     /// let outbox = txbox::Outbox::new(&config)?;
     /// let mut conn = store.pool().get()?;
-    /// let publisher = outbox.prepare_pg_pooled(&mut conn)?;
+    /// let prepared = outbox.prepare_pg_pooled(&mut conn)?;
     /// let mut tx = conn.transaction()?;
-    /// publisher.publish(&mut tx, "order-created", &serde_json::json!({ "id": 7 }))?;
+    /// outbox.publish(&mut prepared.on(&mut tx), "order-created", &serde_json::json!({ "id": 7 }))?;
     /// tx.commit()?;
     /// # Ok(())
     /// # }
     /// ```
-    pub fn prepare_pg_pooled<M>(&self, conn: &mut r2d2::PooledConnection<M>) -> Result<PgPublisher>
+    pub fn prepare_pg_pooled<M>(&self, conn: &mut r2d2::PooledConnection<M>) -> Result<PgPrepared>
     where
         M: r2d2::ManageConnection<Connection = postgres::Client>,
     {
@@ -531,8 +536,8 @@ impl crate::Outbox {
                 insert
             }
         };
-        Ok(PgPublisher {
-            outbox: self.clone(),
+        Ok(PgPrepared {
+            table: table.to_owned(),
             insert,
         })
     }
@@ -547,56 +552,28 @@ impl crate::Outbox {
 /// [`sql::event_values`]: id, type, key, headers, payload.
 const INSERT_ONE_TYPES: [Type; 5] = [Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT];
 
-impl PgPublisher {
-    /// Like [`Outbox::publish`](crate::Outbox::publish): writes one event of
-    /// `event_type` in `tx`, which must be a transaction of the client this
-    /// publisher was prepared on.
-    pub fn publish<P>(
-        &self,
-        tx: &mut postgres::Transaction<'_>,
-        event_type: &str,
-        payload: &P,
-    ) -> Result<EventId>
-    where
-        P: serde::Serialize + ?Sized,
-    {
-        let mut on = Prepared {
-            tx,
-            insert: &self.insert,
-        };
-        self.outbox.publish(&mut on, event_type, payload)
-    }
-
-    /// Like [`Outbox::publish_event`](crate::Outbox::publish_event), with the
-    /// prepared statement.
-    pub fn publish_event(
-        &self,
-        tx: &mut postgres::Transaction<'_>,
-        event: NewEvent,
-    ) -> Result<EventId> {
-        let mut on = Prepared {
-            tx,
-            insert: &self.insert,
-        };
-        self.outbox.publish_event(&mut on, event)
-    }
-
-    /// The outbox this publisher writes for: its batch methods write several events
-    /// in one statement, on any connection.
-    pub fn outbox(&self) -> &crate::Outbox {
-        &self.outbox
+impl PgPrepared {
+    /// `tx`, a transaction of the client this statement was prepared on, with
+    /// the statement: publish on it as on `tx`. Events of one call go through
+    /// the prepared statement one at a time; several go as one statement.
+    pub fn on<'p, 't, 'c>(
+        &'p self,
+        tx: &'t mut postgres::Transaction<'c>,
+    ) -> PgPreparedTx<'p, 't, 'c> {
+        PgPreparedTx { tx, prepared: self }
     }
 }
 
-/// A transaction with the publisher's statement, as `publish` writes to it.
-struct Prepared<'p, 't, 'c> {
+/// A transaction with a [`PgPrepared`] statement ([`PgPrepared::on`]): a
+/// [`Transaction`](crate::Transaction) that `publish` writes through.
+pub struct PgPreparedTx<'p, 't, 'c> {
     tx: &'t mut postgres::Transaction<'c>,
-    insert: &'p Kept,
+    prepared: &'p PgPrepared,
 }
 
-impl crate::transaction::sealed::Sealed for Prepared<'_, '_, '_> {}
+impl crate::transaction::sealed::Sealed for PgPreparedTx<'_, '_, '_> {}
 
-impl crate::transaction::Transaction for Prepared<'_, '_, '_> {
+impl crate::transaction::Transaction for PgPreparedTx<'_, '_, '_> {
     fn insert_new_ids(
         &mut self,
         tables: &Tables,
@@ -607,24 +584,27 @@ impl crate::transaction::Transaction for Prepared<'_, '_, '_> {
     }
 
     fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
-        let [e] = events else {
+        // several events go as one statement; another outbox's table has no
+        // statement prepared here
+        let ([e], true) = (events, tables.outbox == self.prepared.table) else {
             return self.tx.insert_events(tables, events);
         };
         // the driver's error as it is (inside Ok), to tell a statement unknown here
         let executed = typed(&sql::event_values(e), |p| {
             let params: Vec<&(dyn ToSql + Sync)> = p.iter().map(|(v, _)| *v).collect();
-            Ok(self.tx.execute(&self.insert.statement, &params))
+            Ok(self.tx.execute(&self.prepared.insert.statement, &params))
         })?;
         match executed {
             Ok(_) => Ok(()),
             Err(err)
                 if err.code() == Some(&postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME) =>
             {
-                self.insert
+                self.prepared
+                    .insert
                     .unknown
                     .store(true, std::sync::atomic::Ordering::Relaxed);
                 Err(Error::InvalidInput(format!(
-                    "PgPublisher: this transaction's connection does not know the prepared \
+                    "PgPrepared: this transaction's connection does not know the prepared \
                      statement (a transaction of another client, or a session that was reset); \
                      the transaction is aborted, roll it back: {}",
                     crate::error::PgError(err)

@@ -220,7 +220,11 @@ impl Fixture {
     ) -> Vec<EventId> {
         let outbox = Outbox::new(config).unwrap();
         self.in_tx(
-            |tx| outbox.publish_batch(tx, event_type, 0..n).unwrap(),
+            |tx| {
+                outbox
+                    .publish_all(tx, txbox::NewEvent::batch(event_type, 0..n).unwrap())
+                    .unwrap()
+            },
             |_| commit,
         )
     }
