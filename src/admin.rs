@@ -42,6 +42,7 @@ use subtle::ConstantTimeEq;
 
 use crate::dlq::{Dlq, DlqFilter, DlqStatus};
 use crate::error::{Error, Result};
+use crate::event::EventId;
 use crate::relay::RelayProbe;
 use crate::store::Store;
 
@@ -494,15 +495,18 @@ fn handle(store: &Arc<dyn Store>, options: &AdminOptions, call: &Call, body: &[u
             body: crate::metrics::prometheus(),
         }),
         ("GET", ["dlq", "events"]) => list(&dlq, &call.url),
-        ("GET", ["dlq", "events", id]) => {
-            id.parse().and_then(|id| dlq.get(id)).map(|d| json(200, &d))
-        }
+        ("GET", ["dlq", "events", id]) => id
+            .parse::<EventId>()
+            .map_err(Error::from)
+            .and_then(|id| dlq.get(id))
+            .map(|d| json(200, &d)),
         ("PATCH", ["dlq", "events", id]) => patch(&dlq, id, body),
         ("POST", ["dlq", "move"]) => dlq
             .move_failed(MOVE_LIMIT)
             .map(|n| json(200, &serde_json::json!({ "moved": n }))),
         ("DELETE", ["dlq", "events", id]) => id
-            .parse()
+            .parse::<EventId>()
+            .map_err(Error::from)
             .and_then(|id| dlq.delete(id))
             .map(|()| reply(204, "")),
         (

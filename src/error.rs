@@ -1,6 +1,6 @@
 //! The one error type of txbox.
 
-use crate::event::EventId;
+use crate::id::{EventId, ParseEventIdError};
 
 /// Everything that can go wrong in txbox.
 ///
@@ -226,6 +226,12 @@ impl From<postgres::Error> for Error {
 impl From<r2d2::Error> for Error {
     fn from(e: r2d2::Error) -> Self {
         Error::Pool(e.to_string())
+    }
+}
+
+impl From<ParseEventIdError> for Error {
+    fn from(e: ParseEventIdError) -> Self {
+        Error::InvalidInput(e.to_string())
     }
 }
 

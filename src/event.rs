@@ -1,13 +1,11 @@
 //! Events: ids, the event row the relay hands to a sender, and the builder for new events.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 
 use serde::Serialize;
-use uuid::Uuid;
 
 use crate::error::{Error, Result};
+pub use crate::id::{EventId, ParseEventIdError};
 
 /// Header that carries the event id on every message txbox sends (Kafka record
 /// header, AMQP header and `message_id`). The inbox deduplicates on it.
@@ -18,69 +16,6 @@ pub const HEADER_EVENT_TYPE: &str = "txbox-event-type";
 pub const HEADER_EVENT_KEY: &str = "txbox-event-key";
 /// Prefix reserved for txbox's own headers; user headers may not start with it.
 pub const RESERVED_HEADER_PREFIX: &str = "txbox-";
-
-/// The id of an event: a UUIDv7, so ids are ordered by creation time.
-///
-/// ```
-/// let id = txbox::EventId::new();
-/// let parsed: txbox::EventId = id.to_string().parse().unwrap();
-/// assert_eq!(id, parsed);
-/// ```
-#[derive(
-    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
-)]
-#[serde(transparent)]
-pub struct EventId(Uuid);
-
-impl EventId {
-    /// A new time-ordered id (UUIDv7).
-    pub fn new() -> Self {
-        EventId(Uuid::now_v7())
-    }
-
-    /// Wraps an existing UUID.
-    pub fn from_uuid(uuid: Uuid) -> Self {
-        EventId(uuid)
-    }
-
-    /// The UUID inside.
-    pub fn as_uuid(&self) -> Uuid {
-        self.0
-    }
-}
-
-impl Default for EventId {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Display for EventId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.hyphenated().fmt(f)
-    }
-}
-
-impl fmt::Debug for EventId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "EventId({})", self.0.hyphenated())
-    }
-}
-
-impl FromStr for EventId {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Uuid::parse_str(s.trim())
-            .map(EventId)
-            .map_err(|e| Error::InvalidInput(format!("{s:?} is not an event id (a UUID): {e}")))
-    }
-}
-
-impl From<Uuid> for EventId {
-    fn from(u: Uuid) -> Self {
-        EventId(u)
-    }
-}
 
 /// An event as the relay hands it to a [`Sender`](crate::Sender).
 #[derive(Debug, Clone, PartialEq, Eq)]

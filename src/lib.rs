@@ -71,6 +71,7 @@ pub mod consumer;
 pub mod dlq;
 mod error;
 pub mod event;
+mod id;
 pub mod inbox;
 #[cfg(feature = "kafka")]
 pub mod kafka;

@@ -43,8 +43,8 @@ impl Row {
                 a.copy_from_slice(b);
                 Ok(EventId::from_uuid(Uuid::from_bytes(a)))
             }
-            Val::Text(s) => s.parse(),
-            Val::Bytes(b) => String::from_utf8_lossy(b).parse(),
+            Val::Text(s) => Ok(s.parse()?),
+            Val::Bytes(b) => Ok(String::from_utf8_lossy(b).parse()?),
             other => Err(Error::database(
                 crate::error::DatabaseErrorKind::Other,
                 format!("expected an id in column {i}, got {other:?}"),
