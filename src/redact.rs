@@ -113,11 +113,14 @@ impl fmt::Debug for Properties<'_> {
 #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 /// `text` (a client's error message) with the value of every secret property of
 /// `properties` replaced, and URL passwords scrubbed.
-pub(crate) fn values(text: &str, properties: &BTreeMap<String, String>) -> String {
+pub(crate) fn values<'a>(
+    text: &str,
+    properties: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
     let mut out = urls(text);
     for (k, v) in properties {
         if is_secret(k) && !v.is_empty() {
-            out = out.replace(v.as_str(), REDACTED);
+            out = out.replace(v, REDACTED);
         }
     }
     out
@@ -169,7 +172,10 @@ mod tests {
         }
         assert!(shown.contains("k:9092"), "{shown}");
         assert_eq!(
-            values("bad value \"hunter2\" for sasl.password", &map),
+            values(
+                "bad value \"hunter2\" for sasl.password",
+                map.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+            ),
             "bad value \"<redacted>\" for sasl.password"
         );
     }

@@ -11,7 +11,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::{client_config, kafka_err, secret_free};
+use super::{client_config, creation_err, kafka_err};
 use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 
@@ -80,9 +80,10 @@ impl KafkaConsumerBuilder {
     pub fn build(mut self) -> Result<KafkaConsumer> {
         self.properties
             .insert("enable.auto.commit".into(), "false".into());
-        let consumer = client_config(&self.properties)?
+        let config = client_config(&self.properties)?;
+        let consumer = config
             .create()
-            .map_err(|e| secret_free(kafka_err("consumer", e), &self.properties))?;
+            .map_err(|e| creation_err("consumer", e, &config))?;
         Ok(KafkaConsumer {
             consumer,
             retry_delay: self.retry_delay,

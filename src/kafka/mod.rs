@@ -56,11 +56,12 @@ pub(crate) fn kafka_err(what: &str, e: KafkaError) -> Error {
     Error::Broker(format!("kafka {what}: {e}"))
 }
 
-/// `e` with the values of `properties`' secrets taken out of its text: librdkafka
-/// may quote a property's value when it refuses it.
-pub(crate) fn secret_free(e: Error, properties: &BTreeMap<String, String>) -> Error {
-    match e {
-        Error::Broker(text) => Error::Broker(crate::redact::values(&text, properties)),
-        other => other,
-    }
+/// A client `config` could not be created: the error with the values of the
+/// config's secrets taken out of its text (librdkafka may quote a property's
+/// value when it refuses it).
+pub(crate) fn creation_err(what: &str, e: KafkaError, config: &ClientConfig) -> Error {
+    Error::Broker(crate::redact::values(
+        &format!("kafka {what}: {e}"),
+        config.config_map(),
+    ))
 }

@@ -12,9 +12,7 @@ use rdkafka::message::{DeliveryResult, Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 
-use super::{
-    client_config, kafka_err, secret_free, DEFAULT_MESSAGE_TIMEOUT, MAX_MESSAGE_TIMEOUT_MS,
-};
+use super::{client_config, creation_err, DEFAULT_MESSAGE_TIMEOUT, MAX_MESSAGE_TIMEOUT_MS};
 use crate::error::{Error, Result};
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
 use crate::sender::{SendError, Sender, SenderFactory};
@@ -171,8 +169,6 @@ const REBUILD_AFTER: usize = 3;
 
 struct Shared {
     config: ClientConfig,
-    /// The properties, to keep their secrets out of logged errors.
-    properties: BTreeMap<String, String>,
     timed_out_batches: AtomicUsize,
     /// A batch failed for the transport: [`Sender::ready`] asks the brokers for
     /// metadata before the next claim.
@@ -249,11 +245,10 @@ impl KafkaSenderBuilder {
         let config = client_config(&properties)?;
         let producer = config
             .create_with_context(Reports)
-            .map_err(|e| secret_free(kafka_err("producer", e), &properties))?;
+            .map_err(|e| creation_err("producer", e, &config))?;
         Ok(KafkaSender {
             shared: Arc::new(Shared {
                 config,
-                properties,
                 timed_out_batches: AtomicUsize::new(0),
                 unreachable: AtomicBool::new(false),
                 producer: RwLock::new((0, producer)),
@@ -314,7 +309,7 @@ impl KafkaSender {
             }
             Err(e) => log::error!(
                 "txbox: kafka producer could not be replaced ({why}): {}",
-                crate::redact::values(&e.to_string(), &self.shared.properties)
+                creation_err("producer", e, &self.shared.config)
             ),
         }
     }

@@ -114,15 +114,17 @@ impl RabbitSender {
         }
     }
 
-    fn connect(&mut self) -> std::result::Result<&mut Open, String> {
+    /// The open channel, opening it when the backoff allows; a failure is the
+    /// transport's.
+    fn connect(&mut self) -> std::result::Result<&mut Open, SendError> {
         if self.open.is_none() {
             let now = Instant::now();
             if now < self.retry_at {
-                return Err(format!(
+                return Err(SendError::transient(format!(
                     "rabbitmq not connected ({}); next try in {:?}",
                     self.last_error,
                     self.retry_at - now
-                ));
+                )));
             }
             match Self::open_channel(&self.url) {
                 Ok(o) => {
@@ -136,13 +138,13 @@ impl RabbitSender {
                     self.last_error = e.clone();
                     self.retry_at = now + self.backoff;
                     self.backoff = (self.backoff * 2).min(MAX_RECONNECT);
-                    return Err(format!("rabbitmq connect: {e}"));
+                    return Err(SendError::transient(format!("rabbitmq connect: {e}")));
                 }
             }
         }
         self.open
             .as_mut()
-            .ok_or_else(|| "rabbitmq not connected".to_string())
+            .ok_or_else(|| SendError::transient("rabbitmq not connected"))
     }
 
     fn open_channel(url: &str) -> std::result::Result<Open, amiquip::Error> {
@@ -175,7 +177,7 @@ impl RabbitSender {
     /// [`Sender::ready`]: connected, or connecting now succeeds (with backoff
     /// between tries).
     fn check(&mut self) -> std::result::Result<(), SendError> {
-        self.connect().map(|_| ()).map_err(SendError::transient)
+        self.connect().map(|_| ())
     }
 }
 
@@ -296,8 +298,8 @@ impl RabbitSender {
         };
         let open = match self.connect() {
             Ok(o) => o,
-            Err(msg) => {
-                batch.broken = Some(SendError::transient(msg));
+            Err(why) => {
+                batch.broken = Some(why);
                 return batch;
             }
         };
@@ -345,21 +347,24 @@ impl RabbitSender {
             let (payload, ok) = match confirm {
                 Ok(Confirm::Ack(p)) => (p, true),
                 Ok(Confirm::Nack(p)) => (p, false),
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    let why = SendError::transient(format!(
-                        "rabbitmq: no publisher confirm within {:?}",
-                        self.confirm_timeout
-                    ));
-                    batch.broken = Some(why.clone());
-                    self.drop_connection(&why);
-                    break;
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    // the channel is gone: its next call tells why (a missing
-                    // exchange closes it with 404)
-                    let why = match open.channel.qos(0, 0, false) {
-                        Err(err) => classify("rabbitmq channel closed".into(), &err),
-                        Ok(()) => SendError::transient("rabbitmq: publisher confirms stopped"),
+                Err(lost) => {
+                    let why = match lost {
+                        crossbeam_channel::RecvTimeoutError::Timeout => {
+                            SendError::transient(format!(
+                                "rabbitmq: no publisher confirm within {:?}",
+                                self.confirm_timeout
+                            ))
+                        }
+                        // the channel is gone: its next call tells why (a missing
+                        // exchange closes it with 404)
+                        crossbeam_channel::RecvTimeoutError::Disconnected => {
+                            match open.channel.qos(0, 0, false) {
+                                Err(err) => classify("rabbitmq channel closed".into(), &err),
+                                Ok(()) => {
+                                    SendError::transient("rabbitmq: publisher confirms stopped")
+                                }
+                            }
+                        }
                     };
                     batch.broken = Some(why.clone());
                     self.drop_connection(&why);
