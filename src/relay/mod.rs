@@ -202,15 +202,11 @@ impl Relay {
                 sender.clone(),
                 config.maintenance.processed_ttl.is_zero(),
             );
-            // a thread name cannot hold a NUL (configurations refuse control
-            // characters in event types; a hand-made one is not trusted)
-            let name: String = event_type
-                .chars()
-                .map(|c| if c.is_control() { '?' } else { c })
-                .collect();
+            // `config.validate()` above refused control characters: the name
+            // is a valid thread name
             spawn(
                 &mut relay,
-                format!("txbox-poll-{name}"),
+                format!("txbox-poll-{event_type}"),
                 Box::new(move || poller.run(wake_rx)),
             )?;
         }

@@ -197,9 +197,8 @@ impl Poller {
                 token,
                 held,
                 events,
-                lease_end: claimed_at
-                    .checked_add(s.lease)
-                    .unwrap_or(claimed_at + crate::config::MAX_LEASE),
+                // the lease is at most MAX_LEASE (`Relay::start` validates)
+                lease_end: claimed_at + s.lease,
                 started,
                 results,
             });
