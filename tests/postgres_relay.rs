@@ -1506,3 +1506,78 @@ fn a_store_on_other_tables_than_the_configuration_is_refused() {
         .shutdown(Duration::from_secs(5))
         .unwrap();
 }
+
+/// A sender that cannot reach its broker until the test lets it: counts the
+/// readiness checks and the sends.
+#[derive(Clone, Default)]
+struct Unreachable {
+    reachable: Arc<std::sync::atomic::AtomicBool>,
+    checks: Arc<AtomicUsize>,
+    sent: MemorySender,
+}
+
+impl txbox::Sender for Unreachable {
+    fn send(&mut self, events: &[txbox::Event]) -> Vec<Result<(), txbox::SendError>> {
+        self.sent.send(events)
+    }
+
+    fn ready(&mut self) -> Result<(), txbox::SendError> {
+        self.checks.fetch_add(1, Ordering::Relaxed);
+        if self.reachable.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err(txbox::SendError::transient("broker down"))
+        }
+    }
+}
+
+/// While the sender says the broker cannot be reached, the poller claims nothing:
+/// the events stay PENDING, unclaimed, with no attempt counted, and nothing is
+/// sent; once it can, every event goes out.
+#[test]
+fn a_sender_that_is_not_ready_gets_no_claims() {
+    let p = "t_rel_unready_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("u", fast().max_retries(0))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let sender = Unreachable::default();
+    let factory = {
+        let s = sender.clone();
+        move || -> txbox::Result<Box<dyn txbox::Sender>> { Ok(Box::new(s.clone())) }
+    };
+    let relay = Relay::start(store, &config, factory).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, NewEvent::batch("u", 0..5).unwrap())
+        .unwrap();
+    tx.commit().unwrap();
+    wait_until(
+        "the poller asked again and again",
+        Duration::from_secs(10),
+        || sender.checks.load(Ordering::Relaxed) >= 4,
+    );
+    assert!(sender.sent.is_empty(), "nothing sent while not ready");
+    let untouched: i64 = client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {p}outbox_events \
+                 WHERE status = 'PENDING' AND attempts = 0 AND claim_token IS NULL"
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(untouched, 5, "claimed nothing, counted nothing");
+
+    sender.reachable.store(true, Ordering::Relaxed);
+    assert_eq!(sender.sent.wait_for(5, Duration::from_secs(10)), 5);
+    let sent: HashSet<EventId> = sender.sent.sent().iter().map(|e| e.id).collect();
+    assert_eq!(sent, ids.into_iter().collect());
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
