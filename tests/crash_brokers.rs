@@ -13,7 +13,7 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -199,20 +199,12 @@ fn kill_relays_under_load(p: &str, broker: &str, destination: &str, held: bool) 
 /// arrival order) with the committed business rows, prints the counts and
 /// asserts none was lost or invented.
 fn check(broker: &str, run: &Run, received: &[EventId]) {
-    let mut times: HashMap<EventId, usize> = HashMap::new();
-    for id in received {
-        *times.entry(*id).or_default() += 1;
-    }
-    let lost: Vec<&EventId> = run
-        .committed
-        .iter()
-        .filter(|id| !times.contains_key(id))
-        .collect();
-    let invented: Vec<&EventId> = times
-        .keys()
+    let tally = Tally::of(&run.committed, received.iter().copied());
+    let (lost, duplicates) = (tally.lost(), tally.duplicates());
+    let invented: Vec<&EventId> = tally
+        .ids()
         .filter(|id| run.rolled_back.contains(id) || !run.committed.contains(id))
         .collect();
-    let duplicates = received.len() - times.len();
     eprintln!(
         "relay -> {broker} ({} claims) SIGKILLed {} times: committed={} rolled back={} finished by the killed relays={} delivered={} duplicates={duplicates} lost={} from rolled-back or unknown={}",
         if run.held { "held, deleting" } else { "lease" },
@@ -220,7 +212,7 @@ fn check(broker: &str, run: &Run, received: &[EventId]) {
         run.committed.len(),
         run.rolled_back.len(),
         run.finished_while_killing,
-        times.len(),
+        tally.delivered(),
         lost.len(),
         invented.len()
     );

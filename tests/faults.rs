@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -180,20 +180,11 @@ fn killed_again_and_again(p: &'static str, claim: ClaimMode, delete: bool) {
 
     let published = published.lock().unwrap().clone();
     let text = std::fs::read_to_string(&file).unwrap_or_default();
-    let mut times: HashMap<EventId, usize> = HashMap::new();
-    for line in text.lines() {
-        if let Ok(id) = line.parse::<EventId>() {
-            *times.entry(id).or_default() += 1;
-        }
-    }
-    let lost: Vec<_> = published
-        .iter()
-        .filter(|id| !times.contains_key(id))
-        .collect();
-    let duplicates: usize = published
-        .iter()
-        .map(|id| times.get(id).copied().unwrap_or(0).saturating_sub(1))
-        .sum();
+    let tally = common::Tally::of(
+        &published,
+        text.lines().filter_map(|l| l.parse::<EventId>().ok()),
+    );
+    let (lost, duplicates) = (tally.lost(), tally.duplicates());
     eprintln!(
         "relay ({claim} claims, acked rows deleted: {delete}) SIGKILLed {kills} times: published={} delivered={} duplicates={duplicates} lost={}",
         published.len(),

@@ -238,6 +238,52 @@ pub fn consume_ids(
 
 pub mod backend;
 
+/// What arrived at a consumer, against what was published: how often each id
+/// arrived, which published ones never did, and the repeats.
+pub struct Tally {
+    times: std::collections::HashMap<txbox::EventId, usize>,
+    lost: Vec<txbox::EventId>,
+}
+
+impl Tally {
+    /// Counts `received` (every arrival, repeats included) against `published`.
+    pub fn of<'a>(
+        published: impl IntoIterator<Item = &'a txbox::EventId>,
+        received: impl IntoIterator<Item = txbox::EventId>,
+    ) -> Tally {
+        let mut times = std::collections::HashMap::new();
+        for id in received {
+            *times.entry(id).or_insert(0) += 1;
+        }
+        let lost = published
+            .into_iter()
+            .filter(|id| !times.contains_key(*id))
+            .copied()
+            .collect();
+        Tally { times, lost }
+    }
+
+    /// Published ids that never arrived.
+    pub fn lost(&self) -> &[txbox::EventId] {
+        &self.lost
+    }
+
+    /// Arrivals beyond the first of each id.
+    pub fn duplicates(&self) -> usize {
+        self.times.values().map(|n| n - 1).sum()
+    }
+
+    /// Distinct ids that arrived.
+    pub fn delivered(&self) -> usize {
+        self.times.len()
+    }
+
+    /// The distinct ids that arrived.
+    pub fn ids(&self) -> impl Iterator<Item = &txbox::EventId> {
+        self.times.keys()
+    }
+}
+
 /// Runs the ignored test `test` of this test binary as a child process with
 /// `env` set (a relay process for the crash tests), its output discarded.
 pub fn spawn_child(test: &str, env: &[(&str, &str)]) -> std::process::Child {
