@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use txbox::{
-    ClaimMode, Config, Event, EventId, EventOptions, MemorySender, Outbox, PgStore, Relay,
+    ClaimMode, Config, Event, EventId, EventSettings, MemorySender, Outbox, PgStore, Relay,
     SendError, Sender, Started, Store,
 };
 
@@ -66,7 +66,7 @@ impl Size {
 
     /// The configuration of the relay parts: processed rows kept or not, claims
     /// leased or held.
-    fn relay_config(&self, prefix: &str, options: EventOptions) -> Config {
+    fn relay_config(&self, prefix: &str, options: EventSettings) -> Config {
         config_with(prefix, options.claim(self.claim), self.delete_acked)
     }
 }
@@ -88,10 +88,10 @@ fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
 }
 
 /// One event type, `bench`; acked rows deleted when `delete_acked`.
-fn config_with(prefix: &str, options: EventOptions, delete_acked: bool) -> Config {
+fn config_with(prefix: &str, options: EventSettings, delete_acked: bool) -> Config {
     let b = Config::builder()
         .table_prefix(prefix)
-        .event("bench", options);
+        .event("bench", |_| options);
     let b = if delete_acked {
         b.processed_ttl(Duration::ZERO)
     } else {
@@ -100,7 +100,7 @@ fn config_with(prefix: &str, options: EventOptions, delete_acked: bool) -> Confi
     b.build().expect("config")
 }
 
-fn config(prefix: &str, options: EventOptions) -> Config {
+fn config(prefix: &str, options: EventSettings) -> Config {
     config_with(prefix, options, false)
 }
 
@@ -181,7 +181,7 @@ fn publish_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_pub_";
     let (_store, mut c) = fresh(p)?;
     c.batch_execute("DROP TABLE IF EXISTS bench_orders; CREATE TABLE bench_orders (id bigserial PRIMARY KEY, total bigint)")?;
-    let outbox = Outbox::new(&config(p, EventOptions::new()))?;
+    let outbox = Outbox::new(&config(p, EventSettings::default()))?;
     // the least any outbox adds: the same row inserted by hand in the transaction,
     // with a statement prepared once (one round trip)
     let by_hand = c.prepare(&format!(
@@ -260,7 +260,7 @@ fn publish_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
 fn batch_publish(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_batch_";
     let (_store, mut c) = fresh(p)?;
-    let outbox = Outbox::new(&config(p, EventOptions::new()))?;
+    let outbox = Outbox::new(&config(p, EventSettings::default()))?;
     let payloads: Vec<serde_json::Value> =
         (0..100).map(|i| serde_json::json!({"order": i})).collect();
     let (mut ours, mut hand) = (Vec::new(), Vec::new());
@@ -493,7 +493,7 @@ impl HandLoop {
 /// `VACUUM ANALYZE`d while the whole backlog was pending, as autovacuum may leave it.
 fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_floor_";
-    let cfg = s.relay_config(p, EventOptions::new().batch_size(200));
+    let cfg = s.relay_config(p, EventSettings::default().batch_size(200));
     let outbox = Outbox::new(&cfg)?;
     let hand_loop = HandLoop::new(p, s);
     // relay, hand, hand, relay, `rounds` times: each on a freshly filled table, so
@@ -550,14 +550,11 @@ fn broker_throughput(
     let p = "bench_broker_";
     let cfg = s.relay_config(
         p,
-        EventOptions::new()
+        EventSettings::default()
             .destination(destination)
             .routing_key("txbox-bench")
             .batch_size(200)
-            .in_flight(
-                s.in_flight
-                    .unwrap_or(txbox::EventSettings::default().in_flight),
-            ),
+            .in_flight(s.in_flight.unwrap_or(EventSettings::default().in_flight)),
     );
     let window = cfg.event("bench").map_or(1, |e| e.in_flight);
     let outbox = Outbox::new(&cfg)?;
@@ -795,14 +792,14 @@ fn idle_cost(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     // by all types and not counted (the Counting store counts claims only)
     let cfg = Config::builder()
         .table_prefix(p)
-        .event("bench", EventOptions::new())
+        .event("bench", |e| e)
         .build()?;
     let relay = Relay::start(counting, &cfg, MemorySender::new())?;
     std::thread::sleep(s.idle);
     let measured = calls.load(Ordering::Relaxed);
     relay.shutdown(Duration::from_secs(5))?;
     // the same delay sequence over an hour
-    let polling = txbox::EventSettings::default().polling;
+    let polling = EventSettings::default().polling;
     let (mut model_window, mut model_hour) = (0, 0);
     let mut st = txbox::relay::PollState::new(&polling);
     let mut t = Duration::ZERO;
@@ -907,7 +904,7 @@ fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
     let (store, mut c) = fresh(p)?;
     let cfg = config(
         p,
-        EventOptions::new()
+        EventSettings::default()
             .destination("amq.direct")
             .routing_key("txbox-bench"),
     );
@@ -1039,7 +1036,7 @@ fn worker(prefix: &str, file: &str) -> Res<()> {
     let store = Arc::new(PgStore::connect(&pg_url(), prefix)?);
     let cfg = config(
         prefix,
-        EventOptions::new().batch_size(200).adaptive_polling(
+        EventSettings::default().batch_size(200).adaptive_polling(
             Duration::from_millis(20),
             Duration::from_millis(500),
             1.5,
@@ -1063,7 +1060,7 @@ fn many_instances(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     let mut base = 0.0;
     for n in [1, 2, 4] {
         let (store, mut c) = fresh(p)?;
-        let outbox = Outbox::new(&config(p, EventOptions::new()))?;
+        let outbox = Outbox::new(&config(p, EventSettings::default()))?;
         let ids = fill(&mut c, &outbox, s.instances)?;
         let files: Vec<_> = (0..n)
             .map(|i| {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use txbox::inbox::{Inbox, MemoryCache, MissingIdPolicy};
 use txbox::kafka::{ensure_topic, KafkaConsumer, KafkaSender};
-use txbox::{Config, Error, EventOptions, Outbox, PgStore, Relay, Sender, StopSignal, Store};
+use txbox::{Config, Error, Outbox, PgStore, Relay, Sender, StopSignal, Store};
 
 fn env(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
@@ -47,14 +47,10 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     ensure_topic(&brokers, &topic, 1)?;
     let config = Config::builder()
         .table_prefix("inbox_demo_")
-        .defaults(EventOptions::new().adaptive_polling(
-            Duration::from_millis(20),
-            Duration::from_secs(1),
-            1.5,
-        ))
-        .event("order-created", EventOptions::new().destination(&topic))
+        .defaults(|e| e.adaptive_polling(Duration::from_millis(20), Duration::from_secs(1), 1.5))
+        .event("order-created", |e| e.destination(&topic))
         .build()?;
-    let store = Arc::new(PgStore::connect(&url, &config.table_prefix)?);
+    let store = Arc::new(PgStore::connect(&url, &config.table_prefix())?);
     store.migrate()?;
     let mut db = postgres::Client::connect(&url, postgres::NoTls)?;
     db.batch_execute(

@@ -18,10 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use txbox::{
-    Config, EventId, EventOptions, NewEvent, Outbox, PgStore, ReceivedEvent, Relay, StopSignal,
-    Store,
-};
+use txbox::{Config, EventId, NewEvent, Outbox, PgStore, ReceivedEvent, Relay, StopSignal, Store};
 
 const DESTINATION: &str = "txbox-orders";
 
@@ -139,20 +136,13 @@ fn run(broker: &str) -> Result<bool, Box<dyn std::error::Error>> {
     );
     let config = Config::builder()
         .table_prefix("order_service_")
-        .defaults(EventOptions::new().adaptive_polling(
-            Duration::from_millis(20),
-            Duration::from_secs(1),
-            1.5,
-        ))
-        .event(
-            "order-created",
-            EventOptions::new()
-                .destination(DESTINATION)
-                .routing_key("order.created"),
-        )
+        .defaults(|e| e.adaptive_polling(Duration::from_millis(20), Duration::from_secs(1), 1.5))
+        .event("order-created", |e| {
+            e.destination(DESTINATION).routing_key("order.created")
+        })
         .dlq(true)
         .build()?;
-    let store = Arc::new(PgStore::connect(&url, &config.table_prefix)?);
+    let store = Arc::new(PgStore::connect(&url, &config.table_prefix())?);
     store.migrate()?;
     let outbox = Outbox::new(&config)?;
     let mut db = postgres::Client::connect(&url, postgres::NoTls)?;

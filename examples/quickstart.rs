@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use txbox::{Config, EventId, EventOptions, MemorySender, Outbox, Relay, Store, Transaction};
+use txbox::{Config, EventId, MemorySender, Outbox, Relay, Store, Transaction};
 
 #[derive(Serialize)]
 struct OrderCreated {
@@ -152,12 +152,8 @@ fn main() -> ExitCode {
 fn run() -> Result<bool, Box<dyn std::error::Error>> {
     let config = Config::builder()
         .table_prefix("quickstart_")
-        .defaults(EventOptions::new().adaptive_polling(
-            Duration::from_millis(50),
-            Duration::from_secs(2),
-            1.5,
-        ))
-        .event("order-created", EventOptions::new().destination("orders"))
+        .defaults(|e| e.adaptive_polling(Duration::from_millis(50), Duration::from_secs(2), 1.5))
+        .event("order-created", |e| e.destination("orders"))
         .dlq(true)
         .build()?;
     let outbox = Outbox::new(&config)?;
@@ -167,10 +163,10 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     // The store (schema is idempotent, so every run migrates) and the relay beside
     // the business code.
     let store: Arc<dyn Store> = match url.as_deref() {
-        None => Arc::new(txbox::SqliteStore::open(&tmp, &config.table_prefix)?),
-        Some(u) if u.starts_with("postgres") => Arc::new(txbox::PgStore::connect(u, &config.table_prefix)?),
+        None => Arc::new(txbox::SqliteStore::open(&tmp, &config.table_prefix())?),
+        Some(u) if u.starts_with("postgres") => Arc::new(txbox::PgStore::connect(u, &config.table_prefix())?),
         #[cfg(feature = "mysql")]
-        Some(u) if u.starts_with("mysql") => Arc::new(txbox::MySqlStore::connect(u, &config.table_prefix)?),
+        Some(u) if u.starts_with("mysql") => Arc::new(txbox::MySqlStore::connect(u, &config.table_prefix())?),
         Some(u) => return Err(format!("unsupported database url {u:?} (sqlite is the default; postgres://, or mysql:// with --features mysql)").into()),
     };
     store.migrate()?;

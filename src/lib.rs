@@ -14,14 +14,14 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use txbox::{Config, EventOptions, MemorySender, Outbox, Relay};
+//! use txbox::{Config, MemorySender, Outbox, Relay};
 //!
 //! fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let url = "postgres://postgres@127.0.0.1:5432/test";
 //!     // 1. Configuration: defaults plus one entry per event type.
 //!     let config = Config::builder()
-//!         .defaults(EventOptions::new().batch_size(100))
-//!         .event("order-created", EventOptions::new().destination("orders"))
+//!         .defaults(|e| e.batch_size(100))
+//!         .event("order-created", |e| e.destination("orders"))
 //!         .build()?;
 //!
 //!     // 2. The store on the configuration's tables, and its schema (idempotent).
@@ -86,7 +86,7 @@ pub mod store;
 mod tables;
 mod transaction;
 
-pub use config::{ClaimMode, Config, ConfigBuilder, EventOptions, EventSettings};
+pub use config::{ClaimMode, Config, ConfigBuilder, EventSettings};
 pub use consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 pub use dlq::{DeadLetter, Dlq, DlqFilter, DlqStatus};
 pub use error::{DatabaseErrorKind, Error, Result};

@@ -18,9 +18,9 @@ use crate::transaction::Transaction;
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// use txbox::{Config, EventOptions, Outbox};
+/// use txbox::{Config, Outbox};
 ///
-/// let config = Config::builder().event("order-created", EventOptions::new()).build()?;
+/// let config = Config::builder().event("order-created", |e| e).build()?;
 /// let outbox = Outbox::new(&config)?;
 /// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
 /// let mut tx = client.transaction()?;
@@ -81,7 +81,7 @@ impl Outbox {
     ///
     /// ```no_run
     /// # fn main() -> txbox::Result<()> {
-    /// # let config = txbox::Config::builder().event("order-created", txbox::EventOptions::new()).build()?;
+    /// # let config = txbox::Config::builder().event("order-created", |e| e).build()?;
     /// use txbox::{NewEvent, Outbox};
     /// let outbox = Outbox::new(&config)?;
     /// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;

@@ -82,16 +82,6 @@ pub(crate) fn is_secret(key: &str) -> bool {
     .any(|s| k.contains(s))
 }
 
-/// Client properties kept by a type whose derived `Debug` must not show secrets.
-#[derive(Clone, Default, PartialEq)]
-pub(crate) struct SecretMap(pub(crate) BTreeMap<String, String>);
-
-impl fmt::Debug for SecretMap {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        Properties(&self.0).fmt(f)
-    }
-}
-
 /// Client properties for `Debug`: secret values redacted, URLs scrubbed.
 pub(crate) struct Properties<'a>(pub(crate) &'a BTreeMap<String, String>);
 

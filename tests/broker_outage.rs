@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 
-use txbox::{ClaimMode, Config, EventId, EventOptions, Outbox, Relay};
+use txbox::{ClaimMode, Config, EventId, EventSettings, Outbox, Relay};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -27,9 +27,8 @@ impl Drop for Restart {
     }
 }
 
-fn options(destination: &str) -> EventOptions {
-    EventOptions::new()
-        .destination(destination)
+fn options(e: EventSettings, destination: &str) -> EventSettings {
+    e.destination(destination)
         .adaptive_polling(ms(20), ms(200), 1.5)
         // a retry budget of about 5 s, far shorter than the outage
         .max_retries(3)
@@ -169,8 +168,8 @@ fn kafka_outage(p: &str, claim: ClaimMode) {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .defaults(EventOptions::new().claim(claim))
-        .event("e", options(&topic))
+        .defaults(|e| e.claim(claim))
+        .event("e", |e| options(e, &topic))
         .build()
         .unwrap();
     let sender = KafkaSender::builder(&kafka_brokers())
@@ -232,8 +231,8 @@ fn rabbitmq_outage(p: &str, claim: ClaimMode) {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .defaults(EventOptions::new().claim(claim))
-        .event("e", options(&exchange))
+        .defaults(|e| e.claim(claim))
+        .event("e", |e| options(e, &exchange))
         .build()
         .unwrap();
     let relay = Relay::start(

@@ -15,8 +15,8 @@ use common::backend::{Backend, Fixture};
 use common::wait_until;
 use txbox::inbox::Inbox;
 use txbox::{
-    Config, Dlq, DlqFilter, DlqStatus, Error, Event, EventId, EventOptions, MemorySender, Outcome,
-    Relay, SendError, Sender, Started,
+    Config, Dlq, DlqFilter, DlqStatus, Error, Event, EventId, MemorySender, Outcome, Relay,
+    SendError, Sender, Started,
 };
 use uuid::Uuid;
 
@@ -27,9 +27,9 @@ fn ms(n: u64) -> Duration {
 fn config(prefix: &str) -> Config {
     Config::builder()
         .table_prefix(prefix)
-        .defaults(EventOptions::new().adaptive_polling(ms(10), ms(100), 1.5))
-        .event("e", EventOptions::new())
-        .event("f", EventOptions::new())
+        .defaults(|e| e.adaptive_polling(ms(10), ms(100), 1.5))
+        .event("e", |e| e)
+        .event("f", |e| e)
         .build()
         .unwrap()
 }
@@ -615,14 +615,12 @@ fn failing_sender_ends_in_the_dlq_and_a_retry_delivers(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = Config::builder()
         .table_prefix(p)
-        .event(
-            "e",
-            EventOptions::new()
-                .fixed_polling(ms(20))
+        .event("e", |e| {
+            e.fixed_polling(ms(20))
                 .max_retries(1)
                 .backoff_delay(ms(50))
-                .backoff_jitter(0.0),
-        )
+                .backoff_jitter(0.0)
+        })
         .dlq(true)
         .dlq_move_interval(ms(50))
         .dlq_retry_interval(ms(50))
@@ -707,15 +705,13 @@ fn pipelined_batches_finish_in_order_and_retry(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = Config::builder()
         .table_prefix(p)
-        .event(
-            "e",
-            EventOptions::new()
-                .batch_size(100)
+        .event("e", |e| {
+            e.batch_size(100)
                 .in_flight(2)
                 .adaptive_polling(ms(10), ms(100), 1.5)
                 .backoff_delay(ms(50))
-                .backoff_jitter(0.0),
-        )
+                .backoff_jitter(0.0)
+        })
         .build()
         .unwrap();
     let ids = fx.publish(&c, "e", 1000, true);

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use txbox::kafka::KafkaSender;
 use txbox::rabbitmq::RabbitSenderFactory;
-use txbox::{ClaimMode, Config, EventId, EventOptions, Outbox, PgStore, Relay};
+use txbox::{ClaimMode, Config, EventId, Outbox, PgStore, Relay};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -36,22 +36,20 @@ const KILLS: usize = 30;
 /// The relay's configuration: lease claims, or held claims that delete acked rows
 /// in the claim and write back what the broker did not ack (`held`).
 fn config(prefix: &str, destination: &str, held: bool) -> Config {
-    let defaults = EventOptions::new()
-        .adaptive_polling(ms(10), ms(100), 1.5)
-        .batch_size(50)
-        .lease(ms(8000)); // longer than the Kafka sender's 2 s + 5 s wait for acks
+    let defaults = |e: txbox::EventSettings| {
+        e.adaptive_polling(ms(10), ms(100), 1.5)
+            .batch_size(50)
+            .lease(ms(8000))
+    }; // longer than the Kafka sender's 2 s + 5 s wait for acks
     let claim = if held {
         ClaimMode::Lock
     } else {
         ClaimMode::Lease
     };
     mode_config(prefix, defaults, claim, held)
-        .event(
-            "order-placed",
-            EventOptions::new()
-                .destination(destination)
-                .routing_key("order-placed"),
-        )
+        .event("order-placed", |e| {
+            e.destination(destination).routing_key("order-placed")
+        })
         .recovery_interval(ms(300))
         .build()
         .unwrap()

@@ -20,21 +20,20 @@ use std::time::{Duration, Instant};
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;
-use txbox::{
-    ClaimMode, Config, Event, EventId, EventOptions, MemorySender, Relay, SendError, Sender,
-};
+use txbox::{ClaimMode, Config, Event, EventId, MemorySender, Relay, SendError, Sender};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
 fn worker_config(prefix: &str, claim: ClaimMode, delete: bool) -> Config {
-    let defaults = EventOptions::new()
-        .adaptive_polling(ms(10), ms(100), 1.5)
-        .batch_size(50)
-        .lease(ms(1500));
+    let defaults = |e: txbox::EventSettings| {
+        e.adaptive_polling(ms(10), ms(100), 1.5)
+            .batch_size(50)
+            .lease(ms(1500))
+    };
     common::mode_config(prefix, defaults, claim, delete)
-        .event("k", EventOptions::new())
+        .event("k", |e| e)
         .recovery_interval(ms(300))
         .build()
         .unwrap()
@@ -253,11 +252,12 @@ fn hanging_past_the_lease(p: &str, claim: ClaimMode, delete: bool) {
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
     };
-    let defaults = EventOptions::new()
-        .adaptive_polling(ms(10), ms(100), 1.5)
-        .lease(Duration::from_secs(1));
+    let defaults = |e: txbox::EventSettings| {
+        e.adaptive_polling(ms(10), ms(100), 1.5)
+            .lease(Duration::from_secs(1))
+    };
     let config = common::mode_config(p, defaults, claim, delete)
-        .event("h", EventOptions::new())
+        .event("h", |e| e)
         .recovery_interval(ms(200))
         .build()
         .unwrap();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use txbox::inbox::{Inbox, MissingIdPolicy};
-use txbox::{Config, Error, EventOptions, Outbox, Relay, Sender};
+use txbox::{Config, Error, Outbox, Relay, Sender};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -37,8 +37,8 @@ fn setup(
         .unwrap();
     let config = Config::builder()
         .table_prefix(prefix)
-        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
-        .event("paid", EventOptions::new().destination(destination))
+        .defaults(|e| e.adaptive_polling(ms(20), ms(200), 1.5))
+        .event("paid", |e| e.destination(destination))
         .build()
         .unwrap();
     Some((store, client, config))

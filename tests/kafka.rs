@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 use txbox::kafka::{KafkaConsumer, KafkaSender};
-use txbox::{Config, Dlq, EventOptions, NewEvent, Outbox, Relay, StopSignal};
+use txbox::{Config, Dlq, NewEvent, Outbox, Relay, StopSignal};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -43,8 +43,8 @@ fn relayed(name: &str, partitions: u32, n: usize) -> Option<(String, Relay, Vec<
     let (store, mut client) = fresh(&p)?;
     let config = Config::builder()
         .table_prefix(&p)
-        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
-        .event("e", EventOptions::new().destination(&topic))
+        .defaults(|e| e.adaptive_polling(ms(20), ms(200), 1.5))
+        .event("e", |e| e.destination(&topic))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -71,8 +71,8 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
-        .event("order-created", EventOptions::new().destination(&topic))
+        .defaults(|e| e.adaptive_polling(ms(20), ms(200), 1.5))
+        .event("order-created", |e| e.destination(&topic))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -122,15 +122,13 @@ fn an_oversized_message_fails_alone_and_ends_in_the_dlq() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .event(
-            "doc",
-            EventOptions::new()
-                .destination(&topic)
+        .event("doc", |e| {
+            e.destination(&topic)
                 .fixed_polling(ms(50))
                 .max_retries(1)
                 .backoff_delay(ms(100))
-                .backoff_jitter(0.0),
-        )
+                .backoff_jitter(0.0)
+        })
         .dlq(true)
         .dlq_move_interval(ms(100))
         .build()
@@ -352,7 +350,7 @@ fn a_lease_shorter_than_the_delivery_timeout_is_refused_at_start() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .event("e", EventOptions::new().lease(Duration::from_secs(30)))
+        .event("e", |e| e.lease(Duration::from_secs(30)))
         .build()
         .unwrap();
     for alias in ["message.timeout.ms", "delivery.timeout.ms"] {
@@ -398,7 +396,7 @@ fn a_lease_shorter_than_the_delivery_timeout_is_refused_at_start() {
     let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
     let config = Config::builder()
         .table_prefix(p)
-        .event("e", EventOptions::new())
+        .event("e", |e| e)
         .build()
         .unwrap();
     Relay::start(store, &config, sender)

@@ -14,7 +14,7 @@ use metrics::{
     Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
     SharedString, Unit,
 };
-use txbox::{Config, EventOptions, MemorySender, Relay};
+use txbox::{Config, MemorySender, Relay};
 
 #[derive(Default)]
 struct Seen {
@@ -89,12 +89,10 @@ fn an_application_recorder_sees_txbox_metrics() {
     };
     let c = Config::builder()
         .table_prefix(p)
-        .defaults(EventOptions::new().adaptive_polling(
-            Duration::from_millis(10),
-            Duration::from_millis(100),
-            1.5,
-        ))
-        .event("e", EventOptions::new())
+        .defaults(|e| {
+            e.adaptive_polling(Duration::from_millis(10), Duration::from_millis(100), 1.5)
+        })
+        .event("e", |e| e)
         .recovery_interval(Duration::from_millis(100))
         .build()
         .unwrap();

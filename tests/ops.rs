@@ -12,19 +12,17 @@ use std::time::Duration;
 use common::backend::{Backend, Fixture};
 use common::wait_until;
 use txbox::admin::{AdminOptions, AdminServer};
-use txbox::{Config, Dlq, DlqStatus, EventId, EventOptions, MemorySender, Outcome, Relay};
+use txbox::{Config, Dlq, DlqStatus, EventId, MemorySender, Outcome, Relay};
 use uuid::Uuid;
 
 fn config(prefix: &str) -> Config {
     Config::builder()
         .table_prefix(prefix)
-        .defaults(EventOptions::new().adaptive_polling(
-            Duration::from_millis(10),
-            Duration::from_millis(100),
-            1.5,
-        ))
-        .event("order-created", EventOptions::new())
-        .event("order-paid", EventOptions::new())
+        .defaults(|e| {
+            e.adaptive_polling(Duration::from_millis(10), Duration::from_millis(100), 1.5)
+        })
+        .event("order-created", |e| e)
+        .event("order-paid", |e| e)
         .build()
         .unwrap()
 }

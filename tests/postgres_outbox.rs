@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use txbox::{Config, Error, EventOptions, NewEvent, Outbox, PgStore};
+use txbox::{Config, Error, NewEvent, Outbox, PgStore};
 
 fn config(prefix: &str) -> Config {
     Config::builder()
         .table_prefix(prefix)
-        .event("order-created", EventOptions::new())
-        .event("order-paid", EventOptions::new())
+        .event("order-created", |e| e)
+        .event("order-paid", |e| e)
         .max_payload_bytes(1000)
         .build()
         .unwrap()
@@ -261,14 +261,9 @@ fn bad_config_values_name_their_key_path() {
     assert!(err.contains("unknown field `batchsize`"), "{err}");
 
     let err = Config::builder()
-        .event(
-            "x",
-            EventOptions::new().adaptive_polling(
-                Duration::from_millis(1),
-                Duration::from_secs(1),
-                0.9,
-            ),
-        )
+        .event("x", |e| {
+            e.adaptive_polling(Duration::from_millis(1), Duration::from_secs(1), 0.9)
+        })
         .build()
         .unwrap_err();
     assert_eq!(
@@ -346,13 +341,13 @@ fn hostile_config_values_are_refused_with_their_range() {
     }
     // the builder checks the same
     let err = Config::builder()
-        .event("tab\there", EventOptions::new())
+        .event("tab\there", |e| e)
         .build()
         .unwrap_err()
         .to_string();
     assert!(err.contains("must not contain control characters"), "{err}");
     let err = Config::builder()
-        .defaults(EventOptions::new().lease(Duration::MAX))
+        .defaults(|e| e.lease(Duration::MAX))
         .build()
         .unwrap_err()
         .to_string();
@@ -364,8 +359,7 @@ fn hostile_config_values_are_refused_with_their_range() {
 
 #[test]
 fn overrides_inherit_from_defaults() {
-    let config = Config::from_toml(
-        r#"
+    let text = r#"
         [defaults]
         batch_size = 50
         max_retries = 7
@@ -391,11 +385,10 @@ fn overrides_inherit_from_defaults() {
         "enable.idempotence" = true
         [maintenance]
         processed_ttl = "0s"
-        "#,
-    )
-    .unwrap();
+        "#;
+    let config = Config::from_toml(text).unwrap();
     assert_eq!(
-        config.maintenance.processed_ttl,
+        config.maintenance().processed_ttl,
         Duration::ZERO,
         "zero: acked rows are deleted at once"
     );
@@ -421,16 +414,18 @@ fn overrides_inherit_from_defaults() {
     assert!(!b.backoff.enabled);
     assert_eq!(b.backoff.multiplier, 2.0);
     assert_eq!(b.max_retries, 7);
-    assert_eq!(config.kafka["bootstrap.servers"], "broker:9092");
-    assert_eq!(config.kafka["linger.ms"], "10");
-    assert_eq!(config.kafka["enable.idempotence"], "true");
+    // the [kafka] table is the Kafka module's
+    #[cfg(feature = "kafka")]
+    {
+        let kafka = txbox::kafka::properties_from_toml(text).unwrap();
+        assert_eq!(kafka["bootstrap.servers"], "broker:9092");
+        assert_eq!(kafka["linger.ms"], "10");
+        assert_eq!(kafka["enable.idempotence"], "true");
+    }
     // built-in defaults
-    let d = Config::builder()
-        .event("x", EventOptions::new())
-        .build()
-        .unwrap();
+    let d = Config::builder().event("x", |e| e).build().unwrap();
     let x = d.event("x").unwrap();
-    assert_eq!(d.maintenance.processed_ttl, Duration::from_secs(86_400));
+    assert_eq!(d.maintenance().processed_ttl, Duration::from_secs(86_400));
     assert_eq!(x.batch_size, 200);
     assert_eq!(
         (x.polling.min, x.polling.max, x.polling.multiplier),

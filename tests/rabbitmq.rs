@@ -12,7 +12,7 @@ use amiquip::{
 use common::*;
 use serde_json::json;
 use txbox::rabbitmq::{RabbitConsumer, RabbitSenderFactory};
-use txbox::{Config, Dlq, EventOptions, NewEvent, Outbox, Relay, StopSignal};
+use txbox::{Config, Dlq, NewEvent, Outbox, Relay, StopSignal};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -71,13 +71,10 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
-        .event(
-            "order-created",
-            EventOptions::new()
-                .destination(&exchange)
-                .routing_key("orders.created"),
-        )
+        .defaults(|e| e.adaptive_polling(ms(20), ms(200), 1.5))
+        .event("order-created", |e| {
+            e.destination(&exchange).routing_key("orders.created")
+        })
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -133,15 +130,13 @@ fn an_unroutable_message_fails_alone_and_ends_in_the_dlq() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .event(
-            "shipment",
-            EventOptions::new()
-                .destination(&exchange)
+        .event("shipment", |e| {
+            e.destination(&exchange)
                 .fixed_polling(ms(50))
                 .max_retries(1)
                 .backoff_delay(ms(100))
-                .backoff_jitter(0.0),
-        )
+                .backoff_jitter(0.0)
+        })
         .dlq(true)
         .dlq_move_interval(ms(100))
         .build()
@@ -209,8 +204,8 @@ fn a_handler_that_fails_once_sees_the_message_again() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .defaults(EventOptions::new().adaptive_polling(ms(20), ms(200), 1.5))
-        .event("e", EventOptions::new().destination(&exchange))
+        .defaults(|e| e.adaptive_polling(ms(20), ms(200), 1.5))
+        .event("e", |e| e.destination(&exchange))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -323,7 +318,7 @@ fn a_lease_shorter_than_the_confirm_timeout_is_refused_at_start() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .event("e", EventOptions::new().lease(Duration::from_secs(20)))
+        .event("e", |e| e.lease(Duration::from_secs(20)))
         .build()
         .unwrap();
     let factory = RabbitSenderFactory::new(&rabbit_url()).confirm_timeout(Duration::from_secs(30));

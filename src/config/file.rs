@@ -1,248 +1,135 @@
-//! The TOML file and its durations.
+//! The TOML file and its durations. The file is read into the same structs the
+//! builder fills ([`EventSettings`] and the rest): `[defaults]` is merged into each
+//! `[events.x]` table before that table is read, and every error names the key
+//! path of the wrong value.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::builder::{DlqOptions, InboxOptions, MaintenanceOptions};
-use super::{ConfigBuilder, EventOptions, PollingStrategy};
+use super::{Config, DlqSettings, EventSettings, InboxSettings, MaintenanceSettings};
 use crate::error::{Error, Result};
 
-/// Parses `"250ms"`, `"10s"`, `"1.5s"`, `"1m"`, `"24h"`, `"7d"` or `"0"`.
+/// Parses a duration as the configuration spells it: what
+/// [`humantime`](https://docs.rs/humantime) accepts (`"250ms"`, `"10s"`, `"1m"`,
+/// `"24h"`, `"7d"`, `"1h 30m"`, `"0"`) and a decimal number of one unit
+/// (`"1.5s"`).
 ///
 /// ```
 /// use std::time::Duration;
 /// assert_eq!(txbox::config::parse_duration("250ms"), Some(Duration::from_millis(250)));
 /// assert_eq!(txbox::config::parse_duration("1m"), Some(Duration::from_secs(60)));
+/// assert_eq!(txbox::config::parse_duration("1.5s"), Some(Duration::from_millis(1500)));
 /// assert_eq!(txbox::config::parse_duration("soon"), None);
 /// ```
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
-    if s == "0" {
-        return Some(Duration::ZERO);
+    if let Ok(d) = humantime::parse_duration(s) {
+        return Some(d);
     }
+    // humantime takes whole numbers only; "1.5s" is "1500ms" in its terms
     let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-    let (num, unit) = s.split_at(split);
-    let value: f64 = num.parse().ok()?;
-    let secs = match unit.trim() {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        "d" => value * 86_400.0,
-        _ => return None,
-    };
-    if !secs.is_finite() || secs > 1e9 {
-        return None;
-    }
-    Some(Duration::from_secs_f64(secs))
+    let (number, unit) = s.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let unit = humantime::parse_duration(&format!("1{}", unit.trim())).ok()?;
+    Duration::try_from_secs_f64(unit.as_secs_f64() * number).ok()
 }
 
-/// The TOML shape; strings are turned into typed values with their key paths.
-pub(super) mod toml_model {
-    use super::*;
+/// `#[serde(with = "duration")]`: a duration field read from a string.
+pub(crate) mod duration {
+    use std::time::Duration;
 
-    #[derive(Deserialize, Default)]
-    #[serde(deny_unknown_fields)]
-    pub(crate) struct Root {
-        table_prefix: Option<String>,
-        max_payload_bytes: Option<usize>,
-        #[serde(default)]
-        defaults: Event,
-        #[serde(default)]
-        events: BTreeMap<String, Event>,
-        #[serde(default)]
-        dlq: Dlq,
-        #[serde(default)]
-        maintenance: Maintenance,
-        #[serde(default)]
-        inbox: InboxRaw,
-        #[serde(default)]
-        kafka: BTreeMap<String, toml::Value>,
+    use serde::{Deserialize, Deserializer};
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_duration(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "has invalid duration {s:?} (use e.g. \"250ms\", \"10s\", \"1m\", \"24h\")"
+            ))
+        })
     }
+}
 
-    #[derive(Deserialize, Default)]
-    #[serde(deny_unknown_fields)]
-    struct InboxRaw {
-        ttl: Option<String>,
-        cache_ttl: Option<String>,
-        cleanup_interval: Option<String>,
-        batch_size: Option<usize>,
-    }
+/// The file: the sections of [`Config`], with `[defaults]` and each
+/// `[events.x]` kept as tables until they are merged.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    table_prefix: String,
+    #[serde(default = "default_max_payload")]
+    max_payload_bytes: usize,
+    #[serde(default)]
+    defaults: EventSettings,
+    #[serde(default)]
+    events: BTreeMap<String, EventSettings>,
+    #[serde(default)]
+    dlq: DlqSettings,
+    #[serde(default)]
+    maintenance: MaintenanceSettings,
+    #[serde(default)]
+    inbox: InboxSettings,
+    /// Read by the Kafka sender and consumer
+    /// (`KafkaSender::from_toml`, feature `kafka`), not by the core.
+    #[serde(default, rename = "kafka")]
+    _kafka: toml::Table,
+}
 
-    #[derive(Deserialize, Default)]
-    #[serde(deny_unknown_fields)]
-    struct Event {
-        destination: Option<String>,
-        routing_key: Option<String>,
-        batch_size: Option<usize>,
-        in_flight: Option<usize>,
-        #[serde(default)]
-        polling: PollingRaw,
-        max_retries: Option<u32>,
-        #[serde(default)]
-        backoff: BackoffRaw,
-        lease: Option<String>,
-        claim: Option<String>,
-    }
+fn default_max_payload() -> usize {
+    super::DEFAULT_MAX_PAYLOAD
+}
 
-    #[derive(Deserialize, Default)]
-    #[serde(deny_unknown_fields)]
-    struct PollingRaw {
-        strategy: Option<String>,
-        delay: Option<String>,
-        min: Option<String>,
-        max: Option<String>,
-        multiplier: Option<f64>,
-        initial_delay: Option<String>,
-    }
-
-    #[derive(Deserialize, Default)]
-    #[serde(deny_unknown_fields)]
-    struct BackoffRaw {
-        enabled: Option<bool>,
-        delay: Option<String>,
-        multiplier: Option<f64>,
-        jitter: Option<f64>,
-    }
-
-    #[derive(Deserialize, Default)]
-    #[serde(deny_unknown_fields)]
-    struct Dlq {
-        enabled: Option<bool>,
-        move_interval: Option<String>,
-        retry_interval: Option<String>,
-        cleanup_interval: Option<String>,
-        resolved_ttl: Option<String>,
-    }
-
-    #[derive(Deserialize, Default)]
-    #[serde(deny_unknown_fields)]
-    struct Maintenance {
-        recovery_interval: Option<String>,
-        cleanup_interval: Option<String>,
-        processed_ttl: Option<String>,
-        batch_size: Option<usize>,
-    }
-
-    fn dur(path: &str, v: &Option<String>) -> Result<Option<Duration>> {
-        match v {
-            None => Ok(None),
-            Some(s) => parse_duration(s).map(Some).ok_or_else(|| {
-                Error::config(
-                    path,
-                    format!(
-                        "has invalid duration {s:?} (use e.g. \"250ms\", \"10s\", \"1m\", \"24h\")"
-                    ),
-                )
-            }),
-        }
-    }
-
-    impl Event {
-        fn options(&self, path: &str) -> Result<EventOptions> {
-            let p = |k: &str| format!("{path}.{k}");
-            let strategy = match self.polling.strategy.as_deref() {
-                None => None,
-                Some("fixed") => Some(PollingStrategy::Fixed),
-                Some("adaptive") => Some(PollingStrategy::Adaptive),
-                Some(other) => {
-                    return Err(Error::config(
-                        p("polling.strategy"),
-                        format!("must be \"fixed\" or \"adaptive\", not {other:?}"),
-                    ))
-                }
-            };
-            let claim = self
-                .claim
-                .as_deref()
-                .map(str::parse)
-                .transpose()
-                .map_err(|e| Error::config(p("claim"), e))?;
-            Ok(EventOptions {
-                destination: self.destination.clone(),
-                routing_key: self.routing_key.clone(),
-                batch_size: self.batch_size,
-                in_flight: self.in_flight,
-                strategy,
-                delay: dur(&p("polling.delay"), &self.polling.delay)?,
-                min: dur(&p("polling.min"), &self.polling.min)?,
-                max: dur(&p("polling.max"), &self.polling.max)?,
-                poll_multiplier: self.polling.multiplier,
-                initial_delay: dur(&p("polling.initial_delay"), &self.polling.initial_delay)?,
-                max_retries: self.max_retries,
-                backoff_enabled: self.backoff.enabled,
-                backoff_delay: dur(&p("backoff.delay"), &self.backoff.delay)?,
-                backoff_multiplier: self.backoff.multiplier,
-                jitter: self.backoff.jitter,
-                lease: dur(&p("lease"), &self.lease)?,
-                claim,
-            })
-        }
-    }
-
-    fn kafka_properties(raw: BTreeMap<String, toml::Value>) -> Result<BTreeMap<String, String>> {
-        raw.into_iter()
-            .map(|(k, v)| {
-                let v = match v {
-                    toml::Value::String(s) => s,
-                    toml::Value::Integer(i) => i.to_string(),
-                    toml::Value::Float(f) => f.to_string(),
-                    toml::Value::Boolean(b) => b.to_string(),
-                    _ => {
-                        return Err(Error::config(
-                            format!("kafka.{k}"),
-                            "must be a string, number or boolean",
-                        ))
-                    }
-                };
-                Ok((k, v))
-            })
-            .collect()
-    }
-
-    impl Root {
-        pub(crate) fn into_builder(self) -> Result<ConfigBuilder> {
-            let mut events = BTreeMap::new();
-            for (name, e) in &self.events {
-                events.insert(name.clone(), e.options(&format!("events.{name}"))?);
+/// `over` on top of `base`, tables merged key by key.
+fn merge(base: &toml::Table, over: toml::Table) -> toml::Table {
+    let mut merged = base.clone();
+    for (key, value) in over {
+        let value = match (merged.remove(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => {
+                toml::Value::Table(merge(&b, o))
             }
-            Ok(ConfigBuilder {
-                table_prefix: self.table_prefix,
-                max_payload_bytes: self.max_payload_bytes,
-                defaults: self.defaults.options("defaults")?,
-                events,
-                dlq: DlqOptions {
-                    enabled: self.dlq.enabled,
-                    move_interval: dur("dlq.move_interval", &self.dlq.move_interval)?,
-                    retry_interval: dur("dlq.retry_interval", &self.dlq.retry_interval)?,
-                    cleanup_interval: dur("dlq.cleanup_interval", &self.dlq.cleanup_interval)?,
-                    resolved_ttl: dur("dlq.resolved_ttl", &self.dlq.resolved_ttl)?,
-                },
-                maintenance: MaintenanceOptions {
-                    recovery_interval: dur(
-                        "maintenance.recovery_interval",
-                        &self.maintenance.recovery_interval,
-                    )?,
-                    cleanup_interval: dur(
-                        "maintenance.cleanup_interval",
-                        &self.maintenance.cleanup_interval,
-                    )?,
-                    processed_ttl: dur(
-                        "maintenance.processed_ttl",
-                        &self.maintenance.processed_ttl,
-                    )?,
-                    batch_size: self.maintenance.batch_size,
-                },
-                inbox: InboxOptions {
-                    ttl: dur("inbox.ttl", &self.inbox.ttl)?,
-                    cache_ttl: dur("inbox.cache_ttl", &self.inbox.cache_ttl)?,
-                    cleanup_interval: dur("inbox.cleanup_interval", &self.inbox.cleanup_interval)?,
-                    batch_size: self.inbox.batch_size,
-                },
-                kafka: crate::redact::SecretMap(kafka_properties(self.kafka)?),
-            })
+            (_, value) => value,
+        };
+        merged.insert(key, value);
+    }
+    merged
+}
+
+/// Parses the file's text into a [`Config`] (not yet validated).
+pub(super) fn parse(text: &str) -> Result<Config> {
+    let mut root: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| Error::ConfigSyntax(e.to_string()))?;
+    let defaults = match root.get("defaults") {
+        Some(toml::Value::Table(t)) => t.clone(),
+        _ => toml::Table::new(),
+    };
+    if let Some(toml::Value::Table(events)) = root.get_mut("events") {
+        let names: Vec<String> = events.keys().cloned().collect();
+        for name in names {
+            if let Some(toml::Value::Table(table)) = events.remove(&name) {
+                events.insert(name, toml::Value::Table(merge(&defaults, table)));
+            }
         }
     }
+    let file: File = serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|e| {
+        let path = e.path().to_string();
+        let message = e.into_inner().to_string();
+        let message = if message.starts_with("has ") || message.starts_with("must ") {
+            message
+        } else {
+            format!("is not valid: {message}")
+        };
+        Error::config(path, message)
+    })?;
+    Ok(Config {
+        table_prefix: file.table_prefix,
+        max_payload_bytes: file.max_payload_bytes,
+        defaults: file.defaults,
+        events: file.events,
+        dlq: file.dlq,
+        maintenance: file.maintenance,
+        inbox: file.inbox,
+    })
 }

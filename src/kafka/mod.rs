@@ -41,6 +41,48 @@ pub const DEFAULT_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest `message.timeout.ms` librdkafka takes (its own limit).
 const MAX_MESSAGE_TIMEOUT_MS: u64 = 2_147_483_647;
 
+/// The `[kafka]` table of a configuration file: librdkafka properties (e.g.
+/// `"bootstrap.servers"`), passed through as they are, numbers and booleans as
+/// their text. [`Config::from_toml`](crate::Config::from_toml) reads the same
+/// text and leaves this table to the broker. Give them to
+/// [`KafkaSenderBuilder::properties`] or [`KafkaConsumerBuilder::properties`].
+///
+/// ```
+/// let text = "[kafka]\n\"bootstrap.servers\" = \"broker:9092\"\n\"linger.ms\" = 10\n";
+/// let properties = txbox::kafka::properties_from_toml(text)?;
+/// assert_eq!(properties["linger.ms"], "10");
+/// # Ok::<(), txbox::Error>(())
+/// ```
+pub fn properties_from_toml(text: &str) -> Result<BTreeMap<String, String>> {
+    let root: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| Error::ConfigSyntax(e.to_string()))?;
+    let Some(table) = root.get("kafka") else {
+        return Ok(BTreeMap::new());
+    };
+    let toml::Value::Table(table) = table else {
+        return Err(Error::config("kafka", "must be a table"));
+    };
+    table
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                toml::Value::Boolean(b) => b.to_string(),
+                _ => {
+                    return Err(Error::config(
+                        format!("kafka.{k}"),
+                        "must be a string, number or boolean",
+                    ))
+                }
+            };
+            Ok((k.clone(), v))
+        })
+        .collect()
+}
+
 pub(crate) fn client_config(properties: &BTreeMap<String, String>) -> Result<ClientConfig> {
     if !properties.contains_key("bootstrap.servers") {
         return Err(Error::config("kafka.bootstrap.servers", "must be set"));

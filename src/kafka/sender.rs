@@ -280,14 +280,15 @@ impl KafkaSender {
         KafkaSenderBuilder { properties }
     }
 
-    /// A sender from the `[kafka]` properties of a [`Config`](crate::Config), which
-    /// must set `bootstrap.servers`.
-    pub fn from_config(config: &crate::Config) -> Result<KafkaSender> {
-        let servers = config
-            .kafka
+    /// A sender from the `[kafka]` table of a configuration file (see
+    /// [`properties_from_toml`](super::properties_from_toml)), which must set
+    /// `bootstrap.servers`.
+    pub fn from_toml(text: &str) -> Result<KafkaSender> {
+        let properties = super::properties_from_toml(text)?;
+        let servers = properties
             .get("bootstrap.servers")
             .ok_or_else(|| Error::config("kafka.bootstrap.servers", "must be set"))?;
-        Self::builder(servers).properties(&config.kafka).build()
+        Self::builder(servers).properties(&properties).build()
     }
 
     /// Replaces a producer that hit a fatal error or is stuck; `generation` tells

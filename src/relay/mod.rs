@@ -55,9 +55,9 @@ pub const RESCAN_EVERY: usize = 50;
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
 /// use std::{sync::Arc, time::Duration};
-/// use txbox::{Config, EventOptions, MemorySender, PgStore, Relay, Store};
+/// use txbox::{Config, MemorySender, PgStore, Relay, Store};
 ///
-/// let config = Config::builder().event("order-created", EventOptions::new()).build()?;
+/// let config = Config::builder().event("order-created", |e| e).build()?;
 /// let store = Arc::new(PgStore::connect("postgres://postgres@127.0.0.1/test", &config.table_prefix)?);
 /// store.migrate()?;
 /// let relay = Relay::start(store, &config, MemorySender::new())?;
@@ -171,8 +171,6 @@ impl Relay {
                 ));
             }
         }
-        // its fields are public: checked again as it is now
-        config.validate()?;
         if let Some(prefix) = store.table_prefix() {
             if prefix != config.table_prefix {
                 return Err(Error::config(
@@ -202,8 +200,8 @@ impl Relay {
                 sender.clone(),
                 config.maintenance.processed_ttl.is_zero(),
             );
-            // `config.validate()` above refused control characters: the name
-            // is a valid thread name
+            // a Config is validated when built: the name has no control
+            // characters, so it is a valid thread name
             spawn(
                 &mut relay,
                 format!("txbox-poll-{event_type}"),

@@ -433,7 +433,7 @@ sql::transaction_impls!(postgres::Transaction<'_>, "postgres", dialect);
 ///
 /// ```no_run
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let config = txbox::Config::builder().event("order-created", txbox::EventOptions::new()).build()?;
+/// # let config = txbox::Config::builder().event("order-created", |e| e).build()?;
 /// let outbox = txbox::Outbox::new(&config)?;
 /// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
 /// let prepared = outbox.prepare_pg(&mut client)?;
@@ -503,7 +503,7 @@ impl crate::Outbox {
     ///
     /// ```no_run
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let config = txbox::Config::builder().event("order-created", txbox::EventOptions::new()).build()?;
+    /// # let config = txbox::Config::builder().event("order-created", |e| e).build()?;
     /// # let store = txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?;
     /// let outbox = txbox::Outbox::new(&config)?;
     /// let mut conn = store.pool().get()?;

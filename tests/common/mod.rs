@@ -402,7 +402,7 @@ macro_rules! each_claim_mode {
 /// else kept for a day: what one test of [`each_claim_mode!`] builds on.
 pub fn mode_config(
     prefix: &str,
-    defaults: txbox::EventOptions,
+    defaults: impl FnOnce(txbox::EventSettings) -> txbox::EventSettings,
     claim: txbox::ClaimMode,
     delete: bool,
 ) -> txbox::ConfigBuilder {
@@ -413,6 +413,6 @@ pub fn mode_config(
     };
     txbox::Config::builder()
         .table_prefix(prefix)
-        .defaults(defaults.claim(claim))
+        .defaults(|d| defaults(d).claim(claim))
         .processed_ttl(ttl)
 }

@@ -1,0 +1,412 @@
+//! The settings, each defined once: the structs below are what the TOML file is
+//! read into (serde), what the builder's closures change, and what the relay
+//! reads. Their `Default` is the built-in default.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::file::duration;
+
+/// How a poller waits between polls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub enum PollingStrategy {
+    /// Wait `delay` after a partial or empty batch. A full batch polls again at once:
+    /// more work is waiting.
+    Fixed,
+    /// A full batch polls again at once and resets the delay to `min`; a partial or
+    /// empty batch waits the current delay, then multiplies it by `multiplier`, up to
+    /// `max`. With the defaults (250ms, x1.5, 1m) an idle type polls about 70 times in
+    /// its first hour and 60 times an hour after that.
+    Adaptive,
+}
+
+impl TryFrom<String> for PollingStrategy {
+    type Error = String;
+    /// `"fixed"` or `"adaptive"`, as in the TOML configuration.
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "fixed" => Ok(PollingStrategy::Fixed),
+            "adaptive" => Ok(PollingStrategy::Adaptive),
+            other => Err(format!("must be \"fixed\" or \"adaptive\", not {other:?}")),
+        }
+    }
+}
+
+/// How a poller claims a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(try_from = "String")]
+pub enum ClaimMode {
+    /// The default, on every database: the claim stamps the rows IN_PROCESS with a
+    /// token and a lease in one short transaction; the finish checks the token, and
+    /// stuck recovery returns rows whose lease expired. Each event row is written
+    /// twice (claim, finish).
+    #[default]
+    Lease,
+    /// PostgreSQL only: the claim locks the rows (`FOR UPDATE SKIP LOCKED`) in a
+    /// transaction that stays open until the broker acked the batch, and the finish
+    /// commits in it. Each row is written once, so the database does about half the
+    /// work per event (see `docs/BENCHMARKS.md`). The rows stay PENDING meanwhile;
+    /// other relays skip them while they are locked. A relay that dies loses its
+    /// connection and the rows are free at once; one that hangs past `lease` has its
+    /// session ended by the database (`idle_in_transaction_session_timeout`), which
+    /// frees the rows and makes its late finish fail. Costs one database
+    /// connection per batch in flight (`in_flight` per event type) while it waits
+    /// for the broker. With `processed_ttl` zero the claim deletes the rows in that
+    /// transaction (others still see them PENDING until it commits): a batch the
+    /// broker acked whole is finished by the commit alone, and the events it did
+    /// not ack are written back with their attempt counted.
+    Lock,
+}
+
+impl std::fmt::Display for ClaimMode {
+    /// `lease` or `lock`, as the TOML configuration spells it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ClaimMode::Lease => "lease",
+            ClaimMode::Lock => "lock",
+        })
+    }
+}
+
+impl std::str::FromStr for ClaimMode {
+    type Err = String;
+    /// `"lease"` or `"lock"`, as in the TOML configuration; the error says what
+    /// is allowed.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "lease" => Ok(ClaimMode::Lease),
+            "lock" => Ok(ClaimMode::Lock),
+            other => Err(format!("must be \"lease\" or \"lock\", not {other:?}")),
+        }
+    }
+}
+
+impl TryFrom<String> for ClaimMode {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+/// Polling settings of one event type (`[events.x.polling]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Polling {
+    /// Fixed or adaptive (default adaptive).
+    pub strategy: PollingStrategy,
+    /// The delay of the fixed strategy (default 1s).
+    #[serde(with = "duration")]
+    pub delay: Duration,
+    /// The shortest adaptive delay (default 250ms).
+    #[serde(with = "duration")]
+    pub min: Duration,
+    /// The longest adaptive delay (default 1m).
+    #[serde(with = "duration")]
+    pub max: Duration,
+    /// Growth of the adaptive delay after a partial or empty batch (default 1.5).
+    pub multiplier: f64,
+    /// Wait before the first poll after start (default 0).
+    #[serde(with = "duration")]
+    pub initial_delay: Duration,
+}
+
+impl Default for Polling {
+    fn default() -> Self {
+        Polling {
+            strategy: PollingStrategy::Adaptive,
+            delay: Duration::from_secs(1),
+            min: Duration::from_millis(250),
+            max: Duration::from_secs(60),
+            multiplier: 1.5,
+            initial_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// Retry backoff of one event type (`[events.x.backoff]`): the n-th retry waits
+/// `delay * multiplier^(n-1)`, spread by `± jitter` (a fraction). Disabled means a
+/// fixed `delay` every time.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Backoff {
+    /// Exponential growth on (default true). Off: a fixed delay, never zero.
+    pub enabled: bool,
+    /// The first retry's delay (default 10s).
+    #[serde(with = "duration")]
+    pub delay: Duration,
+    /// Growth per retry (default 3.0).
+    pub multiplier: f64,
+    /// Random spread, a fraction in `[0, 1)` (default 0.1: ±10%).
+    pub jitter: f64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            enabled: true,
+            delay: Duration::from_secs(10),
+            multiplier: 3.0,
+            jitter: 0.1,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `retry` (1 for the first retry), with jitter.
+    pub fn delay_for(&self, retry: u32) -> Duration {
+        let base = if self.enabled {
+            let exp = retry.saturating_sub(1).min(64) as i32;
+            self.delay.as_secs_f64() * self.multiplier.powi(exp)
+        } else {
+            self.delay.as_secs_f64()
+        };
+        let spread = if self.jitter > 0.0 {
+            1.0 + self.jitter * (fastrand::f64() * 2.0 - 1.0)
+        } else {
+            1.0
+        };
+        // Cap at 30 days so huge exponents stay representable; settings made by
+        // hand (NaN, infinities) fall back to the cap instead of panicking.
+        let secs = base * spread;
+        let secs = if secs.is_nan() { 30.0 * 86_400.0 } else { secs };
+        Duration::try_from_secs_f64(secs.clamp(0.001, 30.0 * 86_400.0))
+            .unwrap_or(Duration::from_secs(30 * 86_400))
+    }
+}
+
+/// The settings of one event type: `[defaults]` (or the builder's
+/// [`ConfigBuilder::defaults`](super::ConfigBuilder::defaults)) with the type's own
+/// `[events.x]` (or [`ConfigBuilder::event`](super::ConfigBuilder::event)) on top.
+///
+/// The chained setters are for the builder's closures:
+///
+/// ```
+/// use std::time::Duration;
+/// let config = txbox::Config::builder()
+///     .defaults(|d| d.batch_size(100))
+///     .event("order-created", |e| {
+///         e.destination("orders")
+///             .adaptive_polling(Duration::from_millis(100), Duration::from_secs(10), 2.0)
+///     })
+///     .build()?;
+/// let settings = config.event("order-created").unwrap();
+/// assert_eq!(settings.batch_size, 100);
+/// assert_eq!(settings.polling.min, Duration::from_millis(100));
+/// # Ok::<(), txbox::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EventSettings {
+    /// Topic (Kafka) or exchange (RabbitMQ). `None`: the event type's name.
+    pub destination: Option<String>,
+    /// RabbitMQ routing key. `None`: the event type's name.
+    pub routing_key: Option<String>,
+    /// Most events one poll claims (default 200).
+    pub batch_size: usize,
+    /// Most claimed batches one poller has with the broker at a time (default 3):
+    /// the next batches are claimed while the broker acks the previous ones. 1
+    /// sends one batch at a time. Senders that cannot pipeline behave as 1.
+    pub in_flight: usize,
+    /// Polling between claims.
+    pub polling: Polling,
+    /// Retries after the first failed send before the event is FAILED (default 3).
+    pub max_retries: u32,
+    /// Delay between retries.
+    pub backoff: Backoff,
+    /// Longest a claimed batch may stay in process before recovery returns it
+    /// (default 300s).
+    #[serde(with = "duration")]
+    pub lease: Duration,
+    /// How batches are claimed (default [`ClaimMode::Lease`]).
+    pub claim: ClaimMode,
+}
+
+impl Default for EventSettings {
+    fn default() -> Self {
+        EventSettings {
+            destination: None,
+            routing_key: None,
+            batch_size: 200,
+            in_flight: 3,
+            polling: Polling::default(),
+            max_retries: 3,
+            backoff: Backoff::default(),
+            lease: Duration::from_secs(300),
+            claim: ClaimMode::Lease,
+        }
+    }
+}
+
+impl EventSettings {
+    /// Topic (Kafka) or exchange (RabbitMQ).
+    pub fn destination(mut self, d: impl Into<String>) -> Self {
+        self.destination = Some(d.into());
+        self
+    }
+    /// RabbitMQ routing key (default: the event type).
+    pub fn routing_key(mut self, k: impl Into<String>) -> Self {
+        self.routing_key = Some(k.into());
+        self
+    }
+    /// Most events one poll claims.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+    /// Most batches in flight at once per poller (see [`EventSettings::in_flight`](#structfield.in_flight)).
+    pub fn in_flight(mut self, n: usize) -> Self {
+        self.in_flight = n;
+        self
+    }
+    /// Fixed polling with this delay.
+    pub fn fixed_polling(mut self, delay: Duration) -> Self {
+        self.polling.strategy = PollingStrategy::Fixed;
+        self.polling.delay = delay;
+        self
+    }
+    /// Adaptive polling between `min` and `max`, growing by `multiplier`.
+    pub fn adaptive_polling(mut self, min: Duration, max: Duration, multiplier: f64) -> Self {
+        self.polling.strategy = PollingStrategy::Adaptive;
+        self.polling.min = min;
+        self.polling.max = max;
+        self.polling.multiplier = multiplier;
+        self
+    }
+    /// Wait before the first poll.
+    pub fn initial_delay(mut self, d: Duration) -> Self {
+        self.polling.initial_delay = d;
+        self
+    }
+    /// Retries after the first failed send.
+    pub fn max_retries(mut self, n: u32) -> Self {
+        self.max_retries = n;
+        self
+    }
+    /// Exponential backoff on or off (off: fixed delay).
+    pub fn backoff_enabled(mut self, on: bool) -> Self {
+        self.backoff.enabled = on;
+        self
+    }
+    /// The first retry's delay.
+    pub fn backoff_delay(mut self, d: Duration) -> Self {
+        self.backoff.delay = d;
+        self
+    }
+    /// Backoff growth per retry.
+    pub fn backoff_multiplier(mut self, m: f64) -> Self {
+        self.backoff.multiplier = m;
+        self
+    }
+    /// Backoff jitter, a fraction in `[0, 1)`.
+    pub fn backoff_jitter(mut self, j: f64) -> Self {
+        self.backoff.jitter = j;
+        self
+    }
+    /// Claim lease: the longest a batch may stay in process before recovery.
+    pub fn lease(mut self, d: Duration) -> Self {
+        self.lease = d;
+        self
+    }
+    /// How batches are claimed (see [`ClaimMode`]).
+    pub fn claim(mut self, mode: ClaimMode) -> Self {
+        self.claim = mode;
+        self
+    }
+}
+
+/// Dead-letter settings (`[dlq]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DlqSettings {
+    /// Run the three DLQ threads (move, retry, cleanup). Default true: an event
+    /// that used up its retries then moves to the dead letters, where the admin
+    /// API, the CLI and the HTTP routes list, retry, resolve and delete it. With
+    /// it off, FAILED events stay in the outbox until an operator moves them
+    /// there ([`Dlq::move_failed`](crate::Dlq::move_failed), `txbox dlq move`).
+    pub enabled: bool,
+    /// How often FAILED events are moved to the dead letters (default 30s).
+    #[serde(with = "duration")]
+    pub move_interval: Duration,
+    /// How often dead letters marked for retry go back to the outbox (default 10s).
+    #[serde(with = "duration")]
+    pub retry_interval: Duration,
+    /// How often resolved dead letters are cleaned up (default 10m).
+    #[serde(with = "duration")]
+    pub cleanup_interval: Duration,
+    /// Resolved dead letters older than this are deleted (default 24h).
+    #[serde(with = "duration")]
+    pub resolved_ttl: Duration,
+}
+
+impl Default for DlqSettings {
+    fn default() -> Self {
+        DlqSettings {
+            enabled: true,
+            move_interval: Duration::from_secs(30),
+            retry_interval: Duration::from_secs(10),
+            cleanup_interval: Duration::from_secs(600),
+            resolved_ttl: Duration::from_secs(86_400),
+        }
+    }
+}
+
+/// Stuck recovery and cleanup settings (`[maintenance]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MaintenanceSettings {
+    /// How often expired claims are returned to PENDING (default 60s).
+    #[serde(with = "duration")]
+    pub recovery_interval: Duration,
+    /// How often processed events are cleaned up (default 5m).
+    #[serde(with = "duration")]
+    pub cleanup_interval: Duration,
+    /// Processed events older than this are deleted (default 24h). Zero keeps none:
+    /// the relay deletes each row as soon as the broker acks it, instead of marking
+    /// it PROCESSED (less database work per event, nothing left to clean up).
+    #[serde(with = "duration")]
+    pub processed_ttl: Duration,
+    /// Rows one maintenance statement touches at most (default 1000).
+    pub batch_size: usize,
+}
+
+impl Default for MaintenanceSettings {
+    fn default() -> Self {
+        MaintenanceSettings {
+            recovery_interval: Duration::from_secs(60),
+            cleanup_interval: Duration::from_secs(300),
+            processed_ttl: Duration::from_secs(86_400),
+            batch_size: 1000,
+        }
+    }
+}
+
+/// Inbox settings (`[inbox]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InboxSettings {
+    /// Consumed ids older than this are deleted (default 24h). Keep it at least as
+    /// long as a duplicate can still arrive.
+    #[serde(with = "duration")]
+    pub ttl: Duration,
+    /// How long the inbox cache keeps an id (default 1h; must be <= `ttl`).
+    #[serde(with = "duration")]
+    pub cache_ttl: Duration,
+    /// How often the cleanup runs (default 10m).
+    #[serde(with = "duration")]
+    pub cleanup_interval: Duration,
+    /// Rows one cleanup statement deletes at most (default 1000).
+    pub batch_size: usize,
+}
+
+impl Default for InboxSettings {
+    fn default() -> Self {
+        InboxSettings {
+            ttl: Duration::from_secs(86_400),
+            cache_ttl: Duration::from_secs(3600),
+            cleanup_interval: Duration::from_secs(600),
+            batch_size: 1000,
+        }
+    }
+}
