@@ -13,10 +13,12 @@ use std::collections::HashSet;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
-use txbox::inbox::{Inbox, MemoryCache, MissingIdPolicy};
 use txbox::kafka::{ensure_topic, KafkaConsumer, KafkaSender};
-use txbox::{Config, Error, Outbox, PgStore, Relay, Sender, StopSignal, Store};
+use txbox::{Config, Error, Outbox, PgStore, Relay, Sender, StopSignal};
+use txbox::{Inbox, MemoryCache, MissingIdPolicy};
 
 fn env(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_string())
@@ -50,7 +52,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         .defaults(|e| e.adaptive_polling(Duration::from_millis(20), Duration::from_secs(1), 1.5))
         .event("order-created", |e| e.destination(&topic))
         .build()?;
-    let store = Arc::new(PgStore::connect(&url, &config.table_prefix())?);
+    let store = Arc::new(PgStore::connect(&url, &config)?);
     store.migrate()?;
     let mut db = postgres::Client::connect(&url, postgres::NoTls)?;
     db.batch_execute(

@@ -16,9 +16,11 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use serde::{Deserialize, Serialize};
-use txbox::{Config, EventId, NewEvent, Outbox, PgStore, ReceivedEvent, Relay, StopSignal, Store};
+use txbox::{Config, EventId, NewEvent, Outbox, PgStore, ReceivedEvent, Relay, StopSignal};
 
 const DESTINATION: &str = "txbox-orders";
 
@@ -142,7 +144,7 @@ fn run(broker: &str) -> Result<bool, Box<dyn std::error::Error>> {
         })
         .dlq(true)
         .build()?;
-    let store = Arc::new(PgStore::connect(&url, &config.table_prefix())?);
+    let store = Arc::new(PgStore::connect(&url, &config)?);
     store.migrate()?;
     let outbox = Outbox::new(&config)?;
     let mut db = postgres::Client::connect(&url, postgres::NoTls)?;

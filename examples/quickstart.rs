@@ -14,9 +14,11 @@ use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use serde::Serialize;
-use txbox::{Config, EventId, MemorySender, Outbox, Relay, Store, Transaction};
+use txbox::{Config, EventId, MemorySender, Outbox, Relay, Transaction};
 
 #[derive(Serialize)]
 struct OrderCreated {
@@ -162,11 +164,11 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
 
     // The store (schema is idempotent, so every run migrates) and the relay beside
     // the business code.
-    let store: Arc<dyn Store> = match url.as_deref() {
-        None => Arc::new(txbox::SqliteStore::open(&tmp, &config.table_prefix())?),
-        Some(u) if u.starts_with("postgres") => Arc::new(txbox::PgStore::connect(u, &config.table_prefix())?),
+    let store: Arc<dyn FullStore> = match url.as_deref() {
+        None => Arc::new(txbox::SqliteStore::connect(&tmp.to_string_lossy(), &config)?),
+        Some(u) if u.starts_with("postgres") => Arc::new(txbox::PgStore::connect(u, &config)?),
         #[cfg(feature = "mysql")]
-        Some(u) if u.starts_with("mysql") => Arc::new(txbox::MySqlStore::connect(u, &config.table_prefix())?),
+        Some(u) if u.starts_with("mysql") => Arc::new(txbox::MySqlStore::connect(u, &config)?),
         Some(u) => return Err(format!("unsupported database url {u:?} (sqlite is the default; postgres://, or mysql:// with --features mysql)").into()),
     };
     store.migrate()?;

@@ -24,7 +24,7 @@
 //!
 //! ```no_run
 //! # fn main() -> txbox::Result<()> {
-//! # let store: std::sync::Arc<dyn txbox::Store> = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?);
+//! # let store: std::sync::Arc<dyn txbox::FullStore> = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", &txbox::Config::builder().build()?)?);
 //! use txbox::admin::{AdminOptions, AdminServer};
 //! let server = AdminServer::start(store, AdminOptions::new().token("s3cret"))?;
 //! println!("admin on http://{}", server.addr());
@@ -40,11 +40,12 @@ use std::time::{Duration, Instant};
 
 use subtle::ConstantTimeEq;
 
-use crate::dlq::{Dlq, DlqFilter, DlqStatus};
+use crate::dlq::Dlq;
 use crate::error::{Error, Result};
 use crate::event::EventId;
 use crate::relay::RelayProbe;
-use crate::store::Store;
+use crate::store::FullStore;
+use crate::store::{DlqFilter, DlqStatus};
 
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -154,7 +155,7 @@ impl AdminServer {
     /// request per connection, within [`AdminOptions::request_timeout`]: a
     /// client that stalls never keeps `/health` from answering nor `shutdown`
     /// from returning.
-    pub fn start(store: Arc<dyn Store>, options: AdminOptions) -> Result<AdminServer> {
+    pub fn start(store: Arc<dyn FullStore>, options: AdminOptions) -> Result<AdminServer> {
         let io = |context: String| move |e| Error::Io { context, source: e };
         let listener = TcpListener::bind(&options.addr)
             .map_err(io(format!("admin endpoint on {}", options.addr)))?;
@@ -410,7 +411,7 @@ fn read_body(
 /// Serves one connection: the head, then route and token, then the body (only
 /// a route that takes one reads it), all before the deadline; one answer, then
 /// the connection closes.
-fn serve(store: &Arc<dyn Store>, options: &AdminOptions, mut stream: TcpStream) {
+fn serve(store: &Arc<dyn FullStore>, options: &AdminOptions, mut stream: TcpStream) {
     let deadline = Instant::now() + options.request_timeout;
     let head = match read_head(&mut stream, deadline) {
         Ok(h) => h,
@@ -483,7 +484,7 @@ fn err(code: u16, msg: &str) -> Resp {
     reply(code, &error_json(msg))
 }
 
-fn handle(store: &Arc<dyn Store>, options: &AdminOptions, call: &Call, body: &[u8]) -> Resp {
+fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body: &[u8]) -> Resp {
     let path = call.url.split('?').next().unwrap_or_default();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let dlq = Dlq::new(store.clone());
@@ -538,7 +539,7 @@ fn json<T: serde::Serialize>(code: u16, v: &T) -> Resp {
     )
 }
 
-fn health(store: &Arc<dyn Store>, options: &AdminOptions) -> Resp {
+fn health(store: &Arc<dyn FullStore>, options: &AdminOptions) -> Resp {
     // a short reason only: the error's text (hosts, users, server messages) goes
     // to the log, not to whoever reaches the port
     let database = match store.ping() {

@@ -123,7 +123,7 @@ impl ReceivedEvent {
 /// Stops a consumer loop from another thread. Clones share the signal.
 ///
 /// ```
-/// let stop = txbox::consumer::StopSignal::new();
+/// let stop = txbox::StopSignal::new();
 /// let for_loop = stop.clone();
 /// stop.stop();
 /// assert!(for_loop.is_stopped());

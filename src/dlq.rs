@@ -10,17 +10,14 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::event::EventId;
-use crate::store::Store;
-pub use crate::store::{DeadLetter, DlqFilter, DlqStatus};
-
-/// Most ids one batch call accepts.
-pub const MAX_BATCH_IDS: usize = 1000;
+use crate::store::DeadLetterStore;
+use crate::store::{DeadLetter, DlqFilter, DlqStatus};
 
 /// The dead-letter admin API.
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// # let store = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?);
+/// # let store = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", &txbox::Config::builder().build()?)?);
 /// let dlq = txbox::Dlq::new(store);
 /// for dead in dlq.list(&txbox::DlqFilter::default())? {
 ///     println!("{} {} {:?}", dead.id, dead.event_type, dead.last_error);
@@ -30,19 +27,22 @@ pub const MAX_BATCH_IDS: usize = 1000;
 /// ```
 #[derive(Clone)]
 pub struct Dlq {
-    store: Arc<dyn Store>,
+    store: Arc<dyn DeadLetterStore>,
 }
 
 impl Dlq {
+    /// Most ids one batch call accepts.
+    pub const MAX_BATCH_IDS: usize = 1000;
+
     /// The API over a store.
-    pub fn new(store: Arc<dyn Store>) -> Self {
+    pub fn new(store: Arc<dyn DeadLetterStore>) -> Self {
         Dlq { store }
     }
 
     /// Dead letters matching the filter, ordered by moved-at then id.
     pub fn list(&self, filter: &DlqFilter) -> Result<Vec<DeadLetter>> {
         let mut f = filter.clone();
-        f.limit = f.limit.clamp(1, MAX_BATCH_IDS as u64);
+        f.limit = f.limit.clamp(1, Self::MAX_BATCH_IDS as u64);
         self.store.dlq_list(&f)
     }
 
@@ -64,7 +64,7 @@ impl Dlq {
     ///
     /// ```no_run
     /// # fn main() -> txbox::Result<()> {
-    /// # let store: std::sync::Arc<dyn txbox::Store> = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?);
+    /// # let store: std::sync::Arc<dyn txbox::FullStore> = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", &txbox::Config::builder().build()?)?);
     /// let moved = txbox::Dlq::new(store).move_failed(1000)?;
     /// println!("{moved} failed events are now dead letters");
     /// # Ok(()) }
@@ -72,7 +72,7 @@ impl Dlq {
     pub fn move_failed(&self, limit: usize) -> Result<u64> {
         let mut total = 0;
         while (total as usize) < limit {
-            let batch = (limit - total as usize).min(MAX_BATCH_IDS);
+            let batch = (limit - total as usize).min(Self::MAX_BATCH_IDS);
             let n = self.store.move_failed_to_dlq(batch)?;
             total += n;
             if (n as usize) < batch {
@@ -146,7 +146,7 @@ impl Dlq {
                 event_type: Some(event_type.to_string()),
                 status: Some(*status),
                 offset: 0,
-                limit: MAX_BATCH_IDS as u64,
+                limit: Self::MAX_BATCH_IDS as u64,
             };
             loop {
                 let ids: Vec<EventId> =
@@ -208,10 +208,11 @@ impl Dlq {
 }
 
 fn check_batch(ids: &[EventId]) -> Result<()> {
-    if ids.len() > MAX_BATCH_IDS {
+    if ids.len() > Dlq::MAX_BATCH_IDS {
         return Err(Error::InvalidInput(format!(
-            "{} ids given, at most {MAX_BATCH_IDS} per call",
-            ids.len()
+            "{} ids given, at most {} per call",
+            ids.len(),
+            Dlq::MAX_BATCH_IDS
         )));
     }
     Ok(())

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-pub use crate::id::{EventId, ParseEventIdError};
+pub(crate) use crate::id::EventId;
 
 /// Header that carries the event id on every message txbox sends (Kafka record
 /// header, AMQP header and `message_id`). The inbox deduplicates on it.

@@ -64,15 +64,18 @@
 
 #![warn(missing_docs)]
 
+// Modules in the order an event travels; each item has one public path: the
+// crate root, or the module of its feature (`kafka`, `rabbitmq`, `admin`) and
+// `metrics`.
 #[cfg(feature = "admin-http")]
 pub mod admin;
-pub mod config;
-pub mod consumer;
-pub mod dlq;
+mod config;
+mod consumer;
+mod dlq;
 mod error;
-pub mod event;
+mod event;
 mod id;
-pub mod inbox;
+mod inbox;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod metrics;
@@ -80,27 +83,50 @@ mod outbox;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 mod redact;
-pub mod relay;
-pub mod sender;
-pub mod store;
+mod relay;
+mod sender;
+mod store;
 mod tables;
 mod transaction;
 
-pub use config::{ClaimMode, Config, ConfigBuilder, EventSettings};
+pub use config::{
+    Backoff, ClaimMode, Config, ConfigBuilder, DlqSettings, EventSettings, InboxSettings,
+    MaintenanceSettings, Polling, PollingStrategy,
+};
 pub use consumer::{Position, ReceivedEvent, StopSignal, Verdict};
-pub use dlq::{DeadLetter, Dlq, DlqFilter, DlqStatus};
+pub use dlq::Dlq;
 pub use error::{DatabaseErrorKind, Error, Result};
-pub use event::{Event, EventId, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
+pub use event::{
+    Event, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE, RESERVED_HEADER_PREFIX,
+};
+pub use id::{EventId, ParseEventIdError};
+#[cfg(feature = "redis")]
+pub use inbox::RedisCache;
+pub use inbox::{
+    Handled, Inbox, InboxCache, InboxCleanup, InboxStats, MemoryCache, MissingIdPolicy,
+};
 pub use outbox::Outbox;
+#[cfg(feature = "postgres")]
+pub use outbox::{PgPrepared, PgPreparedTx};
 pub use relay::{Relay, RelayProbe};
 pub use sender::{MemorySender, SendError, SendErrorKind, Sender, SenderFactory, Started};
+pub use store::{
+    ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus, FullStore, HeldBatch,
+    HeldClaim, InboxStore, MaintenanceStore, Outcome, Store, Tables, TypeStatus,
+};
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "oracle"
+))]
+pub use store::{Dialect, SqlStore};
 #[cfg(feature = "mysql")]
-pub use store::mysql::MySqlStore;
+pub use store::{MySqlDialect, MySqlStore};
 #[cfg(feature = "oracle")]
-pub use store::oracle::OracleStore;
+pub use store::{OracleDialect, OracleStore};
 #[cfg(feature = "postgres")]
-pub use store::postgres::{PgPrepared, PgPreparedTx, PgStore};
+pub use store::{PgDialect, PgPool, PgStore};
 #[cfg(feature = "sqlite")]
-pub use store::sqlite::SqliteStore;
-pub use store::{ClaimArgs, HeldBatch, Outcome, Store, Tables, TypeStatus};
+pub use store::{SqliteDialect, SqliteStore};
 pub use transaction::Transaction;

@@ -263,7 +263,7 @@ pub struct MetricsSnapshot {
     /// Inbox cache misses.
     pub inbox_cache_misses: u64,
     /// The outbox per event type, as of the relay's last recovery run (or the last
-    /// [`refresh`]).
+    /// [`record_status`]).
     pub outbox: Vec<TypeStatus>,
     /// Dead letters, as of the same moment.
     pub dlq_size: Option<u64>,
@@ -275,13 +275,19 @@ pub struct MetricsSnapshot {
     pub commit_to_ack: HistogramSnapshot,
 }
 
-/// Refreshes the outbox gauges from `store` now (pending, in process, failed, oldest
-/// pending age per type; DLQ size).
-pub fn refresh(store: &dyn crate::Store) -> crate::Result<()> {
-    let status = store.status()?;
-    let dlq = store.dlq_count(&crate::DlqFilter::default())?;
-    outbox_gauges(status, dlq);
-    Ok(())
+/// Sets the outbox gauges (pending, in process, failed, oldest pending age per
+/// type; DLQ size) to counts read from a store. The relay does it on each
+/// recovery run; between runs, read them yourself:
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// use txbox::{DeadLetterStore, DlqFilter, MaintenanceStore};
+/// # let store = txbox::Config::builder().build()?.connect("sqlite:jobs.db")?;
+/// txbox::metrics::record_status(store.status()?, store.dlq_count(&DlqFilter::default())?);
+/// # Ok(()) }
+/// ```
+pub fn record_status(outbox: Vec<TypeStatus>, dlq_size: u64) {
+    outbox_gauges(outbox, dlq_size);
 }
 
 /// Every metric now.

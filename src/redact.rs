@@ -83,6 +83,7 @@ pub(crate) fn is_secret(key: &str) -> bool {
 }
 
 /// Client properties for `Debug`: secret values redacted, URLs scrubbed.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 pub(crate) struct Properties<'a>(pub(crate) &'a BTreeMap<String, String>);
 
 impl fmt::Debug for Properties<'_> {

@@ -41,11 +41,11 @@ impl Tables {
 
 /// Longest table prefix: PostgreSQL names are at most 63 bytes and the longest
 /// derived name adds 34.
-pub const MAX_PREFIX_LEN: usize = 24;
+pub(crate) const MAX_PREFIX_LEN: usize = 24;
 
 /// Checks that a table prefix is a plain SQL identifier (or empty): ASCII letters,
 /// digits and `_`, not starting with a digit.
-pub fn validate_prefix(prefix: &str) -> Result<()> {
+pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     let ok = prefix.len() <= MAX_PREFIX_LEN
         && prefix
             .chars()

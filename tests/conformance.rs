@@ -10,10 +10,12 @@ mod common;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;
-use txbox::inbox::Inbox;
+use txbox::Inbox;
 use txbox::{
     Config, Dlq, DlqFilter, DlqStatus, Error, Event, EventId, MemorySender, Outcome, Relay,
     SendError, Sender, Started,

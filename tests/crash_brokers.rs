@@ -17,6 +17,8 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::*;
 use txbox::kafka::KafkaSender;
@@ -69,7 +71,7 @@ fn relay_worker_process() {
     if prefix.is_empty() {
         return; // only as a child process
     }
-    let store = Arc::new(PgStore::connect(&pg_url(), &prefix).unwrap());
+    let store = Arc::new(PgStore::connect(&pg_url(), &common::prefix_config(&prefix)).unwrap());
     let config = config(&prefix, &destination, var("TXBOX_CRASH_HELD") == "true");
     let _relay = if broker == "rabbitmq" {
         let factory = RabbitSenderFactory::new(&rabbit_url()).confirm_timeout(ms(2000));

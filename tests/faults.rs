@@ -17,6 +17,8 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;
@@ -87,7 +89,9 @@ fn relay_worker_process() {
     ) else {
         return; // only as a child process
     };
-    let store = Arc::new(txbox::PgStore::connect(&common::pg_url(), &prefix).unwrap());
+    let store = Arc::new(
+        txbox::PgStore::connect(&common::pg_url(), &common::prefix_config(&prefix)).unwrap(),
+    );
     let factory = move || -> txbox::Result<Box<dyn Sender>> {
         let file = std::fs::OpenOptions::new()
             .create(true)

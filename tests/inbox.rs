@@ -5,10 +5,12 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::*;
-use txbox::inbox::{Handled, Inbox, InboxCache, InboxCleanup, MemoryCache};
-use txbox::{Config, Error, EventId, Position, ReceivedEvent, Store};
+use txbox::{Config, Error, EventId, Position, ReceivedEvent};
+use txbox::{Handled, Inbox, InboxCache, InboxCleanup, MemoryCache};
 
 fn config(prefix: &str) -> Config {
     Config::builder().table_prefix(prefix).build().unwrap()
@@ -352,7 +354,7 @@ fn a_rolled_back_handler_leaves_no_cached_id() {
 #[cfg(feature = "redis")]
 #[test]
 fn redis_cache_keeps_service_names_apart_and_skips_rollbacks() {
-    use txbox::inbox::RedisCache;
+    use txbox::RedisCache;
     let url = std::env::var("TXBOX_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     if !service_up("Redis", "127.0.0.1:6379") {
         return;

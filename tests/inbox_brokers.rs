@@ -5,10 +5,12 @@
 mod common;
 
 use std::time::Duration;
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::*;
-use txbox::inbox::{Inbox, MissingIdPolicy};
 use txbox::{Config, Error, Outbox, Relay, Sender};
+use txbox::{Inbox, MissingIdPolicy};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

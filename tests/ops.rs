@@ -8,6 +8,8 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;
@@ -373,7 +375,10 @@ fn the_http_endpoint_serves_health_metrics_and_the_dlq() {
     let relay = Relay::start(fx.store.clone(), &c, sender.clone()).unwrap();
     fx.publish(&c, "order-created", 5, true);
     wait_until("5 sent", Duration::from_secs(10), || sender.len() >= 5);
-    txbox::metrics::refresh(fx.store.as_ref()).unwrap();
+    txbox::metrics::record_status(
+        fx.store.status().unwrap(),
+        fx.store.dlq_count(&txbox::DlqFilter::default()).unwrap(),
+    );
 
     let server = AdminServer::start(
         fx.store.clone(),
@@ -739,7 +744,8 @@ fn health_gives_a_short_reason_not_the_database_error() {
                 .unwrap(),
             postgres::NoTls,
         ));
-    let store = Arc::new(txbox::PgStore::from_pool(pool, "t_ops_down_").unwrap());
+    let store =
+        Arc::new(txbox::PgStore::from_pool(pool, &common::prefix_config("t_ops_down_")).unwrap());
     let server = AdminServer::start(store, AdminOptions::new()).unwrap();
     let (agent, base) = http(&server);
     let (code, text) = body(agent.get(format!("{base}/health")).call().unwrap());

@@ -7,12 +7,14 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::*;
 use serde_json::json;
 use txbox::{
     ClaimArgs, ClaimMode, Config, Dlq, DlqStatus, EventId, EventSettings, MemorySender, NewEvent,
-    Outbox, Outcome, Relay, Store,
+    Outbox, Outcome, Relay,
 };
 
 fn ms(n: u64) -> Duration {
@@ -345,7 +347,7 @@ fn pooled_connections_killed_are_tested_and_replaced() {
         postgres::NoTls,
     );
     let pool = r2d2::Pool::builder().max_size(4).build(manager).unwrap();
-    let theirs = txbox::PgStore::from_pool(pool, p).unwrap();
+    let theirs = txbox::PgStore::from_pool(pool, &common::prefix_config(p)).unwrap();
     theirs.ping().unwrap();
     kill_all(&mut client);
     theirs
@@ -732,7 +734,7 @@ fn held_claims_deliver_every_event_and_finish_in_their_transaction() {
 /// Drains a backlog of 1,000 events of type "h" with held claims (batches of 40,
 /// 3 in flight) from `store` into a sender that refuses every tenth event; checks
 /// that each acked event was sent once and the refused ones were not.
-fn held_backlog(p: &str, store: Arc<impl Store>, client: &mut postgres::Client) {
+fn held_backlog(p: &str, store: Arc<impl FullStore>, client: &mut postgres::Client) {
     let config = Config::builder()
         .table_prefix(p)
         .defaults(|e: EventSettings| {
@@ -841,7 +843,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
     }
     tx.commit().unwrap();
     let before = snapshot(&mut client, p);
-    let other = txbox::PgStore::connect(&pg_url_as(&app), p).unwrap();
+    let other = txbox::PgStore::connect(&pg_url_as(&app), &common::prefix_config(p)).unwrap();
     let lease = Duration::from_secs(60);
     let claim_x = ClaimArgs {
         delete_acked,
@@ -944,8 +946,8 @@ fn finish_and_claim(p: &str, delete: bool) {
     let Some((_, mut client)) = fresh(p) else {
         return;
     };
-    let store = txbox::PgStore::connect(&pg_url_as(&app), p).unwrap();
-    let other = txbox::PgStore::connect(&pg_url(), p).unwrap();
+    let store = txbox::PgStore::connect(&pg_url_as(&app), &common::prefix_config(p)).unwrap();
+    let other = txbox::PgStore::connect(&pg_url(), &common::prefix_config(p)).unwrap();
     let outbox = outbox_of_x(p);
     let mut tx = client.transaction().unwrap();
     let ids = outbox
@@ -1044,7 +1046,7 @@ fn an_idle_held_claim_sends_only_its_probe() {
     let Some((_, mut client)) = fresh(p) else {
         return;
     };
-    let store = txbox::PgStore::connect(&pg_url_as(app), p).unwrap();
+    let store = txbox::PgStore::connect(&pg_url_as(app), &common::prefix_config(p)).unwrap();
     for delete_acked in [false, true] {
         let args = ClaimArgs {
             delete_acked,
@@ -1080,7 +1082,8 @@ fn held_claims_need_a_store_that_can_hold_them() {
         .event("y", |e| e.claim(ClaimMode::Lock))
         .build()
         .unwrap();
-    let store = Arc::new(txbox::SqliteStore::open(":memory:", "").unwrap());
+    let store =
+        Arc::new(txbox::SqliteStore::connect(":memory:", &common::prefix_config("")).unwrap());
     store.migrate().unwrap();
     let err = Relay::start(store.clone(), &config, MemorySender::new())
         .err()
@@ -1173,12 +1176,12 @@ fn lease_and_held_claims_share_a_table_and_deliver_each_event_once() {
     }
     let senders: Vec<MemorySender> = (0..4).map(|_| MemorySender::new()).collect();
     // connected first, so the four relays start together
-    let stores: Vec<Arc<dyn Store>> = (0..4)
-        .map(|i| -> Arc<dyn Store> {
+    let stores: Vec<Arc<dyn FullStore>> = (0..4)
+        .map(|i| -> Arc<dyn FullStore> {
             if i == 0 {
                 store.clone()
             } else {
-                Arc::new(txbox::PgStore::connect(&pg_url(), p).unwrap())
+                Arc::new(txbox::PgStore::connect(&pg_url(), &common::prefix_config(p)).unwrap())
             }
         })
         .collect();
@@ -1237,19 +1240,24 @@ struct DefaultHeld {
 }
 
 impl Store for DefaultHeld {
-    fn can_hold_claims(&self) -> bool {
-        true
-    }
-    fn claim_held(&self, args: &ClaimArgs<'_>) -> txbox::Result<txbox::store::HeldClaim> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        let (events, held) = self.pg.claim_held(args)?;
-        let held = held
-            .map(|h| Box::new(FinishOnly(h, self.finishes.clone())) as Box<dyn txbox::HeldBatch>);
-        Ok((events, held))
-    }
     fn migrate(&self) -> txbox::Result<()> {
         self.pg.migrate()
     }
+    fn ping(&self) -> txbox::Result<()> {
+        self.pg.ping()
+    }
+    fn table_prefix(&self) -> &str {
+        self.pg.table_prefix()
+    }
+    fn try_lock(&self, name: &str, owner: uuid::Uuid, lease: Duration) -> txbox::Result<bool> {
+        self.pg.try_lock(name, owner, lease)
+    }
+    fn unlock(&self, name: &str, owner: uuid::Uuid) -> txbox::Result<()> {
+        self.pg.unlock(name, owner)
+    }
+}
+
+impl ClaimStore for DefaultHeld {
     fn claim_after(
         &self,
         event_type: &str,
@@ -1263,12 +1271,34 @@ impl Store for DefaultHeld {
     fn finish(&self, token: uuid::Uuid, outcomes: &[(EventId, Outcome)]) -> txbox::Result<u64> {
         self.pg.finish(token, outcomes)
     }
+    fn can_hold_claims(&self) -> bool {
+        true
+    }
+    fn max_connections(&self) -> Option<usize> {
+        self.pg.max_connections()
+    }
+    fn claim_held(&self, args: &ClaimArgs<'_>) -> txbox::Result<txbox::HeldClaim> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        let (events, held) = self.pg.claim_held(args)?;
+        let held = held
+            .map(|h| Box::new(FinishOnly(h, self.finishes.clone())) as Box<dyn txbox::HeldBatch>);
+        Ok((events, held))
+    }
+}
+
+impl MaintenanceStore for DefaultHeld {
     fn recover_expired(&self, limit: usize) -> txbox::Result<u64> {
         self.pg.recover_expired(limit)
     }
     fn delete_processed(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
         self.pg.delete_processed(ttl, limit)
     }
+    fn status(&self) -> txbox::Result<Vec<txbox::TypeStatus>> {
+        self.pg.status()
+    }
+}
+
+impl DeadLetterStore for DefaultHeld {
     fn move_failed_to_dlq(&self, limit: usize) -> txbox::Result<u64> {
         self.pg.move_failed_to_dlq(limit)
     }
@@ -1277,12 +1307,6 @@ impl Store for DefaultHeld {
     }
     fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
         self.pg.delete_resolved_dlq(ttl, limit)
-    }
-    fn try_lock(&self, name: &str, owner: uuid::Uuid, lease: Duration) -> txbox::Result<bool> {
-        self.pg.try_lock(name, owner, lease)
-    }
-    fn unlock(&self, name: &str, owner: uuid::Uuid) -> txbox::Result<()> {
-        self.pg.unlock(name, owner)
     }
     fn dlq_list(&self, filter: &txbox::DlqFilter) -> txbox::Result<Vec<txbox::DeadLetter>> {
         self.pg.dlq_list(filter)
@@ -1304,9 +1328,9 @@ impl Store for DefaultHeld {
     fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> txbox::Result<Vec<EventId>> {
         self.pg.dlq_delete(ids, from)
     }
-    fn status(&self) -> txbox::Result<Vec<txbox::TypeStatus>> {
-        self.pg.status()
-    }
+}
+
+impl InboxStore for DefaultHeld {
     fn inbox_insert(&self, consumer: &str, ids: &[EventId]) -> txbox::Result<Vec<EventId>> {
         self.pg.inbox_insert(consumer, ids)
     }
@@ -1408,7 +1432,14 @@ fn held_claims_needing_more_connections_than_the_pool_are_refused() {
     if fresh(p).is_none() {
         return;
     }
-    let store = Arc::new(txbox::PgStore::connect_with(&pg_url(), p, 8).unwrap());
+    let pool = r2d2::Pool::builder()
+        .max_size(8)
+        .build(r2d2_postgres::PostgresConnectionManager::new(
+            pg_url().parse().unwrap(),
+            postgres::NoTls,
+        ))
+        .unwrap();
+    let store = Arc::new(txbox::PgStore::from_pool(pool, &common::prefix_config(p)).unwrap());
     let held = |n: usize| {
         let mut b = Config::builder()
             .table_prefix(p)
@@ -1446,8 +1477,7 @@ fn a_configuration_with_a_nul_type_or_nan_multiplier_is_refused() {
     let err = Config::builder()
         .event("bad\0type", |e| e)
         .build()
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(
         err.starts_with("events.bad\\0type event type must not contain control characters"),
@@ -1456,8 +1486,7 @@ fn a_configuration_with_a_nul_type_or_nan_multiplier_is_refused() {
     let err = Config::builder()
         .defaults(|d| d.backoff_multiplier(f64::NAN))
         .build()
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(
         err.starts_with("defaults.backoff.multiplier must be between"),

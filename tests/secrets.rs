@@ -4,6 +4,8 @@
 #![cfg(all(feature = "kafka", feature = "rabbitmq", feature = "admin-http"))]
 
 use std::time::Duration;
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use txbox::admin::AdminOptions;
 use txbox::kafka::{KafkaConsumer, KafkaSender};
@@ -64,21 +66,27 @@ fn debug_output_redacts_passwords_in_urls_and_properties() {
 #[test]
 fn errors_that_name_a_url_redact_its_password() {
     // an unknown scheme: the URL is echoed, its password not
-    let err = txbox::store::connect(&format!("postgress://app:{PASSWORD}@db/x"), "")
+    let err = Config::builder()
+        .build()
+        .unwrap()
+        .connect(&format!("postgress://app:{PASSWORD}@db/x"))
         .err()
         .expect("refused")
         .to_string();
-    assert_hidden("store::connect", &err);
+    assert_hidden("Config::connect", &err);
     assert!(err.contains("unknown scheme \"postgress\""), "{err}");
     for url in [
         format!("host=db user=app password={PASSWORD}"),
         format!("postgress://db/x?password={PASSWORD}"),
     ] {
-        let err = txbox::store::connect(&url, "")
+        let err = Config::builder()
+            .build()
+            .unwrap()
+            .connect(&url)
             .err()
             .expect("refused")
             .to_string();
-        assert_hidden("store::connect", &err);
+        assert_hidden("Config::connect", &err);
     }
 
     // amiquip's connect error names the URL: the sender's error (logged, and

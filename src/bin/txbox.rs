@@ -18,6 +18,8 @@
 //! `sqlite:PATH`, `oracle://...`). Exit codes: 0 ok, 1 error, 2 bad usage.
 
 use std::process::ExitCode;
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use clap::{Args, Parser, Subcommand};
 use txbox::{Dlq, DlqFilter, DlqStatus, EventId};
@@ -190,7 +192,10 @@ fn run(cli: Cli) -> Result<String, Fail> {
             Fail::Usage("no database: pass --database-url or set TXBOX_DATABASE_URL".into())
         })?;
     let as_json = cli.json;
-    let store = txbox::store::connect(&url, &cli.table_prefix)?;
+    let store = txbox::Config::builder()
+        .table_prefix(&cli.table_prefix)
+        .build()?
+        .connect(&url)?;
     let dlq = Dlq::new(store.clone());
     Ok(match cli.command {
         Command::Migrate => {

@@ -11,19 +11,10 @@ use serde::Deserialize;
 use super::{Config, DlqSettings, EventSettings, InboxSettings, MaintenanceSettings};
 use crate::error::{Error, Result};
 
-/// Parses a duration as the configuration spells it: what
-/// [`humantime`](https://docs.rs/humantime) accepts (`"250ms"`, `"10s"`, `"1m"`,
-/// `"24h"`, `"7d"`, `"1h 30m"`, `"0"`) and a decimal number of one unit
-/// (`"1.5s"`).
-///
-/// ```
-/// use std::time::Duration;
-/// assert_eq!(txbox::config::parse_duration("250ms"), Some(Duration::from_millis(250)));
-/// assert_eq!(txbox::config::parse_duration("1m"), Some(Duration::from_secs(60)));
-/// assert_eq!(txbox::config::parse_duration("1.5s"), Some(Duration::from_millis(1500)));
-/// assert_eq!(txbox::config::parse_duration("soon"), None);
-/// ```
-pub fn parse_duration(s: &str) -> Option<Duration> {
+/// Parses a duration as the configuration spells it: what humantime accepts
+/// (`"250ms"`, `"10s"`, `"1m"`, `"24h"`, `"7d"`, `"1h 30m"`, `"0"`) and a
+/// decimal number of one unit (`"1.5s"`).
+pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     if let Ok(d) = humantime::parse_duration(s) {
         return Some(d);
@@ -132,4 +123,35 @@ pub(super) fn parse(text: &str) -> Result<Config> {
         maintenance: file.maintenance,
         inbox: file.inbox,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_as_before_and_what_humantime_reads() {
+        let ms = Duration::from_millis;
+        for (text, want) in [
+            ("250ms", Some(ms(250))),
+            ("10s", Some(ms(10_000))),
+            ("1m", Some(ms(60_000))),
+            ("24h", Some(ms(86_400_000))),
+            ("7d", Some(ms(7 * 86_400_000))),
+            ("0", Some(Duration::ZERO)),
+            ("0s", Some(Duration::ZERO)),
+            ("1.5s", Some(ms(1500))),
+            ("0.5m", Some(ms(30_000))),
+            ("1h 30m", Some(ms(5_400_000))),
+            (" 2s ", Some(ms(2000))),
+            ("soon", None),
+            ("", None),
+            ("1.5", None),
+            ("-1s", None),
+            ("1e400s", None),
+        ] {
+            assert_eq!(parse_duration(text), want, "{text:?}");
+        }
+    }
 }

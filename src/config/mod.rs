@@ -19,15 +19,12 @@ mod settings;
 mod validate;
 
 pub use builder::ConfigBuilder;
-pub use file::parse_duration;
 pub use settings::{
     Backoff, ClaimMode, DlqSettings, EventSettings, InboxSettings, MaintenanceSettings, Polling,
     PollingStrategy,
 };
 pub(crate) use validate::{plain_name, validate_event, within, within_or_zero};
-pub use validate::{
-    MAX_DELAY, MAX_INTERVAL, MAX_LEASE, MAX_MULTIPLIER, MAX_PAYLOAD_LIMIT, MAX_TTL,
-};
+pub(crate) use validate::{MAX_INTERVAL, MAX_PAYLOAD_LIMIT, MAX_TTL};
 
 /// The whole configuration, validated: built with [`Config::builder`] or read
 /// with [`Config::from_toml`]. Its parts are read through the accessors; a
@@ -109,8 +106,12 @@ impl Config {
         Ok(())
     }
 
-    /// Opens the store `url` names (see [`crate::store::connect`]) on this
-    /// configuration's tables: the table prefix is given once.
+    /// Opens the store `url` names on this configuration's tables, so the table
+    /// prefix is given once: `postgres://...` (feature `postgres`),
+    /// `mysql://...` or `mariadb://...` (feature `mysql`), `sqlite:PATH`
+    /// (feature `sqlite`), `oracle://user:password@host:port/service` (feature
+    /// `oracle`). The store of one dialect, with its own methods, is had the same
+    /// way from its type: [`PgStore::connect(url, &config)`](crate::PgStore).
     ///
     /// ```no_run
     /// # fn main() -> txbox::Result<()> {
@@ -119,8 +120,8 @@ impl Config {
     /// store.migrate()?;
     /// # Ok(()) }
     /// ```
-    pub fn connect(&self, url: &str) -> Result<std::sync::Arc<dyn crate::Store>> {
-        crate::store::connect(url, &self.table_prefix)
+    pub fn connect(&self, url: &str) -> Result<std::sync::Arc<dyn crate::FullStore>> {
+        crate::store::connect(url, self)
     }
 
     /// A builder with every default.
@@ -185,7 +186,8 @@ impl Config {
     }
 
     /// Parses TOML. Durations are strings like `"250ms"`, `"10s"`, `"1m"`, `"24h"`
-    /// (see [`parse_duration`]). `[defaults]` is merged into each `[events.x]`
+    /// (see [`humantime`](https://docs.rs/humantime); a decimal of one unit such as
+    /// `"1.5s"` too). `[defaults]` is merged into each `[events.x]`
     /// before it is read. A `[kafka]` table is left to the Kafka sender and
     /// consumer, which read it from the same text.
     ///

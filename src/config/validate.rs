@@ -6,20 +6,20 @@ use super::EventSettings;
 use crate::error::{Error, Result};
 
 /// Largest `max_payload_bytes`: 256 MiB.
-pub const MAX_PAYLOAD_LIMIT: usize = 256 * 1024 * 1024;
+pub(crate) const MAX_PAYLOAD_LIMIT: usize = 256 * 1024 * 1024;
 /// Longest polling delay (`delay`, `min`, `max`, `initial_delay`) and first
 /// backoff delay: one day.
-pub const MAX_DELAY: Duration = Duration::from_secs(86_400);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(86_400);
 /// Longest interval of a maintenance or DLQ job: 30 days.
-pub const MAX_INTERVAL: Duration = Duration::from_secs(30 * 86_400);
+pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(30 * 86_400);
 /// Longest TTL (processed rows, dead letters, inbox ids): 10 years.
-pub const MAX_TTL: Duration = Duration::from_secs(3650 * 86_400);
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(3650 * 86_400);
 /// Longest claim lease: 24 days. A held claim's lease becomes PostgreSQL's
 /// `idle_in_transaction_session_timeout`, a 32-bit count of milliseconds (24.8
 /// days at most).
-pub const MAX_LEASE: Duration = Duration::from_secs(24 * 86_400);
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(24 * 86_400);
 /// Largest polling and backoff multiplier.
-pub const MAX_MULTIPLIER: f64 = 100.0;
+pub(crate) const MAX_MULTIPLIER: f64 = 100.0;
 
 /// A duration as the configuration spells it (`"250ms"`, `"90s"`, `"24d"`).
 pub(crate) fn spell(d: Duration) -> String {

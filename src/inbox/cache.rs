@@ -20,7 +20,7 @@ pub trait InboxCache: Send + Sync {
 ///
 /// ```
 /// use std::time::Duration;
-/// use txbox::inbox::{InboxCache, MemoryCache};
+/// use txbox::{InboxCache, MemoryCache};
 /// let cache = MemoryCache::new(2);
 /// cache.insert("a", Duration::from_secs(60)).unwrap();
 /// cache.insert("b", Duration::from_secs(60)).unwrap();

@@ -31,11 +31,13 @@ use std::time::Duration;
 use crate::consumer::ReceivedEvent;
 use crate::error::{Error, Result};
 use crate::event::EventId;
-use crate::store::Store;
+use crate::store::InboxStore;
 use crate::tables::Tables;
 use crate::transaction::Transaction;
 
 mod cache;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 
@@ -117,7 +119,7 @@ type Counters = [AtomicU64; 5];
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// use txbox::inbox::{Handled, Inbox, MemoryCache};
+/// use txbox::{Handled, Inbox, MemoryCache};
 /// let config = txbox::Config::builder().build()?;
 /// let inbox = Inbox::new(&config, "billing")?.with_cache(MemoryCache::new(100_000));
 /// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
@@ -142,7 +144,7 @@ struct Inner {
     service: String,
     cache: Option<Box<dyn InboxCache>>,
     cache_ttl: Duration,
-    store: Option<Arc<dyn Store>>,
+    store: Option<Arc<dyn InboxStore>>,
     counters: Counters,
 }
 
@@ -184,7 +186,7 @@ impl Inbox {
 
     /// The store for [`Inbox::handle_at_most_once`], which commits the id in a
     /// transaction of its own (set before cloning the inbox).
-    pub fn with_store(mut self, store: Arc<dyn Store>) -> Self {
+    pub fn with_store(mut self, store: Arc<dyn InboxStore>) -> Self {
         self.inner_mut().store = Some(store);
         self
     }
@@ -431,9 +433,9 @@ mod verdicts {
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// # let store: std::sync::Arc<dyn txbox::Store> = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?);
+/// # let store: std::sync::Arc<dyn txbox::FullStore> = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", &txbox::Config::builder().build()?)?);
 /// let config = txbox::Config::builder().build()?;
-/// let cleaner = txbox::inbox::InboxCleanup::start(store, &config)?;
+/// let cleaner = txbox::InboxCleanup::start(store, &config)?;
 /// // ...
 /// cleaner.shutdown(std::time::Duration::from_secs(5))?;
 /// # Ok(()) }
@@ -444,7 +446,7 @@ pub struct InboxCleanup {
 
 impl InboxCleanup {
     /// Starts the cleanup thread with the `[inbox]` settings of `config`.
-    pub fn start(store: Arc<dyn Store>, config: &crate::Config) -> Result<Self> {
+    pub fn start(store: Arc<dyn InboxStore>, config: &crate::Config) -> Result<Self> {
         Ok(InboxCleanup {
             relay: crate::Relay::start_inbox_cleanup(store, &config.inbox)?,
         })

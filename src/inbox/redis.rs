@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// let cache = txbox::inbox::RedisCache::new("redis://127.0.0.1:6379")?;
+/// let cache = txbox::RedisCache::new("redis://127.0.0.1:6379")?;
 /// # let _ = cache; Ok(()) }
 /// ```
 pub struct RedisCache {

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// use txbox::{consumer::StopSignal, kafka::KafkaConsumer};
+/// use txbox::{kafka::KafkaConsumer, StopSignal};
 /// let consumer = KafkaConsumer::builder("127.0.0.1:9092", "billing").build()?;
 /// consumer.subscribe(&["orders"])?;
 /// let stop = StopSignal::new();

@@ -198,7 +198,7 @@ impl KafkaSenderBuilder {
         self
     }
 
-    /// Sets every property of the map (e.g. [`Config::kafka`](crate::Config::kafka)).
+    /// Sets every property of the map (e.g. from [`properties_from_toml`](super::properties_from_toml)).
     pub fn properties(mut self, map: &BTreeMap<String, String>) -> Self {
         self.properties
             .extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));

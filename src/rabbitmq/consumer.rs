@@ -37,7 +37,7 @@ pub enum OnError {
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// use txbox::{consumer::StopSignal, rabbitmq::RabbitConsumer};
+/// use txbox::{rabbitmq::RabbitConsumer, StopSignal};
 /// let consumer = RabbitConsumer::new("amqp://guest:guest@127.0.0.1:5672", "billing-orders").prefetch(50);
 /// let stop = StopSignal::new();
 /// consumer.run(&stop, |event| {

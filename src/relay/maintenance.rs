@@ -2,6 +2,7 @@
 //! lock when one instance at a time should run it.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Ctx, Wake};
@@ -10,12 +11,14 @@ use crate::metrics::{self, Counter};
 use crate::store::Store;
 
 /// One call of a maintenance job with its row limit: the rows it handled.
-pub(super) type MaintenanceStep = Box<dyn FnMut(&dyn Store, usize) -> Result<u64> + Send>;
+pub(super) type MaintenanceStep = Box<dyn FnMut(usize) -> Result<u64> + Send>;
 
 /// A maintenance job on its own thread: `job` is called with `limit` and handles
 /// up to that many rows per call.
 pub(super) struct Periodic {
     pub(super) thread: &'static str,
+    /// Where the lease lock is taken (the job holds its own store).
+    pub(super) store: Arc<dyn Store>,
     pub(super) what: &'static str,
     pub(super) interval: Duration,
     /// The lease lock the job runs under, when one instance at a time should run it.
@@ -24,7 +27,7 @@ pub(super) struct Periodic {
     pub(super) limit: usize,
     pub(super) job: MaintenanceStep,
     /// Runs once after each run of the job (not per call).
-    pub(super) after: Option<fn(&dyn Store)>,
+    pub(super) after: Option<Box<dyn FnMut() + Send>>,
 }
 
 impl Periodic {
@@ -35,8 +38,8 @@ impl Periodic {
         loop {
             let run = catch_unwind(AssertUnwindSafe(|| {
                 let run = self.once(ctx);
-                if let Some(after) = self.after {
-                    after(ctx.store.as_ref());
+                if let Some(after) = &mut self.after {
+                    after();
                 }
                 run
             }));
@@ -63,14 +66,14 @@ impl Periodic {
     fn once(&mut self, ctx: &Ctx) -> Result<u64> {
         if let Some(name) = self.lock {
             let lease = self.interval.max(Duration::from_secs(60));
-            if !ctx.store.try_lock(name, ctx.instance, lease)? {
+            if !self.store.try_lock(name, ctx.instance, lease)? {
                 log::debug!("txbox: {}: another instance holds {name}", self.what);
                 return Ok(0);
             }
         }
         let mut total = 0;
         let result = loop {
-            match (self.job)(ctx.store.as_ref(), self.limit) {
+            match (self.job)(self.limit) {
                 Ok(n) => {
                     total += n;
                     if (n as usize) < self.limit || ctx.stopped() {
@@ -81,7 +84,7 @@ impl Periodic {
             }
         };
         if let Some(name) = self.lock {
-            if let Err(e) = ctx.store.unlock(name, ctx.instance) {
+            if let Err(e) = self.store.unlock(name, ctx.instance) {
                 log::warn!("txbox: {}: releasing {name}: {e}", self.what);
             }
         }

@@ -30,24 +30,18 @@ use crate::config::{ClaimMode, Config};
 use crate::error::{Error, Result};
 use crate::metrics::{self, Counter};
 use crate::sender::SenderFactory;
-use crate::store::Store;
+use crate::store::{FullStore, InboxStore};
 
 mod maintenance;
 mod poller;
 mod polling;
 
-use maintenance::Periodic;
+use maintenance::{MaintenanceStep, Periodic};
 use poller::Poller;
-pub use polling::{PollState, MAX_ERROR_DELAY};
+pub(crate) use polling::PollState;
 
 /// Longest `last_error` kept with an event, in bytes (longer messages are cut).
-pub const MAX_ERROR_LEN: usize = 2000;
-
-/// While draining a backlog a poller claims each batch after the last id of the
-/// previous one ([`Store::claim_after`]); every this many batches it claims from the
-/// lowest pending id again, so events with lower ids that became due meanwhile
-/// (retries, recovered claims) wait at most this many batches.
-pub const RESCAN_EVERY: usize = 50;
+pub(crate) const MAX_ERROR_LEN: usize = 2000;
 
 /// The running relay. Dropping it stops the threads without waiting; call
 /// [`Relay::shutdown`] to let in-flight batches finish.
@@ -58,7 +52,7 @@ pub const RESCAN_EVERY: usize = 50;
 /// use txbox::{Config, MemorySender, PgStore, Relay, Store};
 ///
 /// let config = Config::builder().event("order-created", |e| e).build()?;
-/// let store = Arc::new(PgStore::connect("postgres://postgres@127.0.0.1/test", &config.table_prefix)?);
+/// let store = Arc::new(PgStore::connect("postgres://postgres@127.0.0.1/test", &config)?);
 /// store.migrate()?;
 /// let relay = Relay::start(store, &config, MemorySender::new())?;
 /// // ... the application runs ...
@@ -76,7 +70,6 @@ pub struct Relay {
 /// What every thread shares.
 #[derive(Clone)]
 struct Ctx {
-    store: Arc<dyn Store>,
     stop: Receiver<()>,
     instance: Uuid,
 }
@@ -151,10 +144,16 @@ impl RelayProbe {
 }
 
 impl Relay {
+    /// While draining a backlog a poller claims each batch after the last id of the
+    /// previous one ([`ClaimStore::claim_after`](crate::ClaimStore::claim_after)); every this many batches it claims from the
+    /// lowest pending id again, so events with lower ids that became due meanwhile
+    /// (retries, recovered claims) wait at most this many batches.
+    pub const RESCAN_EVERY: usize = 50;
+
     /// Starts the threads for every event type of `config`. The schema must exist
-    /// ([`Store::migrate`]).
+    /// ([`Store::migrate`](crate::Store::migrate)).
     pub fn start(
-        store: Arc<dyn Store>,
+        store: Arc<dyn FullStore>,
         config: &Config,
         sender: impl SenderFactory,
     ) -> Result<Relay> {
@@ -171,7 +170,8 @@ impl Relay {
                 ));
             }
         }
-        if let Some(prefix) = store.table_prefix() {
+        {
+            let prefix = store.table_prefix();
             if prefix != config.table_prefix {
                 return Err(Error::config(
                     "table_prefix",
@@ -189,12 +189,13 @@ impl Relay {
         check_connections(store.as_ref(), config, maintenance)?;
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
         let threads = config.events.len() + maintenance;
-        let (mut relay, ctx, mut spawn) = Relay::launcher(store, threads);
+        let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
         for (event_type, settings) in &config.events {
             let (wake_tx, wake_rx) = bounded(1);
             relay.wakers.insert(event_type.clone(), wake_tx);
             let poller = Poller::new(
                 ctx.clone(),
+                store.clone(),
                 event_type.clone(),
                 settings.clone(),
                 sender.clone(),
@@ -211,66 +212,80 @@ impl Relay {
 
         let m = config.maintenance.clone();
         let b = m.batch_size;
+        let periodic = |thread, what, interval, lock, counter, job: MaintenanceStep| Periodic {
+            thread,
+            store: store.clone(),
+            what,
+            interval,
+            lock,
+            counter,
+            limit: b,
+            job,
+            after: None,
+        };
+        let s = store.clone();
+        let gauges = store.clone();
         let mut jobs = vec![
             Periodic {
-                thread: "txbox-recovery",
-                what: "stuck recovery",
-                interval: m.recovery_interval,
-                lock: None,
-                counter: Some(Counter::Recovered),
-                limit: b,
-                job: Box::new(|s, n| s.recover_expired(n)),
                 // the outbox gauges ride along, once per recovery run
-                after: Some(|s| {
-                    if let Err(e) = metrics::refresh(s) {
-                        log::debug!("txbox: refreshing outbox gauges: {e}");
+                after: Some(Box::new(move || {
+                    let counts = gauges
+                        .status()
+                        .and_then(|status| Ok((status, gauges.dlq_count(&Default::default())?)));
+                    match counts {
+                        Ok((status, dlq)) => metrics::record_status(status, dlq),
+                        Err(e) => log::debug!("txbox: refreshing outbox gauges: {e}"),
                     }
-                }),
+                })),
+                ..periodic(
+                    "txbox-recovery",
+                    "stuck recovery",
+                    m.recovery_interval,
+                    None,
+                    Some(Counter::Recovered),
+                    Box::new(move |n| s.recover_expired(n)),
+                )
             },
-            Periodic {
-                thread: "txbox-cleanup",
-                what: "processed cleanup",
-                interval: m.cleanup_interval,
-                lock: Some("txbox-cleanup-processed"),
-                counter: Some(Counter::Cleaned),
-                limit: b,
-                job: Box::new(move |s, n| s.delete_processed(m.processed_ttl, n)),
-                after: None,
+            {
+                let s = store.clone();
+                periodic(
+                    "txbox-cleanup",
+                    "processed cleanup",
+                    m.cleanup_interval,
+                    Some("txbox-cleanup-processed"),
+                    Some(Counter::Cleaned),
+                    Box::new(move |n| s.delete_processed(m.processed_ttl, n)),
+                )
             },
         ];
         if config.dlq.enabled {
             let d = config.dlq.clone();
+            let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
             jobs.extend([
-                Periodic {
-                    thread: "txbox-dlq-move",
-                    what: "move to DLQ",
-                    interval: d.move_interval,
-                    lock: None,
-                    counter: Some(Counter::MovedToDlq),
-                    limit: b,
-                    job: Box::new(|s, n| s.move_failed_to_dlq(n)),
-                    after: None,
-                },
-                Periodic {
-                    thread: "txbox-dlq-retry",
-                    what: "DLQ retry",
-                    interval: d.retry_interval,
-                    lock: None,
-                    counter: None,
-                    limit: b,
-                    job: Box::new(|s, n| s.requeue_dlq_retries(n)),
-                    after: None,
-                },
-                Periodic {
-                    thread: "txbox-dlq-cleanup",
-                    what: "DLQ cleanup",
-                    interval: d.cleanup_interval,
-                    lock: Some("txbox-cleanup-dlq"),
-                    counter: Some(Counter::Cleaned),
-                    limit: b,
-                    job: Box::new(move |s, n| s.delete_resolved_dlq(d.resolved_ttl, n)),
-                    after: None,
-                },
+                periodic(
+                    "txbox-dlq-move",
+                    "move to DLQ",
+                    d.move_interval,
+                    None,
+                    Some(Counter::MovedToDlq),
+                    Box::new(move |n| s1.move_failed_to_dlq(n)),
+                ),
+                periodic(
+                    "txbox-dlq-retry",
+                    "DLQ retry",
+                    d.retry_interval,
+                    None,
+                    None,
+                    Box::new(move |n| s2.requeue_dlq_retries(n)),
+                ),
+                periodic(
+                    "txbox-dlq-cleanup",
+                    "DLQ cleanup",
+                    d.cleanup_interval,
+                    Some("txbox-cleanup-dlq"),
+                    Some(Counter::Cleaned),
+                    Box::new(move |n| s3.delete_resolved_dlq(d.resolved_ttl, n)),
+                ),
             ]);
         }
         for job in jobs {
@@ -284,7 +299,6 @@ impl Relay {
     /// An empty relay for `threads` threads, the context they share, and the
     /// function that starts each of them.
     fn launcher(
-        store: Arc<dyn Store>,
         threads: usize,
     ) -> (
         Relay,
@@ -294,7 +308,6 @@ impl Relay {
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         let ctx = Ctx {
-            store,
             stop: stop_rx,
             instance: Uuid::now_v7(),
         };
@@ -325,19 +338,20 @@ impl Relay {
 
     /// The inbox cleanup alone, on one thread (see [`crate::inbox::InboxCleanup`]).
     pub(crate) fn start_inbox_cleanup(
-        store: Arc<dyn Store>,
+        store: Arc<dyn InboxStore>,
         s: &crate::config::InboxSettings,
     ) -> Result<Relay> {
-        let (mut relay, ctx, mut spawn) = Relay::launcher(store, 1);
+        let (mut relay, ctx, mut spawn) = Relay::launcher(1);
         let ttl = s.ttl;
         let job = Periodic {
             thread: "txbox-inbox-cleanup",
+            store: store.clone(),
             what: "inbox cleanup",
             interval: s.cleanup_interval,
             lock: Some("txbox-cleanup-inbox"),
             counter: Some(Counter::Cleaned),
             limit: s.batch_size,
-            job: Box::new(move |st, n| st.delete_expired_inbox(ttl, n)),
+            job: Box::new(move |n| store.delete_expired_inbox(ttl, n)),
             after: None,
         };
         spawn(
@@ -441,7 +455,7 @@ fn check_lease(config: &Config, ack_wait: Option<Duration>) -> Result<()> {
 /// one per batch in flight of each held type, one per other poller, one per
 /// maintenance thread and one for health checks. Short of them, recovery and
 /// health checks would time out waiting for the pool.
-fn check_connections(store: &dyn Store, config: &Config, maintenance: usize) -> Result<()> {
+fn check_connections(store: &dyn FullStore, config: &Config, maintenance: usize) -> Result<()> {
     let held: usize = config
         .events
         .values()
@@ -464,7 +478,7 @@ fn check_connections(store: &dyn Store, config: &Config, maintenance: usize) -> 
                 "held claims need up to {needed} database connections ({held} batches in \
                  flight of held types, {others} other pollers, {maintenance} maintenance \
                  threads, 1 health check), and the store's pool has {pool}: give the store \
-                 a larger pool (PgStore::connect_with) or lower in_flight"
+                 a larger pool (PgStore::from_pool) or lower in_flight"
             ),
         ));
     }

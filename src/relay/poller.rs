@@ -9,16 +9,17 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use uuid::Uuid;
 
-use super::{Ctx, PollState, Wake, MAX_ERROR_LEN, RESCAN_EVERY};
+use super::{Ctx, PollState, Relay, Wake, MAX_ERROR_LEN};
 use crate::config::{ClaimMode, EventSettings};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::metrics::{self, Counter};
 use crate::sender::{SendError, Sender, SenderFactory, Started};
-use crate::store::{ClaimArgs, HeldBatch, HeldClaim, Outcome};
+use crate::store::{ClaimArgs, ClaimStore, HeldBatch, HeldClaim, Outcome};
 
 pub(super) struct Poller {
     ctx: Ctx,
+    store: Arc<dyn ClaimStore>,
     event_type: String,
     destination: String,
     routing_key: String,
@@ -60,6 +61,7 @@ impl Poller {
     /// A poller of `event_type` that claims nothing until [`Poller::run`].
     pub(super) fn new(
         ctx: Ctx,
+        store: Arc<dyn ClaimStore>,
         event_type: String,
         settings: EventSettings,
         factory: Arc<dyn SenderFactory>,
@@ -67,6 +69,7 @@ impl Poller {
     ) -> Self {
         Poller {
             ctx,
+            store,
             destination: settings
                 .destination
                 .clone()
@@ -147,7 +150,6 @@ impl Poller {
         let after = self.resume.map(|(id, _)| id);
         let claim = match self.settings.claim {
             ClaimMode::Lease => self
-                .ctx
                 .store
                 .claim_after(
                     &self.event_type,
@@ -173,7 +175,7 @@ impl Poller {
         // anything else (or every RESCAN_EVERY batches) scans from the lowest id
         let scanned = self.resume.map_or(0, |(_, n)| n);
         self.resume = match events.last() {
-            Some(last) if claimed >= s.batch_size && scanned + 1 < RESCAN_EVERY => {
+            Some(last) if claimed >= s.batch_size && scanned + 1 < Relay::RESCAN_EVERY => {
                 Some((last.id, scanned + 1))
             }
             _ => None,
@@ -252,7 +254,7 @@ impl Poller {
                 }
             }
         }
-        self.ctx.store.claim_held(&args)
+        self.store.claim_held(&args)
     }
 
     /// Finishes a stashed held batch on its own.
@@ -338,7 +340,7 @@ impl Poller {
         let mut wait = Duration::from_millis(50);
         let mut stop_deadline: Option<Instant> = None;
         loop {
-            match self.ctx.store.finish(token, outcomes) {
+            match self.store.finish(token, outcomes) {
                 Ok(n) if (n as usize) < outcomes.len() => {
                     log::warn!(
                         "txbox: poller {}: {} of {} events were no longer held by this relay \

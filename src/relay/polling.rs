@@ -6,21 +6,11 @@ use crate::config::{Polling, PollingStrategy};
 
 /// Longest wait after an error (lost database, no sender): a poller comes back
 /// within this time once the cause is gone.
-pub const MAX_ERROR_DELAY: Duration = Duration::from_secs(5);
+pub(crate) const MAX_ERROR_DELAY: Duration = Duration::from_secs(5);
 
 /// How long a poller waits before its next poll.
-///
-/// ```
-/// use std::time::Duration;
-/// use txbox::relay::PollState;
-/// let settings = txbox::EventSettings::default(); // adaptive 250ms .. 1m, x1.5
-/// let mut s = PollState::new(&settings.polling);
-/// assert_eq!(s.after_batch(200, 200), Duration::ZERO); // full batch: at once
-/// assert_eq!(s.after_batch(10, 200), Duration::from_millis(250));
-/// assert_eq!(s.after_batch(0, 200), Duration::from_millis(375));
-/// ```
 #[derive(Debug, Clone)]
-pub struct PollState {
+pub(crate) struct PollState {
     polling: Polling,
     current: Duration,
     error_delay: Duration,
@@ -78,11 +68,6 @@ impl PollState {
             (self.error_delay * 2).min(cap)
         };
         self.error_delay
-    }
-
-    /// The current adaptive delay (the next partial batch waits this long).
-    pub fn current(&self) -> Duration {
-        self.current
     }
 }
 

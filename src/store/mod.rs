@@ -2,6 +2,7 @@
 //! module per SQL dialect. Each dialect only varies the SQL; the logic that decides
 //! what to do with rows (retries, backoff, fencing) lives in the relay.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use uuid::Uuid;
@@ -10,14 +11,15 @@ use crate::error::{Error, Result};
 use crate::event::{Event, EventId};
 
 mod dead_letter;
-pub use crate::tables::{validate_prefix, Tables, MAX_PREFIX_LEN};
+pub(crate) use crate::tables::validate_prefix;
+pub use crate::tables::Tables;
 pub use dead_letter::{DeadLetter, DlqFilter, DlqStatus};
 #[cfg(feature = "mysql")]
-pub mod mysql;
+pub(crate) mod mysql;
 #[cfg(feature = "oracle")]
-pub mod oracle;
+pub(crate) mod oracle;
 #[cfg(feature = "postgres")]
-pub mod postgres;
+pub(crate) mod postgres;
 #[cfg(any(
     feature = "postgres",
     feature = "mysql",
@@ -26,7 +28,23 @@ pub mod postgres;
 ))]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
-pub mod sqlite;
+pub(crate) mod sqlite;
+
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlDialect, MySqlStore};
+#[cfg(feature = "oracle")]
+pub use oracle::{OracleDialect, OracleStore};
+#[cfg(feature = "postgres")]
+pub use postgres::{PgDialect, PgPool, PgStore};
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "oracle"
+))]
+pub use sql::{Dialect, SqlStore};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteDialect, SqliteStore};
 
 /// What became of one claimed event after the send.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +83,12 @@ impl Outcome {
 }
 
 /// The error of a store that cannot hold a claim open.
+#[cfg(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "oracle"
+))]
 pub(crate) fn cannot_hold_claims() -> Error {
     Error::Unsupported {
         what: "claim mode \"lock\"".into(),
@@ -72,7 +96,7 @@ pub(crate) fn cannot_hold_claims() -> Error {
     }
 }
 
-/// A batch claimed by [`Store::claim_held`]: its rows stay PENDING, locked by a
+/// A batch claimed by [`ClaimStore::claim_held`](crate::ClaimStore::claim_held): its rows stay PENDING, locked by a
 /// transaction this value keeps open on a connection of its own. Dropping it
 /// unfinished rolls the transaction back, which leaves the rows as they were.
 pub trait HeldBatch: Send {
@@ -83,7 +107,7 @@ pub trait HeldBatch: Send {
     fn finish(self: Box<Self>, events: &[Event], outcomes: &[(EventId, Outcome)]) -> Result<u64>;
 
     /// Finishes like [`HeldBatch::finish`] and then claims `next` like
-    /// [`Store::claim_held`] (without its idle probe) on the same connection,
+    /// [`ClaimStore::claim_held`](crate::ClaimStore::claim_held) (without its idle probe) on the same connection,
     /// both in one round trip: a poller draining a backlog claims its next batch
     /// as it commits one. Returns the finish's count and the new claim, or `None`
     /// when this batch cannot claim (the default: it finishes only, and the
@@ -100,7 +124,7 @@ pub trait HeldBatch: Send {
     }
 }
 
-/// What a held claim takes: the arguments of [`Store::claim_held`] and
+/// What a held claim takes: the arguments of [`ClaimStore::claim_held`](crate::ClaimStore::claim_held) and
 /// [`HeldBatch::finish_and_claim`].
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimArgs<'a> {
@@ -130,7 +154,7 @@ impl<'a> ClaimArgs<'a> {
     }
 }
 
-/// What [`Store::claim_held`] returns: the events, sorted by id, and the
+/// What [`ClaimStore::claim_held`](crate::ClaimStore::claim_held) returns: the events, sorted by id, and the
 /// transaction that holds them (none when nothing was claimed).
 pub type HeldClaim = (Vec<Event>, Option<Box<dyn HeldBatch>>);
 
@@ -150,20 +174,38 @@ pub struct TypeStatus {
     pub oldest_pending_age: Option<Duration>,
 }
 
-/// Storage operations of txbox. Implemented once per SQL dialect; every method is
-/// one short transaction (but for [`Store::claim_held`], whose transaction lasts
-/// until its batch is finished), and every method may be called from many threads.
+/// What every part of txbox needs of a store: its schema, a health check, its
+/// tables and lease locks. The other store traits build on it, one per part of
+/// txbox that uses a store: [`ClaimStore`] (the relay's pollers),
+/// [`MaintenanceStore`] (recovery and cleanup), [`DeadLetterStore`] (the dead
+/// letters) and [`InboxStore`] (the inbox). [`FullStore`] is all of them.
+///
+/// No method has a default, so a store that wraps another forwards each one or
+/// does not compile. Every method is one short transaction (but for
+/// [`ClaimStore::claim_held`], whose transaction lasts until its batch is
+/// finished), and every method may be called from many threads.
 pub trait Store: Send + Sync + 'static {
-    /// Creates the tables and indexes if missing (idempotent).
+    /// Creates the tables and indexes if missing, and applies the schema
+    /// versions not yet applied (idempotent).
     fn migrate(&self) -> Result<()>;
 
-    /// Checks that the database answers (the admin endpoint's `/health`). The SQL
-    /// stores send one trivial statement; the default counts dead letters, which
-    /// reads a table.
-    fn ping(&self) -> Result<()> {
-        self.dlq_count(&DlqFilter::default()).map(|_| ())
-    }
+    /// Checks that the database answers (the admin endpoint's `/health`).
+    fn ping(&self) -> Result<()>;
 
+    /// The table prefix the store was opened with.
+    /// [`Relay::start`](crate::Relay::start) refuses a configuration whose
+    /// `table_prefix` differs: publisher and relay would use different tables.
+    fn table_prefix(&self) -> &str;
+
+    /// Takes or renews the lease lock `name` for `owner` for `lease`. True if held.
+    fn try_lock(&self, name: &str, owner: Uuid, lease: Duration) -> Result<bool>;
+
+    /// Releases the lock if `owner` holds it.
+    fn unlock(&self, name: &str, owner: Uuid) -> Result<()>;
+}
+
+/// Claiming and finishing batches: what the relay's pollers need.
+pub trait ClaimStore: Store {
     /// Claims up to `limit` due PENDING events of `event_type` whose id is greater
     /// than `after` (when given), oldest first, in one statement with `FOR UPDATE
     /// SKIP LOCKED`: they become IN_PROCESS, stamped with `token` and a lease of
@@ -180,7 +222,7 @@ pub trait Store: Send + Sync + 'static {
         token: Uuid,
     ) -> Result<Vec<Event>>;
 
-    /// [`Store::claim_after`] from the lowest id.
+    /// [`ClaimStore::claim_after`] from the lowest id.
     fn claim(
         &self,
         event_type: &str,
@@ -195,43 +237,33 @@ pub trait Store: Send + Sync + 'static {
     /// Returns how many rows changed (fewer than given: the claim was lost).
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64>;
 
-    /// Whether [`Store::claim_held`] works on this store (PostgreSQL).
-    fn can_hold_claims(&self) -> bool {
-        false
-    }
-
-    /// The table prefix the store was opened with, when it has one.
-    /// [`Relay::start`](crate::Relay::start) refuses a configuration whose
-    /// `table_prefix` differs: publisher and relay would use different tables.
-    fn table_prefix(&self) -> Option<&str> {
-        None
-    }
+    /// Whether [`ClaimStore::claim_held`] works on this store (PostgreSQL).
+    fn can_hold_claims(&self) -> bool;
 
     /// The most database connections the store's pool opens, when it has a
     /// bound. A relay with held claims needs one per batch in flight: it refuses
-    /// to start when they cannot all be had. The default: no bound known.
-    fn max_connections(&self) -> Option<usize> {
-        None
-    }
+    /// to start when they cannot all be had.
+    fn max_connections(&self) -> Option<usize>;
 
-    /// Claims like [`Store::claim_after`] for [`ClaimMode::Lock`](crate::ClaimMode::Lock):
+    /// Claims like [`ClaimStore::claim_after`] for [`ClaimMode::Lock`](crate::ClaimMode::Lock):
     /// locks the rows (`FOR UPDATE SKIP LOCKED`) in a transaction that stays open
     /// instead of stamping them, so they stay PENDING and other relays skip them
     /// while they are locked. The [`HeldBatch`] finishes them and commits. The
     /// database ends the session once the transaction idled for `lease`, which
-    /// frees the rows. No [`HeldBatch`] when nothing was claimed. The default: an
-    /// error, for stores that cannot hold a claim open.
+    /// frees the rows. No [`HeldBatch`] when nothing was claimed. A store that
+    /// cannot hold a claim open returns [`Error::Unsupported`].
     ///
     /// With [`ClaimArgs::delete_acked`] (`processed_ttl` zero, the finish's acked
     /// outcomes are [`Outcome::SentDelete`]) the claim deletes the rows in its
     /// transaction instead of only locking them, so a finish with every event
     /// acked is the commit alone, and the events not acked are written back.
     /// Until the commit other sessions see the rows as before, PENDING.
-    fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
-        let _ = args;
-        Err(cannot_hold_claims())
-    }
+    fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim>;
+}
 
+/// Recovery, cleanup and the outbox's counts: what the relay's maintenance
+/// threads, the metrics and the admin tools need.
+pub trait MaintenanceStore: Store {
     /// Returns up to `limit` IN_PROCESS rows whose lease expired to PENDING, without
     /// counting an attempt.
     fn recover_expired(&self, limit: usize) -> Result<u64>;
@@ -239,6 +271,12 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes up to `limit` PROCESSED rows processed more than `ttl` ago.
     fn delete_processed(&self, ttl: Duration, limit: usize) -> Result<u64>;
 
+    /// Per-type counts of the outbox (bounded, index-backed queries).
+    fn status(&self) -> Result<Vec<TypeStatus>>;
+}
+
+/// The dead letters: what the relay's DLQ threads and [`Dlq`](crate::Dlq) need.
+pub trait DeadLetterStore: Store {
     /// Moves up to `limit` FAILED rows to the dead letters in one transaction.
     fn move_failed_to_dlq(&self, limit: usize) -> Result<u64>;
 
@@ -248,12 +286,6 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes up to `limit` RESOLVED dead letters resolved more than `ttl` ago.
     fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> Result<u64>;
-
-    /// Takes or renews the lease lock `name` for `owner` for `lease`. True if held.
-    fn try_lock(&self, name: &str, owner: Uuid, lease: Duration) -> Result<bool>;
-
-    /// Releases the lock if `owner` holds it.
-    fn unlock(&self, name: &str, owner: Uuid) -> Result<()>;
 
     /// Lists dead letters, ordered by moved-at then id.
     fn dlq_list(&self, filter: &DlqFilter) -> Result<Vec<DeadLetter>>;
@@ -275,10 +307,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes the given dead letters whose status is one of `from`; returns the ids deleted.
     fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> Result<Vec<EventId>>;
+}
 
-    /// Per-type counts of the outbox (bounded, index-backed queries).
-    fn status(&self) -> Result<Vec<TypeStatus>>;
-
+/// Consumed ids: what the [`Inbox`](crate::Inbox) and its cleanup need.
+pub trait InboxStore: Store {
     /// Records ids consumed by `consumer` in a transaction of its own; returns those
     /// that were new for that consumer (the unique key (consumer, event id) decides,
     /// never a check-then-insert).
@@ -288,19 +320,20 @@ pub trait Store: Send + Sync + 'static {
     fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> Result<u64>;
 }
 
-/// Opens the store a URL names: `postgres://...` (feature `postgres`), `mysql://...`
-/// (feature `mysql`), `sqlite://path` or `sqlite:path` (feature `sqlite`),
-/// `oracle://user:password@host:port/service` (feature `oracle`).
-///
-/// ```no_run
-/// # fn main() -> txbox::Result<()> {
-/// let store = txbox::store::connect("sqlite:jobs.db", "")?;
-/// store.migrate()?;
-/// # Ok(()) }
-/// ```
+/// A store with every part: what [`Config::connect`](crate::Config::connect)
+/// returns and what [`Relay::start`](crate::Relay::start) and the admin endpoint
+/// take. Implemented for every type that implements the four part traits;
+/// an `Arc<dyn FullStore>` converts into an `Arc<dyn InboxStore>` (or another
+/// part) where only that part is needed.
+pub trait FullStore: ClaimStore + MaintenanceStore + DeadLetterStore + InboxStore {}
+
+impl<T: ClaimStore + MaintenanceStore + DeadLetterStore + InboxStore> FullStore for T {}
+
+/// Opens the store `url` names on the tables of `config` (see
+/// [`Config::connect`](crate::Config::connect)).
 #[allow(clippy::needless_return)] // each arm returns from a feature-gated block
-pub fn connect(url: &str, table_prefix: &str) -> Result<std::sync::Arc<dyn Store>> {
-    let _ = table_prefix; // unused when txbox is built without any SQL dialect
+pub(crate) fn connect(url: &str, config: &crate::Config) -> Result<Arc<dyn FullStore>> {
+    let _ = config; // unused when txbox is built without any SQL dialect
     let scheme = url.split(':').next().unwrap_or_default();
     #[allow(unused_variables)]
     let missing = |feature: &str| Error::Unsupported {
@@ -310,45 +343,25 @@ pub fn connect(url: &str, table_prefix: &str) -> Result<std::sync::Arc<dyn Store
     match scheme {
         "postgres" | "postgresql" => {
             #[cfg(feature = "postgres")]
-            return Ok(std::sync::Arc::new(postgres::PgStore::connect(
-                url,
-                table_prefix,
-            )?));
+            return Ok(Arc::new(PgStore::connect(url, config)?));
             #[cfg(not(feature = "postgres"))]
             return Err(missing("postgres"));
         }
         "mysql" | "mariadb" => {
             #[cfg(feature = "mysql")]
-            return Ok(std::sync::Arc::new(mysql::MySqlStore::connect(
-                &url.replacen("mariadb:", "mysql:", 1),
-                table_prefix,
-            )?));
+            return Ok(Arc::new(MySqlStore::connect(url, config)?));
             #[cfg(not(feature = "mysql"))]
             return Err(missing("mysql"));
         }
         "sqlite" => {
             #[cfg(feature = "sqlite")]
-            {
-                let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
-                if path.is_empty() {
-                    return Err(Error::InvalidInput(
-                        "database url sqlite: needs a file path".into(),
-                    ));
-                }
-                return Ok(std::sync::Arc::new(sqlite::SqliteStore::open(
-                    path,
-                    table_prefix,
-                )?));
-            }
+            return Ok(Arc::new(SqliteStore::connect(url, config)?));
             #[cfg(not(feature = "sqlite"))]
             return Err(missing("sqlite"));
         }
         "oracle" => {
             #[cfg(feature = "oracle")]
-            return Ok(std::sync::Arc::new(oracle::OracleStore::connect_url(
-                url,
-                table_prefix,
-            )?));
+            return Ok(Arc::new(OracleStore::connect(url, config)?));
             #[cfg(not(feature = "oracle"))]
             return Err(missing("oracle"));
         }

@@ -8,16 +8,16 @@
 use mysql::prelude::Queryable;
 use mysql::{Params, Value};
 
-use super::sql::{self, Conn, Dialect, Row, SqlStore, Style, Val};
+use super::sql::{self, Catalog, Conn, Row, SqlStore, Style, Val};
 use super::Tables;
 use crate::error::DatabaseErrorKind;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
 
 /// The schema, embedded: the same file a DBA reads in `sql/mysql/`.
-pub const SCHEMA: &str = include_str!("../../sql/mysql/001_schema.sql");
+pub(crate) const SCHEMA: &str = include_str!("../../sql/mysql/001_schema.sql");
 /// Schema version 2: the inbox keyed by (consumer, event id).
-pub const SCHEMA_2: &str = include_str!("../../sql/mysql/002_inbox_per_consumer.sql");
+pub(crate) const SCHEMA_2: &str = include_str!("../../sql/mysql/002_inbox_per_consumer.sql");
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 const TS: &str = "'%Y-%m-%dT%H:%i:%s.%fZ'";
@@ -26,14 +26,14 @@ fn plus(ms_param: &str) -> String {
     format!("{NOW} + INTERVAL ROUND({ms_param} * 1000) MICROSECOND")
 }
 
-pub(crate) fn dialect(t: &Tables) -> Dialect {
+pub(crate) fn catalog(t: &Tables) -> Catalog {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
         "id, event_type, event_key, headers, payload, attempts, last_error, status, \
          DATE_FORMAT(created_at, {TS}), DATE_FORMAT(moved_at, {TS})"
     );
     let filter = "($1 IS NULL OR event_type = $1) AND ($2 IS NULL OR status = $2)";
-    Dialect {
+    Catalog {
         style: Style::Question,
         begin: "START TRANSACTION",
         schema: &[SCHEMA, SCHEMA_2],
@@ -154,33 +154,38 @@ fn my_batch(c: &mut impl Queryable, sql: &str) -> Result<()> {
 
 sql::conn_impls!(my_query, my_execute, my_batch; mysql::PooledConn, mysql::Transaction<'_>);
 
-pub(crate) struct Pool(mysql::Pool);
+/// The MySQL / MariaDB dialect of [`SqlStore`]: a `mysql::Pool`.
+pub struct MySqlDialect(mysql::Pool);
 
-impl sql::Pool for Pool {
+impl sql::Backend for MySqlDialect {
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         Ok(Box::new(self.0.get_conn().map_err(err)?))
     }
 }
 
-/// The MySQL / MariaDB [`Store`](crate::Store) on its own `mysql::Pool`.
+impl sql::Dialect for MySqlDialect {}
+
+/// The MySQL / MariaDB store on its own `mysql::Pool`.
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// let store = txbox::MySqlStore::connect("mysql://root@127.0.0.1:3306/test", "")?;
+/// let config = txbox::Config::builder().build()?;
+/// let store = txbox::MySqlStore::connect("mysql://root@127.0.0.1:3306/test", &config)?;
 /// txbox::Store::migrate(&store)?;
 /// # Ok(()) }
 /// ```
-pub struct MySqlStore {
-    inner: SqlStore<Pool>,
-}
+pub type MySqlStore = SqlStore<MySqlDialect>;
 
-sql::delegate_store!(MySqlStore);
-
-impl MySqlStore {
-    /// Connects a pool (up to 16 connections) to `url` (`mysql://user:pass@host:port/db`).
-    pub fn connect(url: &str, table_prefix: &str) -> Result<Self> {
-        let tables = Tables::new(table_prefix)?;
-        let opts = mysql::Opts::from_url(url)
+impl SqlStore<MySqlDialect> {
+    /// Connects a pool (up to 16 connections) to `url`
+    /// (`mysql://user:pass@host:port/db`, or `mariadb://`) for the tables of
+    /// `config`.
+    pub fn connect(url: &str, config: &crate::Config) -> Result<Self> {
+        let url = match url.strip_prefix("mariadb:") {
+            Some(rest) => format!("mysql:{rest}"),
+            None => url.to_owned(),
+        };
+        let opts = mysql::Opts::from_url(&url)
             .map_err(|e| Error::InvalidInput(format!("database url: {e}")))?;
         let opts = mysql::OptsBuilder::from_opts(opts)
             .init(vec![
@@ -193,20 +198,13 @@ impl MySqlStore {
                 ),
             );
         let pool = mysql::Pool::new(opts).map_err(err)?;
-        let d = std::sync::Arc::new(dialect(&tables));
-        Ok(MySqlStore {
-            inner: SqlStore {
-                pool: Pool(pool),
-                tables,
-                d,
-            },
-        })
+        SqlStore::with_pool(MySqlDialect(pool), config, catalog)
     }
 
     /// The pool, e.g. for business transactions and the inbox.
     pub fn pool(&self) -> &mysql::Pool {
-        &self.inner.pool.0
+        &self.pool.0
     }
 }
 
-sql::transaction_impls!(mysql::Transaction<'_>, "mysql", dialect);
+sql::transaction_impls!(mysql::Transaction<'_>, "mysql", catalog);

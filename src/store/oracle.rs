@@ -15,16 +15,16 @@
 
 use oracle::sql_type::{OracleType, ToSql};
 
-use super::sql::{self, Conn, Dialect, Row, SqlStore, Style, Val};
+use super::sql::{self, Catalog, Conn, Row, SqlStore, Style, Val};
 use super::Tables;
 use crate::error::DatabaseErrorKind;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
 
 /// The schema, embedded: the same file a DBA reads in `sql/oracle/`.
-pub const SCHEMA: &str = include_str!("../../sql/oracle/001_schema.sql");
+pub(crate) const SCHEMA: &str = include_str!("../../sql/oracle/001_schema.sql");
 /// Schema version 2: the inbox keyed by (consumer, event id).
-pub const SCHEMA_2: &str = include_str!("../../sql/oracle/002_inbox_per_consumer.sql");
+pub(crate) const SCHEMA_2: &str = include_str!("../../sql/oracle/002_inbox_per_consumer.sql");
 
 const NOW: &str = "SYSTIMESTAMP";
 const TS: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS.FF6\"Z\"'";
@@ -33,7 +33,7 @@ fn plus(ms_param: &str) -> String {
     format!("SYSTIMESTAMP + NUMTODSINTERVAL({ms_param} / 1000, 'SECOND')")
 }
 
-pub(crate) fn dialect(t: &Tables) -> Dialect {
+pub(crate) fn catalog(t: &Tables) -> Catalog {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
         "id, event_type, event_key, headers, payload, attempts, last_error, status, \
@@ -41,7 +41,7 @@ pub(crate) fn dialect(t: &Tables) -> Dialect {
     );
     let filter = "($1 IS NULL OR event_type = $1) AND ($2 IS NULL OR status = $2)";
     let count = |s: &str| format!("SUM(CASE WHEN status = '{s}' THEN 1 ELSE 0 END)");
-    Dialect {
+    Catalog {
         style: Style::Colon,
         begin: "BEGIN",
         schema: &[SCHEMA, SCHEMA_2],
@@ -226,9 +226,10 @@ impl Conn for oracle::Connection {
     }
 }
 
-pub(crate) struct Pool(oracle::pool::Pool);
+/// The Oracle dialect of [`SqlStore`]: a session pool of the `oracle` crate.
+pub struct OracleDialect(oracle::pool::Pool);
 
-impl sql::Pool for Pool {
+impl sql::Backend for OracleDialect {
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         let mut conn = self.0.get().map_err(err)?;
         conn.set_autocommit(true);
@@ -236,48 +237,30 @@ impl sql::Pool for Pool {
     }
 }
 
-/// The Oracle [`Store`](crate::Store) on a session pool of the `oracle` crate
-/// (Oracle's client library `libclntsh` is loaded at run time).
+impl sql::Dialect for OracleDialect {}
+
+/// The Oracle store on a session pool of the `oracle` crate (Oracle's client
+/// library `libclntsh` is loaded at run time).
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// let store = txbox::OracleStore::connect("scott", "tiger", "//db-host:1521/FREEPDB1", "")?;
+/// let config = txbox::Config::builder().build()?;
+/// let store = txbox::OracleStore::connect("oracle://scott:tiger@db-host:1521/FREEPDB1", &config)?;
 /// txbox::Store::migrate(&store)?;
 /// # Ok(()) }
 /// ```
-pub struct OracleStore {
-    inner: SqlStore<Pool>,
-}
+pub type OracleStore = SqlStore<OracleDialect>;
 
-sql::delegate_store!(OracleStore);
-
-impl OracleStore {
-    /// A pool of up to 16 sessions.
-    pub fn connect(
-        user: &str,
-        password: &str,
-        connect_string: &str,
-        table_prefix: &str,
-    ) -> Result<Self> {
-        let tables = Tables::new(table_prefix)?;
-        let pool = oracle::pool::PoolBuilder::new(user, password, connect_string)
+impl SqlStore<OracleDialect> {
+    /// A pool of up to 16 sessions on `oracle://user:password@host:port/service`
+    /// (as `TXBOX_ORACLE_URL` holds it) for the tables of `config`.
+    pub fn connect(url: &str, config: &crate::Config) -> Result<Self> {
+        let (user, password, target) = parse_url(url)?;
+        let pool = oracle::pool::PoolBuilder::new(user, password, format!("//{target}"))
             .max_connections(16)
             .build()
             .map_err(err)?;
-        let d = std::sync::Arc::new(dialect(&tables));
-        Ok(OracleStore {
-            inner: SqlStore {
-                pool: Pool(pool),
-                tables,
-                d,
-            },
-        })
-    }
-
-    /// Parses `oracle://user:password@connect-string` (as `TXBOX_ORACLE_URL` holds it).
-    pub fn connect_url(url: &str, table_prefix: &str) -> Result<Self> {
-        let (user, password, target) = parse_url(url)?;
-        Self::connect(user, password, &format!("//{target}"), table_prefix)
+        SqlStore::with_pool(OracleDialect(pool), config, catalog)
     }
 }
 
@@ -332,4 +315,4 @@ fn in_transaction(conn: &oracle::Connection) -> Result<()> {
     Ok(())
 }
 
-sql::transaction_impls!(oracle::Connection, "oracle", dialect, in_transaction);
+sql::transaction_impls!(oracle::Connection, "oracle", catalog, in_transaction);

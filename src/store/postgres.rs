@@ -10,15 +10,15 @@ use postgres::types::{ToSql, Type};
 use postgres::{GenericClient, NoTls};
 use r2d2_postgres::PostgresConnectionManager;
 
-use super::sql::{self, Conn, Dialect, Row, SqlStore, Style, Val};
+use super::sql::{self, Catalog, Conn, Row, SqlStore, Style, Val};
 use super::Tables;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
 
 /// The schema, embedded: the same file a DBA reads in `sql/postgres/`.
-pub const SCHEMA: &str = include_str!("../../sql/postgres/001_schema.sql");
+pub(crate) const SCHEMA: &str = include_str!("../../sql/postgres/001_schema.sql");
 /// Schema version 2: the inbox keyed by (consumer, event id).
-pub const SCHEMA_2: &str = include_str!("../../sql/postgres/002_inbox_per_consumer.sql");
+pub(crate) const SCHEMA_2: &str = include_str!("../../sql/postgres/002_inbox_per_consumer.sql");
 
 /// A connection pool of the `postgres` crate, as [`PgStore`] uses it.
 pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
@@ -29,7 +29,7 @@ fn plus(ms_param: &str) -> String {
     format!("now() + {ms_param} * interval '1 millisecond'")
 }
 
-pub(crate) fn dialect(t: &Tables) -> Dialect {
+pub(crate) fn catalog(t: &Tables) -> Catalog {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
         "id, event_type, event_key, headers::text, payload, attempts, last_error, status, \
@@ -45,7 +45,7 @@ pub(crate) fn dialect(t: &Tables) -> Dialect {
         )
     };
     let claimed = "id, event_type, event_key, headers::text, payload, attempts";
-    Dialect {
+    Catalog {
         style: Style::Dollar,
         begin: "BEGIN",
         schema: &[SCHEMA, SCHEMA_2],
@@ -141,7 +141,7 @@ pub(crate) fn dialect(t: &Tables) -> Dialect {
 }
 
 /// Runs a typed statement on any `postgres` client or transaction.
-fn typed<T>(
+pub(crate) fn typed<T>(
     params: &[Val],
     f: impl FnOnce(&[(&(dyn ToSql + Sync), Type)]) -> std::result::Result<T, postgres::Error>,
 ) -> Result<T> {
@@ -240,8 +240,8 @@ fn literal(v: &Val) -> String {
 
 sql::conn_impls!(pg_query, pg_execute, pg_batch, pg_script; postgres::Client, postgres::Transaction<'_>);
 
-/// The r2d2 pool as a [`sql::Pool`].
-pub(crate) struct Pool(PgPool);
+/// The PostgreSQL dialect of [`SqlStore`]: an r2d2 pool of `postgres` clients.
+pub struct PgDialect(PgPool);
 
 /// A pooled connection checked out this recently is handed out again without a
 /// test. r2d2 tests every check-out with a round trip of its own, which doubled the
@@ -287,7 +287,9 @@ impl Conn for Checked {
     }
 }
 
-impl sql::Pool for Pool {
+impl sql::Dialect for PgDialect {}
+
+impl sql::Backend for PgDialect {
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         Ok(self.get_owned()?)
     }
@@ -329,19 +331,16 @@ impl sql::Pool for Pool {
     }
 }
 
-/// The PostgreSQL [`Store`](crate::Store): a connection pool and this dialect's SQL.
+/// The PostgreSQL store: a connection pool and this dialect's SQL.
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// let store = txbox::PgStore::connect("postgres://postgres@127.0.0.1:5432/test", "shop_")?;
+/// let config = txbox::Config::builder().table_prefix("shop_").build()?;
+/// let store = txbox::PgStore::connect("postgres://postgres@127.0.0.1:5432/test", &config)?;
 /// txbox::Store::migrate(&store)?;
 /// # Ok(()) }
 /// ```
-pub struct PgStore {
-    inner: SqlStore<Pool>,
-}
-
-sql::delegate_store!(PgStore);
+pub type PgStore = SqlStore<PgDialect>;
 
 #[derive(Debug)]
 struct LogErrors;
@@ -355,51 +354,32 @@ impl r2d2::HandleError<postgres::Error> for LogErrors {
     }
 }
 
-impl PgStore {
+impl SqlStore<PgDialect> {
     /// Connects a pool of up to 16 connections to `url`
-    /// (`postgres://user:password@host:port/database` or key=value form).
-    pub fn connect(url: &str, table_prefix: &str) -> Result<Self> {
-        Self::connect_with(url, table_prefix, 16)
-    }
-
-    /// Like [`PgStore::connect`] with the pool's size. A relay uses one connection
-    /// per thread at most.
-    pub fn connect_with(url: &str, table_prefix: &str, max_connections: u32) -> Result<Self> {
-        let tables = Tables::new(table_prefix)?;
-        let config: postgres::Config = url
+    /// (`postgres://user:password@host:port/database` or key=value form) for the
+    /// tables of `config`. For another pool size, give your own pool to
+    /// [`PgStore::from_pool`].
+    pub fn connect(url: &str, config: &crate::Config) -> Result<Self> {
+        let pg: postgres::Config = url
             .parse()
             .map_err(|e| Error::InvalidInput(format!("database url: {e}")))?;
-        let manager = PostgresConnectionManager::new(config, NoTls);
+        let manager = PostgresConnectionManager::new(pg, NoTls);
         let pool = r2d2::Pool::builder()
-            .max_size(max_connections.max(1))
+            .max_size(16)
             .min_idle(Some(1))
-            // tested by `Pool::get` when unused for a while, not on every check-out
+            // tested by `PgDialect::get` when unused for a while, not on every check-out
             .test_on_check_out(false)
             .connection_timeout(Duration::from_secs(10))
             .error_handler(Box::new(LogErrors))
             .build(manager)?;
-        Self::with_tables(pool, tables)
+        Self::from_pool(pool, config)
     }
 
-    /// A store over an existing pool.
-    pub fn from_pool(pool: PgPool, table_prefix: &str) -> Result<Self> {
-        Self::with_tables(pool, Tables::new(table_prefix)?)
-    }
-
-    fn with_tables(pool: PgPool, tables: Tables) -> Result<Self> {
-        let d = std::sync::Arc::new(dialect(&tables));
-        Ok(PgStore {
-            inner: SqlStore {
-                pool: Pool(pool),
-                tables,
-                d,
-            },
-        })
-    }
-
-    /// The table names.
-    pub fn tables(&self) -> &Tables {
-        &self.inner.tables
+    /// A store over an existing pool, for the tables of `config`. A relay uses
+    /// one connection per thread at most (and one per batch in flight with held
+    /// claims).
+    pub fn from_pool(pool: PgPool, config: &crate::Config) -> Result<Self> {
+        SqlStore::with_pool(PgDialect(pool), config, catalog)
     }
 
     /// The pool, e.g. to run business transactions on the same connections.
@@ -410,259 +390,8 @@ impl PgStore {
     /// the pool fails its first statement and is dropped when it comes back. A pool
     /// given to [`PgStore::from_pool`] keeps its own setting.
     pub fn pool(&self) -> &PgPool {
-        &self.inner.pool.0
+        &self.pool.0
     }
 }
 
-sql::transaction_impls!(postgres::Transaction<'_>, "postgres", dialect);
-
-/// The outbox's one-event `INSERT`, prepared once on one connection, for a service
-/// that keeps its connection (a worker thread's own `postgres::Client`): each event
-/// then costs the database no parsing or planning. It is not a second publisher:
-/// [`PgPrepared::on`] wraps a transaction of that connection, and
-/// [`Outbox::publish`](crate::Outbox::publish) and
-/// [`Outbox::publish_all`](crate::Outbox::publish_all) write through the wrapper
-/// as through the transaction itself. For a connection from an r2d2 pool,
-/// [`Outbox::prepare_pg_pooled`](crate::Outbox::prepare_pg_pooled) keeps the
-/// statement with the pooled connection.
-///
-/// It works only with transactions of the client it was prepared on, and only
-/// while that session lasts. Used on another connection (or after a pooler reset
-/// the session), the database refuses the statement: the error says so, and the
-/// transaction is aborted, so roll it back.
-///
-/// ```no_run
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let config = txbox::Config::builder().event("order-created", |e| e).build()?;
-/// let outbox = txbox::Outbox::new(&config)?;
-/// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
-/// let prepared = outbox.prepare_pg(&mut client)?;
-/// for order in 0..3 {
-///     let mut tx = client.transaction()?;
-///     tx.execute("INSERT INTO orders (id) VALUES ($1)", &[&order])?;
-///     let event = serde_json::json!({ "id": order });
-///     outbox.publish(&mut prepared.on(&mut tx), "order-created", &event)?;
-///     tx.commit()?;
-/// }
-/// # Ok(())
-/// # }
-/// ```
-pub struct PgPrepared {
-    /// The outbox table the statement writes to.
-    table: String,
-    insert: Kept,
-}
-
-/// A prepared one-event `INSERT`, and whether its connection turned out not to know
-/// it (then a pooled connection prepares it again).
-#[derive(Clone)]
-struct Kept {
-    statement: postgres::Statement,
-    unknown: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Kept {
-    fn new(statement: postgres::Statement) -> Self {
-        Kept {
-            statement,
-            unknown: Default::default(),
-        }
-    }
-}
-
-impl std::fmt::Debug for PgPrepared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgPrepared")
-            .field("table", &self.table)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The statements [`crate::Outbox::prepare_pg_pooled`] prepared on one pooled
-/// connection, by outbox table (r2d2 connection extension).
-#[derive(Default)]
-struct PreparedInserts(std::collections::HashMap<String, Kept>);
-
-impl crate::Outbox {
-    /// Prepares this outbox's one-event `INSERT` on `client` (one round trip):
-    /// see [`PgPrepared`].
-    pub fn prepare_pg(&self, client: &mut impl GenericClient) -> Result<PgPrepared> {
-        let sql = self.insert_one();
-        Ok(PgPrepared {
-            table: self.tables().outbox.clone(),
-            insert: Kept::new(client.prepare_typed(&sql, &INSERT_ONE_TYPES)?),
-        })
-    }
-
-    /// [`Outbox::prepare_pg`](crate::Outbox::prepare_pg) for a connection from an
-    /// r2d2 pool (such as [`PgStore::pool`]): the statement is prepared on the
-    /// connection's first use and kept with it in the pool, so later check-outs of
-    /// the same connection find it without a round trip. Should the connection have
-    /// lost it (`DISCARD ALL`), the publish that finds out fails and the next call
-    /// prepares it again.
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let config = txbox::Config::builder().event("order-created", |e| e).build()?;
-    /// # let store = txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", "")?;
-    /// let outbox = txbox::Outbox::new(&config)?;
-    /// let mut conn = store.pool().get()?;
-    /// let prepared = outbox.prepare_pg_pooled(&mut conn)?;
-    /// let mut tx = conn.transaction()?;
-    /// outbox.publish(&mut prepared.on(&mut tx), "order-created", &serde_json::json!({ "id": 7 }))?;
-    /// tx.commit()?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn prepare_pg_pooled<M>(&self, conn: &mut r2d2::PooledConnection<M>) -> Result<PgPrepared>
-    where
-        M: r2d2::ManageConnection<Connection = postgres::Client>,
-    {
-        // by the outbox table: a check-out that finds it builds no SQL
-        let table = self.tables().outbox.as_str();
-        let kept = r2d2::PooledConnection::extensions(conn)
-            .get::<PreparedInserts>()
-            .and_then(|p| p.0.get(table))
-            .filter(|k| !k.unknown.load(std::sync::atomic::Ordering::Relaxed))
-            .cloned();
-        let insert = match kept {
-            Some(insert) => insert,
-            None => {
-                let insert = Kept::new(conn.prepare_typed(&self.insert_one(), &INSERT_ONE_TYPES)?);
-                let extensions = r2d2::PooledConnection::extensions_mut(conn);
-                let mut prepared = extensions.remove::<PreparedInserts>().unwrap_or_default();
-                prepared.0.insert(table.to_owned(), insert.clone());
-                extensions.insert(prepared);
-                insert
-            }
-        };
-        Ok(PgPrepared {
-            table: table.to_owned(),
-            insert,
-        })
-    }
-
-    /// The dialect's `INSERT` of one event into this outbox's table.
-    fn insert_one(&self) -> String {
-        sql::insert_events_sql(&sql::cached("postgres", self.tables(), dialect), 1)
-    }
-}
-
-/// The parameter types of the one-event `INSERT`, as [`typed`] passes
-/// [`sql::event_values`]: id, type, key, headers, payload.
-const INSERT_ONE_TYPES: [Type; 5] = [Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT];
-
-impl PgPrepared {
-    /// `tx`, a transaction of the client this statement was prepared on, with
-    /// the statement: publish on it as on `tx`. Events of one call go through
-    /// the prepared statement one at a time; several go as one statement.
-    pub fn on<'p, 't, 'c>(
-        &'p self,
-        tx: &'t mut postgres::Transaction<'c>,
-    ) -> PgPreparedTx<'p, 't, 'c> {
-        PgPreparedTx { tx, prepared: self }
-    }
-}
-
-/// A transaction with a [`PgPrepared`] statement ([`PgPrepared::on`]): a
-/// [`Transaction`](crate::Transaction) that `publish` writes through.
-pub struct PgPreparedTx<'p, 't, 'c> {
-    tx: &'t mut postgres::Transaction<'c>,
-    prepared: &'p PgPrepared,
-}
-
-impl crate::transaction::sealed::Sealed for PgPreparedTx<'_, '_, '_> {}
-
-impl crate::transaction::Transaction for PgPreparedTx<'_, '_, '_> {
-    fn insert_new_ids(
-        &mut self,
-        tables: &Tables,
-        consumer: &str,
-        ids: &[EventId],
-    ) -> Result<Vec<EventId>> {
-        self.tx.insert_new_ids(tables, consumer, ids)
-    }
-
-    fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
-        // several events go as one statement; another outbox's table has no
-        // statement prepared here
-        let ([e], true) = (events, tables.outbox == self.prepared.table) else {
-            return self.tx.insert_events(tables, events);
-        };
-        // the driver's error as it is (inside Ok), to tell a statement unknown here
-        let executed = typed(&sql::event_values(e), |p| {
-            let params: Vec<&(dyn ToSql + Sync)> = p.iter().map(|(v, _)| *v).collect();
-            Ok(self.tx.execute(&self.prepared.insert.statement, &params))
-        })?;
-        match executed {
-            Ok(_) => Ok(()),
-            Err(err)
-                if err.code() == Some(&postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME) =>
-            {
-                self.prepared
-                    .insert
-                    .unknown
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                Err(Error::InvalidInput(format!(
-                    "PgPrepared: this transaction's connection does not know the prepared \
-                     statement (a transaction of another client, or a session that was reset); \
-                     the transaction is aborted, roll it back: {}",
-                    crate::error::PgError(err)
-                )))
-            }
-            Err(err) => Err(err.into()),
-        }
-    }
-}
-
-impl crate::inbox::Inbox {
-    /// Transactional, on a transaction the inbox opens from `pool`: records `id`,
-    /// runs `handler` in the same transaction and commits both, or rolls both back
-    /// when the handler fails (its error passes through unchanged). Caches the id
-    /// after the commit.
-    pub fn handle_pg<T, E, F>(
-        &self,
-        pool: &PgPool,
-        id: EventId,
-        handler: F,
-    ) -> Result<crate::inbox::Handled<T>, E>
-    where
-        E: From<Error>,
-        F: FnOnce(&mut postgres::Transaction<'_>) -> Result<T, E>,
-    {
-        // a cache hit must not even take a connection
-        if self.is_cached(id) {
-            return Ok(crate::inbox::Handled::Duplicate);
-        }
-        let mut conn = pool.get().map_err(Error::from)?;
-        let mut tx = conn.transaction().map_err(Error::from)?;
-        let handled = self.handle_in_uncached(&mut tx, id, handler)?; // Err: tx rolls back on drop
-        tx.commit().map_err(Error::from)?;
-        if !handled.is_duplicate() {
-            self.committed(&[id]);
-        }
-        Ok(handled)
-    }
-
-    /// A handler for [`KafkaConsumer::run_with`](crate::kafka::KafkaConsumer::run_with)
-    /// or [`RabbitConsumer::run_with`](crate::rabbitmq::RabbitConsumer::run_with):
-    /// reads the event id, runs `handler` through [`Inbox::handle_pg`](crate::inbox::Inbox::handle_pg),
-    /// then lets the loop commit / ack. A message without a valid id goes to `policy`;
-    /// a failed handler is retried (redelivered).
-    pub fn handler_pg<E, F>(
-        &self,
-        pool: PgPool,
-        policy: crate::inbox::MissingIdPolicy,
-        mut handler: F,
-    ) -> impl FnMut(&crate::ReceivedEvent) -> crate::consumer::Verdict
-    where
-        E: From<Error> + std::fmt::Display,
-        F: FnMut(&mut postgres::Transaction<'_>, &crate::ReceivedEvent) -> Result<(), E>,
-    {
-        let inbox = self.clone();
-        move |event| match event.id {
-            None => Self::missing_id(policy, event),
-            Some(id) => Self::verdict(inbox.handle_pg(&pool, id, |tx| handler(tx, event))),
-        }
-    }
-}
+sql::transaction_impls!(postgres::Transaction<'_>, "postgres", catalog);

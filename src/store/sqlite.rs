@@ -14,15 +14,15 @@ use std::time::Duration;
 
 use rusqlite::types::{Value, ValueRef};
 
-use super::sql::{self, Conn, Dialect, Row, SqlStore, Style, Val};
+use super::sql::{self, Catalog, Conn, Row, SqlStore, Style, Val};
 use super::Tables;
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
 
 /// The schema, embedded: the same file a DBA reads in `sql/sqlite/`.
-pub const SCHEMA: &str = include_str!("../../sql/sqlite/001_schema.sql");
+pub(crate) const SCHEMA: &str = include_str!("../../sql/sqlite/001_schema.sql");
 /// Schema version 2: the inbox keyed by (consumer, event id).
-pub const SCHEMA_2: &str = include_str!("../../sql/sqlite/002_inbox_per_consumer.sql");
+pub(crate) const SCHEMA_2: &str = include_str!("../../sql/sqlite/002_inbox_per_consumer.sql");
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -31,11 +31,11 @@ fn plus(ms_param: &str) -> String {
     format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ({ms_param} / 1000.0) || ' seconds')")
 }
 
-pub(crate) fn dialect(t: &Tables) -> Dialect {
+pub(crate) fn catalog(t: &Tables) -> Catalog {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = "id, event_type, event_key, headers, payload, attempts, last_error, status, created_at, moved_at";
     let filter = "($1 IS NULL OR event_type = $1) AND ($2 IS NULL OR status = $2)";
-    Dialect {
+    Catalog {
         style: Style::QuestionNumbered,
         begin: "BEGIN IMMEDIATE",
         schema: &[SCHEMA, SCHEMA_2],
@@ -141,10 +141,11 @@ fn lite_query(conn: &rusqlite::Connection, sql: &str, params: &[Val]) -> Result<
     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(err)
 }
 
-/// One connection behind a mutex: SQLite has one writer at a time anyway.
-pub(crate) struct Pool(Mutex<rusqlite::Connection>);
+/// The SQLite dialect of [`SqlStore`]: one connection behind a mutex (SQLite has
+/// one writer at a time anyway).
+pub struct SqliteDialect(Mutex<rusqlite::Connection>);
 
-impl sql::Pool for Pool {
+impl sql::Backend for SqliteDialect {
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         Ok(Box::new(sql::Held(
             self.0.lock().unwrap_or_else(|p| p.into_inner()),
@@ -152,34 +153,33 @@ impl sql::Pool for Pool {
     }
 }
 
-/// The SQLite [`Store`](crate::Store) on a database file.
+impl sql::Dialect for SqliteDialect {}
+
+/// The SQLite store on a database file.
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
-/// let store = txbox::SqliteStore::open("outbox.db", "")?;
+/// let config = txbox::Config::builder().build()?;
+/// let store = txbox::SqliteStore::connect("sqlite:outbox.db", &config)?;
 /// txbox::Store::migrate(&store)?;
 /// let mut conn = txbox::SqliteStore::connection("outbox.db")?; // for your transactions
 /// # Ok(()) }
 /// ```
-pub struct SqliteStore {
-    inner: SqlStore<Pool>,
-}
+pub type SqliteStore = SqlStore<SqliteDialect>;
 
-sql::delegate_store!(SqliteStore);
-
-impl SqliteStore {
-    /// Opens (or creates) the database file at `path`.
-    pub fn open(path: impl AsRef<Path>, table_prefix: &str) -> Result<Self> {
-        let tables = Tables::new(table_prefix)?;
+impl SqlStore<SqliteDialect> {
+    /// Opens (or creates) the database file `url` names (`sqlite:PATH`,
+    /// `sqlite://PATH` or the path alone) for the tables of `config`.
+    pub fn connect(url: &str, config: &crate::Config) -> Result<Self> {
+        let path = url.strip_prefix("sqlite:").unwrap_or(url);
+        let path = path.strip_prefix("//").unwrap_or(path);
+        if path.is_empty() {
+            return Err(Error::InvalidInput(
+                "database url sqlite: needs a file path".into(),
+            ));
+        }
         let conn = Self::connection(path)?;
-        let d = std::sync::Arc::new(dialect(&tables));
-        Ok(SqliteStore {
-            inner: SqlStore {
-                pool: Pool(Mutex::new(conn)),
-                tables,
-                d,
-            },
-        })
+        SqlStore::with_pool(SqliteDialect(Mutex::new(conn)), config, catalog)
     }
 
     /// A connection set up as txbox expects (WAL, 5 s busy timeout), for your own
@@ -193,4 +193,4 @@ impl SqliteStore {
     }
 }
 
-sql::transaction_impls!(rusqlite::Transaction<'_>, "sqlite", dialect);
+sql::transaction_impls!(rusqlite::Transaction<'_>, "sqlite", catalog);

@@ -1,8 +1,10 @@
 //! One fixture over every SQL dialect, so the conformance suite runs unchanged on each.
 
 use std::sync::Arc;
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
-use txbox::{Config, EventId, Outbox, Store};
+use txbox::{Config, EventId, Outbox};
 
 /// A business transaction that both publish and the inbox accept.
 pub trait BusinessTx: txbox::Transaction {}
@@ -56,7 +58,7 @@ pub const TABLES: [&str; 5] = [
 pub struct Fixture {
     pub backend: Backend,
     pub prefix: String,
-    pub store: Arc<dyn Store>,
+    pub store: Arc<dyn FullStore>,
     sqlite_path: std::path::PathBuf,
 }
 
@@ -205,7 +207,7 @@ impl Fixture {
     }
 
     /// Another store instance on the same tables (another relay process would have one).
-    pub fn another_store(&self) -> Arc<dyn Store> {
+    pub fn another_store(&self) -> Arc<dyn FullStore> {
         open_store(self.backend, &self.prefix, &self.sqlite_path)
     }
 
@@ -233,10 +235,10 @@ impl Fixture {
     /// when it returns `Ok`.
     pub fn inbox_tx<T>(
         &self,
-        inbox: &txbox::inbox::Inbox,
+        inbox: &txbox::Inbox,
         id: EventId,
         ok: bool,
-    ) -> txbox::Result<txbox::inbox::Handled<T>>
+    ) -> txbox::Result<txbox::Handled<T>>
     where
         T: Default,
     {
@@ -329,17 +331,20 @@ fn sqlite_path(prefix: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("txbox-test-{prefix}.db"))
 }
 
-fn open_store(backend: Backend, prefix: &str, sqlite_path: &std::path::Path) -> Arc<dyn Store> {
+fn open_store(backend: Backend, prefix: &str, sqlite_path: &std::path::Path) -> Arc<dyn FullStore> {
     let _ = sqlite_path;
+    let cfg = super::prefix_config(prefix);
     match backend {
-        Backend::Postgres => Arc::new(txbox::PgStore::connect(&super::pg_url(), prefix).unwrap()),
+        Backend::Postgres => Arc::new(txbox::PgStore::connect(&super::pg_url(), &cfg).unwrap()),
         #[cfg(feature = "mysql")]
-        Backend::MySql => Arc::new(txbox::MySqlStore::connect(&mysql_url(), prefix).unwrap()),
+        Backend::MySql => Arc::new(txbox::MySqlStore::connect(&mysql_url(), &cfg).unwrap()),
         #[cfg(feature = "sqlite")]
-        Backend::Sqlite => Arc::new(txbox::SqliteStore::open(sqlite_path, prefix).unwrap()),
+        Backend::Sqlite => {
+            Arc::new(txbox::SqliteStore::connect(&sqlite_path.to_string_lossy(), &cfg).unwrap())
+        }
         #[cfg(feature = "oracle")]
-        Backend::Oracle => Arc::new(
-            txbox::OracleStore::connect_url(&oracle_url().unwrap_or_default(), prefix).unwrap(),
-        ),
+        Backend::Oracle => {
+            Arc::new(txbox::OracleStore::connect(&oracle_url().unwrap_or_default(), &cfg).unwrap())
+        }
     }
 }

@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+#[allow(unused_imports)]
+use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
-use txbox::{PgStore, Store};
+use txbox::PgStore;
 
 /// The test database; override with `TXBOX_PG_URL`.
 pub fn pg_url() -> String {
@@ -59,7 +61,7 @@ pub fn fresh_with_url(prefix: &str, url: &str) -> Option<(Arc<PgStore>, postgres
             .batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))
             .expect("drop table");
     }
-    let store = Arc::new(PgStore::connect(url, prefix).expect("connect store"));
+    let store = Arc::new(PgStore::connect(url, &prefix_config(prefix)).expect("connect store"));
     store.migrate().expect("migrate");
     Some((store, client))
 }
@@ -415,4 +417,13 @@ pub fn mode_config(
         .table_prefix(prefix)
         .defaults(|d| defaults(d).claim(claim))
         .processed_ttl(ttl)
+}
+
+/// A configuration with no event types on the tables of `prefix`: what a store
+/// is opened with.
+pub fn prefix_config(prefix: &str) -> txbox::Config {
+    txbox::Config::builder()
+        .table_prefix(prefix)
+        .build()
+        .expect("table prefix")
 }

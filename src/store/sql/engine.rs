@@ -3,141 +3,35 @@
 #![allow(clippy::wildcard_imports)]
 use super::*;
 
-/// Implements [`Store`] for a dialect's store type by delegating to its `inner`
-/// [`SqlStore`], where the shared logic lives.
-macro_rules! delegate_store {
-    ($t:ty) => {
-        impl $crate::store::Store for $t {
-            fn migrate(&self) -> $crate::Result<()> {
-                self.inner.migrate()
-            }
-            fn ping(&self) -> $crate::Result<()> {
-                self.inner.ping()
-            }
-            fn claim_after(
-                &self,
-                event_type: &str,
-                after: Option<$crate::EventId>,
-                limit: usize,
-                lease: std::time::Duration,
-                token: uuid::Uuid,
-            ) -> $crate::Result<Vec<$crate::Event>> {
-                self.inner
-                    .claim_after(event_type, after, limit, lease, token)
-            }
-            fn finish(
-                &self,
-                token: uuid::Uuid,
-                outcomes: &[($crate::EventId, $crate::store::Outcome)],
-            ) -> $crate::Result<u64> {
-                self.inner.finish(token, outcomes)
-            }
-            fn can_hold_claims(&self) -> bool {
-                self.inner.can_hold_claims()
-            }
-            fn max_connections(&self) -> Option<usize> {
-                self.inner.max_connections()
-            }
-            fn table_prefix(&self) -> Option<&str> {
-                self.inner.table_prefix()
-            }
-            fn claim_held(
-                &self,
-                args: &$crate::store::ClaimArgs<'_>,
-            ) -> $crate::Result<$crate::store::HeldClaim> {
-                self.inner.claim_held(args)
-            }
-            fn recover_expired(&self, limit: usize) -> $crate::Result<u64> {
-                self.inner.recover_expired(limit)
-            }
-            fn delete_processed(
-                &self,
-                ttl: std::time::Duration,
-                limit: usize,
-            ) -> $crate::Result<u64> {
-                self.inner.delete_processed(ttl, limit)
-            }
-            fn move_failed_to_dlq(&self, limit: usize) -> $crate::Result<u64> {
-                self.inner.move_failed_to_dlq(limit)
-            }
-            fn requeue_dlq_retries(&self, limit: usize) -> $crate::Result<u64> {
-                self.inner.requeue_dlq_retries(limit)
-            }
-            fn delete_resolved_dlq(
-                &self,
-                ttl: std::time::Duration,
-                limit: usize,
-            ) -> $crate::Result<u64> {
-                self.inner.delete_resolved_dlq(ttl, limit)
-            }
-            fn try_lock(
-                &self,
-                name: &str,
-                owner: uuid::Uuid,
-                lease: std::time::Duration,
-            ) -> $crate::Result<bool> {
-                self.inner.try_lock(name, owner, lease)
-            }
-            fn unlock(&self, name: &str, owner: uuid::Uuid) -> $crate::Result<()> {
-                self.inner.unlock(name, owner)
-            }
-            fn dlq_list(
-                &self,
-                filter: &$crate::DlqFilter,
-            ) -> $crate::Result<Vec<$crate::DeadLetter>> {
-                self.inner.dlq_list(filter)
-            }
-            fn dlq_count(&self, filter: &$crate::DlqFilter) -> $crate::Result<u64> {
-                self.inner.dlq_count(filter)
-            }
-            fn dlq_get(&self, id: $crate::EventId) -> $crate::Result<Option<$crate::DeadLetter>> {
-                self.inner.dlq_get(id)
-            }
-            fn dlq_set_status(
-                &self,
-                ids: &[$crate::EventId],
-                from: &[$crate::DlqStatus],
-                to: $crate::DlqStatus,
-            ) -> $crate::Result<Vec<$crate::EventId>> {
-                self.inner.dlq_set_status(ids, from, to)
-            }
-            fn dlq_delete(
-                &self,
-                ids: &[$crate::EventId],
-                from: &[$crate::DlqStatus],
-            ) -> $crate::Result<Vec<$crate::EventId>> {
-                self.inner.dlq_delete(ids, from)
-            }
-            fn status(&self) -> $crate::Result<Vec<$crate::store::TypeStatus>> {
-                self.inner.status()
-            }
-            fn inbox_insert(
-                &self,
-                consumer: &str,
-                ids: &[$crate::EventId],
-            ) -> $crate::Result<Vec<$crate::EventId>> {
-                self.inner.inbox_insert(consumer, ids)
-            }
-            fn delete_expired_inbox(
-                &self,
-                ttl: std::time::Duration,
-                limit: usize,
-            ) -> $crate::Result<u64> {
-                self.inner.delete_expired_inbox(ttl, limit)
-            }
-        }
-    };
-}
-pub(crate) use delegate_store;
-
-/// A [`Store`] on any dialect.
-pub(crate) struct SqlStore<P: Pool> {
-    pub(crate) pool: P,
+/// The store on a SQL database: one engine for every dialect, which only
+/// varies the SQL and the driver. Use it through its aliases
+/// ([`PgStore`](crate::PgStore), [`MySqlStore`](crate::MySqlStore),
+/// [`SqliteStore`](crate::SqliteStore), [`OracleStore`](crate::OracleStore)),
+/// opened with the configuration its tables come from, or through
+/// [`Config::connect`](crate::Config::connect).
+pub struct SqlStore<D: Dialect> {
+    pub(crate) pool: D,
     pub(crate) tables: Tables,
-    pub(crate) d: std::sync::Arc<Dialect>,
+    pub(crate) d: std::sync::Arc<Catalog>,
 }
 
-impl<P: Pool> SqlStore<P> {
+impl<D: Dialect> SqlStore<D> {
+    /// A store on `pool` for the tables of `config`.
+    pub(crate) fn with_pool(
+        pool: D,
+        config: &crate::Config,
+        catalog: fn(&Tables) -> Catalog,
+    ) -> Result<Self> {
+        let tables = Tables::new(config.table_prefix())?;
+        let d = std::sync::Arc::new(catalog(&tables));
+        Ok(SqlStore { pool, tables, d })
+    }
+
+    /// The names of the store's tables.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
     /// Selects up to `limit` ids with `select` ($1 limit, $2 the TTL in ms when
     /// given) and applies each of `apply` (`apply_fixed`, then {ids}) to them, in one
     /// transaction that is retried on a deadlock; returns how many.
@@ -210,7 +104,7 @@ impl<P: Pool> SqlStore<P> {
     }
 }
 
-impl<P: Pool> Store for SqlStore<P> {
+impl<D: Dialect> Store for SqlStore<D> {
     fn migrate(&self) -> Result<()> {
         let d = &self.d;
         let mut conn = self.pool.get()?;
@@ -271,6 +165,56 @@ impl<P: Pool> Store for SqlStore<P> {
         }
     }
 
+    fn ping(&self) -> Result<()> {
+        let mut conn = self.pool.get()?;
+        run_query(&mut *conn, &self.d, self.d.ping, &[], &[]).map(|_| ())
+    }
+
+    fn table_prefix(&self) -> &str {
+        &self.tables.prefix
+    }
+
+    fn try_lock(&self, name: &str, owner: Uuid, lease: Duration) -> Result<bool> {
+        let d = &self.d;
+        self.with_retry("lock", || {
+            let mut conn = self.pool.get()?;
+            transaction(&mut *conn, d, |c| {
+                match run_execute(
+                    c,
+                    d,
+                    &d.lock_insert,
+                    &[name.into(), Val::Id(owner), ms(lease)],
+                    &[],
+                ) {
+                    Ok(_) => {}
+                    Err(e) if is(&e, crate::error::DatabaseErrorKind::UniqueViolation) => {} // inserted concurrently: fine
+                    Err(e) => return Err(e),
+                }
+                Ok(run_execute(
+                    c,
+                    d,
+                    &d.common.lock_take,
+                    &[Val::Id(owner), ms(lease), name.into()],
+                    &[],
+                )? == 1)
+            })
+        })
+    }
+
+    fn unlock(&self, name: &str, owner: Uuid) -> Result<()> {
+        let mut conn = self.pool.get()?;
+        run_execute(
+            &mut *conn,
+            &self.d,
+            &self.d.common.unlock,
+            &[name.into(), Val::Id(owner)],
+            &[],
+        )?;
+        Ok(())
+    }
+}
+
+impl<D: Dialect> ClaimStore for SqlStore<D> {
     fn claim_after(
         &self,
         event_type: &str,
@@ -349,10 +293,6 @@ impl<P: Pool> Store for SqlStore<P> {
         self.pool.max_size()
     }
 
-    fn table_prefix(&self) -> Option<&str> {
-        Some(&self.tables.prefix)
-    }
-
     fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
         let d = &self.d;
         let Some(hold) = &d.hold_claim else {
@@ -384,7 +324,9 @@ impl<P: Pool> Store for SqlStore<P> {
         let rows = held.conn.script(&script)?.rows;
         Box::new(held).take_claim(rows, args.delete_acked)
     }
+}
 
+impl<D: Dialect> MaintenanceStore for SqlStore<D> {
     fn recover_expired(&self, limit: usize) -> Result<u64> {
         let c = &self.d.common;
         self.select_apply(
@@ -409,6 +351,22 @@ impl<P: Pool> Store for SqlStore<P> {
         )
     }
 
+    fn status(&self) -> Result<Vec<TypeStatus>> {
+        let mut conn = self.pool.get()?;
+        Ok(run_query(&mut *conn, &self.d, &self.d.status, &[], &[])?
+            .iter()
+            .map(|r| TypeStatus {
+                event_type: r.text(0),
+                pending: r.int(1).max(0) as u64,
+                in_process: r.int(2).max(0) as u64,
+                failed: r.int(3).max(0) as u64,
+                oldest_pending_age: r.opt_float(4).map(|s| Duration::from_secs_f64(s.max(0.0))),
+            })
+            .collect())
+    }
+}
+
+impl<D: Dialect> DeadLetterStore for SqlStore<D> {
     fn move_failed_to_dlq(&self, limit: usize) -> Result<u64> {
         let c = &self.d.common;
         let steps = [&c.delete_dlq, &c.copy_to_dlq, &c.delete_outbox].map(String::as_str);
@@ -440,45 +398,6 @@ impl<P: Pool> Store for SqlStore<P> {
         )
     }
 
-    fn try_lock(&self, name: &str, owner: Uuid, lease: Duration) -> Result<bool> {
-        let d = &self.d;
-        self.with_retry("lock", || {
-            let mut conn = self.pool.get()?;
-            transaction(&mut *conn, d, |c| {
-                match run_execute(
-                    c,
-                    d,
-                    &d.lock_insert,
-                    &[name.into(), Val::Id(owner), ms(lease)],
-                    &[],
-                ) {
-                    Ok(_) => {}
-                    Err(e) if is(&e, crate::error::DatabaseErrorKind::UniqueViolation) => {} // inserted concurrently: fine
-                    Err(e) => return Err(e),
-                }
-                Ok(run_execute(
-                    c,
-                    d,
-                    &d.common.lock_take,
-                    &[Val::Id(owner), ms(lease), name.into()],
-                    &[],
-                )? == 1)
-            })
-        })
-    }
-
-    fn unlock(&self, name: &str, owner: Uuid) -> Result<()> {
-        let mut conn = self.pool.get()?;
-        run_execute(
-            &mut *conn,
-            &self.d,
-            &self.d.common.unlock,
-            &[name.into(), Val::Id(owner)],
-            &[],
-        )?;
-        Ok(())
-    }
-
     fn dlq_list(&self, f: &DlqFilter) -> Result<Vec<DeadLetter>> {
         let mut conn = self.pool.get()?;
         let fixed = [
@@ -491,11 +410,6 @@ impl<P: Pool> Store for SqlStore<P> {
             .iter()
             .map(dead_letter)
             .collect()
-    }
-
-    fn ping(&self) -> Result<()> {
-        let mut conn = self.pool.get()?;
-        run_query(&mut *conn, &self.d, self.d.ping, &[], &[]).map(|_| ())
     }
 
     fn dlq_count(&self, f: &DlqFilter) -> Result<u64> {
@@ -542,21 +456,9 @@ impl<P: Pool> Store for SqlStore<P> {
             .replace("{from}", &status_list(from));
         self.each_dead_letter(ids, &delete, &[])
     }
+}
 
-    fn status(&self) -> Result<Vec<TypeStatus>> {
-        let mut conn = self.pool.get()?;
-        Ok(run_query(&mut *conn, &self.d, &self.d.status, &[], &[])?
-            .iter()
-            .map(|r| TypeStatus {
-                event_type: r.text(0),
-                pending: r.int(1).max(0) as u64,
-                in_process: r.int(2).max(0) as u64,
-                failed: r.int(3).max(0) as u64,
-                oldest_pending_age: r.opt_float(4).map(|s| Duration::from_secs_f64(s.max(0.0))),
-            })
-            .collect())
-    }
-
+impl<D: Dialect> InboxStore for SqlStore<D> {
     fn inbox_insert(&self, consumer: &str, ids: &[EventId]) -> Result<Vec<EventId>> {
         let d = &self.d;
         let mut conn = self.pool.get()?;

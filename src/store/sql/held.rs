@@ -10,7 +10,7 @@ pub(crate) type Step<'a> = (&'a str, Vec<Val>, Vec<Val>);
 /// The statements that finish a batch with `sql`: acked rows marked PROCESSED or
 /// deleted, in chunks; the others one by one.
 pub(crate) fn finish_steps<'a>(
-    d: &Dialect,
+    d: &Catalog,
     sql: &'a Finish,
     token: Uuid,
     outcomes: &[(EventId, Outcome)],
@@ -60,7 +60,7 @@ pub(crate) fn failure(outcome: &Outcome) -> Option<(&'static str, Duration, &str
 /// A held claim: the connection whose open transaction locks the batch's rows.
 pub(crate) struct HeldTx {
     pub(crate) conn: Box<dyn Conn + Send>,
-    pub(crate) d: std::sync::Arc<Dialect>,
+    pub(crate) d: std::sync::Arc<Catalog>,
     /// The transaction is open (rolled back on drop).
     pub(crate) open: bool,
     /// What a deleting claim ([`HoldClaim::claim_delete`]) keeps of its rows to

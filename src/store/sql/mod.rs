@@ -1,5 +1,5 @@
 //! The logic every SQL dialect shares. A dialect supplies its statements (a
-//! [`Dialect`]) and a connection adapter ([`Conn`]); the flows below — claim,
+//! [`Catalog`]) and a connection adapter ([`Conn`]); the flows below — claim,
 //! finish, recovery, dead letters, locks, inbox — are written once.
 //!
 //! Statements are written with numbered placeholders `$1`, `$2`, ... and an optional
@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::{ClaimArgs, HeldBatch, HeldClaim, Outcome, Store, Tables, TypeStatus};
+use super::{
+    ClaimArgs, ClaimStore, DeadLetterStore, HeldBatch, HeldClaim, InboxStore, MaintenanceStore,
+    Outcome, Store, Tables, TypeStatus,
+};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId, NewEvent};
 use crate::store::{DeadLetter, DlqFilter, DlqStatus};
@@ -22,15 +25,17 @@ mod rows;
 mod statements;
 mod values;
 
+pub use engine::SqlStore;
 pub(crate) use engine::*;
 pub(crate) use held::*;
 pub(crate) use render::*;
 pub(crate) use rows::*;
 pub(crate) use statements::*;
+pub use values::Dialect;
 pub(crate) use values::*;
 
 #[cfg(test)]
-impl Dialect {
+impl Catalog {
     /// Every statement template of the dialect, named.
     fn statements(&self) -> Vec<(String, String)> {
         let c = &self.common;
@@ -127,15 +132,15 @@ mod tests {
     #[test]
     fn every_statement_of_every_dialect_binds_each_value_where_its_number_says() {
         let t = Tables::new("p_").unwrap();
-        let dialects: Vec<(&str, Dialect)> = vec![
+        let dialects: Vec<(&str, Catalog)> = vec![
             #[cfg(feature = "postgres")]
-            ("postgres", super::super::postgres::dialect(&t)),
+            ("postgres", super::super::postgres::catalog(&t)),
             #[cfg(feature = "mysql")]
-            ("mysql", super::super::mysql::dialect(&t)),
+            ("mysql", super::super::mysql::catalog(&t)),
             #[cfg(feature = "sqlite")]
-            ("sqlite", super::super::sqlite::dialect(&t)),
+            ("sqlite", super::super::sqlite::catalog(&t)),
             #[cfg(feature = "oracle")]
-            ("oracle", super::super::oracle::dialect(&t)),
+            ("oracle", super::super::oracle::catalog(&t)),
         ];
         let fixed: Vec<Val> = (1..=12).map(|i| Val::Int(100 + i)).collect();
         let ids = [Val::Int(901), Val::Int(902)];

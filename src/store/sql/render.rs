@@ -87,7 +87,7 @@ pub(crate) fn inline(
 /// A statement rendered for one call.
 pub(crate) fn run_query(
     conn: &mut dyn Conn,
-    d: &Dialect,
+    d: &Catalog,
     template: &str,
     fixed: &[Val],
     ids: &[Val],
@@ -98,7 +98,7 @@ pub(crate) fn run_query(
 
 pub(crate) fn run_query_max(
     conn: &mut dyn Conn,
-    d: &Dialect,
+    d: &Catalog,
     template: &str,
     fixed: &[Val],
     max: usize,
@@ -109,7 +109,7 @@ pub(crate) fn run_query_max(
 
 pub(crate) fn run_execute(
     conn: &mut dyn Conn,
-    d: &Dialect,
+    d: &Catalog,
     template: &str,
     fixed: &[Val],
     ids: &[Val],
@@ -119,7 +119,7 @@ pub(crate) fn run_execute(
 }
 
 pub(crate) fn prepare(
-    d: &Dialect,
+    d: &Catalog,
     template: &str,
     fixed: &[Val],
     ids: &[Val],
@@ -136,7 +136,7 @@ pub(crate) fn prepare(
 /// Runs `f` in a transaction: commits on `Ok`, rolls back on `Err`.
 pub(crate) fn transaction<T>(
     conn: &mut dyn Conn,
-    d: &Dialect,
+    d: &Catalog,
     f: impl FnOnce(&mut dyn Conn) -> Result<T>,
 ) -> Result<T> {
     if !d.begin.is_empty() {

@@ -116,7 +116,7 @@ pub(crate) fn split_statements(sql: &str) -> Vec<String> {
 }
 
 /// Inserts new events: one multi-row `INSERT` (one round trip) per chunk.
-pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Dialect, events: &[NewEvent]) -> Result<()> {
+pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent]) -> Result<()> {
     for chunk in events.chunks((d.max_ids / 5).max(1)) {
         let params: Vec<Val> = chunk.iter().flat_map(event_values).collect();
         run_execute(conn, d, &insert_events_sql(d, chunk.len()), &params, &[])?;
@@ -125,7 +125,7 @@ pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Dialect, events: &[NewEvent
 }
 
 /// The dialect's `INSERT` of `rows` events, [`event_values`] of each in turn.
-pub(crate) fn insert_events_sql(d: &Dialect, rows: usize) -> String {
+pub(crate) fn insert_events_sql(d: &Catalog, rows: usize) -> String {
     let mut template = d.insert_events.clone();
     for i in 0..rows {
         if i > 0 {
@@ -153,7 +153,7 @@ pub(crate) fn event_values(e: &NewEvent) -> [Val; 5] {
 /// with a unique violation).
 pub(crate) fn insert_inbox_ids(
     conn: &mut dyn Conn,
-    d: &Dialect,
+    d: &Catalog,
     consumer: &str,
     ids: &[EventId],
 ) -> Result<Vec<EventId>> {

@@ -152,7 +152,7 @@ pub(crate) struct HoldClaim {
 }
 
 /// Every statement of one dialect, with the table names filled in.
-pub(crate) struct Dialect {
+pub(crate) struct Catalog {
     pub style: Style,
     /// Opens a transaction ("BEGIN", "START TRANSACTION", "BEGIN IMMEDIATE"; "" when
     /// the driver is always in one).
@@ -225,12 +225,12 @@ pub(crate) struct Dialect {
 pub(crate) fn cached(
     dialect: &'static str,
     t: &Tables,
-    build: fn(&Tables) -> Dialect,
-) -> std::sync::Arc<Dialect> {
+    build: fn(&Tables) -> Catalog,
+) -> std::sync::Arc<Catalog> {
     use std::collections::HashMap;
     use std::sync::{Arc, LazyLock, Mutex};
     // dialect -> table prefix -> statements; a hit allocates nothing
-    type Cache = Mutex<HashMap<&'static str, HashMap<String, Arc<Dialect>>>>;
+    type Cache = Mutex<HashMap<&'static str, HashMap<String, Arc<Catalog>>>>;
     static CACHE: LazyLock<Cache> = LazyLock::new(Default::default);
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
     let by_prefix = cache.entry(dialect).or_default();

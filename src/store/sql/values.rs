@@ -5,7 +5,7 @@ use super::*;
 
 /// A parameter or column value.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Val {
+pub enum Val {
     Null,
     Int(i64),
     Float(f64),
@@ -28,7 +28,7 @@ impl From<Option<&str>> for Val {
 
 /// One result row.
 #[derive(Debug, Clone)]
-pub(crate) struct Row(pub(crate) Vec<Val>);
+pub struct Row(pub(crate) Vec<Val>);
 
 impl Row {
     pub(crate) fn get(&self, i: usize) -> &Val {
@@ -108,7 +108,7 @@ impl Row {
 }
 
 /// One database connection of a driver.
-pub(crate) trait Conn {
+pub trait Conn {
     /// Runs a query with parameters (already in the driver's placeholder style).
     fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>>;
     /// Runs a statement with parameters; returns the affected row count.
@@ -136,7 +136,7 @@ pub(crate) trait Conn {
 
 /// What [`Conn::script`] returns.
 #[derive(Debug, Default)]
-pub(crate) struct Script {
+pub struct Script {
     /// The rows of every statement, in order, each value as text (or null).
     pub rows: Vec<Row>,
     /// The affected-row count of each statement, in order.
@@ -191,11 +191,12 @@ where
     }
 }
 
-/// Hands out connections.
-pub(crate) trait Pool: Send + Sync + 'static {
+/// Hands out connections: the driver side of a [`Dialect`]. Public in this
+/// private module only, so that no type outside txbox can implement it.
+pub trait Backend: Send + Sync + 'static {
     fn get(&self) -> Result<Box<dyn Conn + '_>>;
     /// A connection that may outlive the call (a held claim keeps one). Pools of
-    /// dialects with [`Dialect::hold_claim`] implement it.
+    /// dialects with [`Catalog::hold_claim`] implement it.
     fn get_owned(&self) -> Result<Box<dyn Conn + Send>> {
         Err(Error::InvalidInput(
             "this store cannot hand out a connection of its own".into(),
@@ -221,3 +222,9 @@ pub(crate) enum Style {
     #[cfg_attr(not(feature = "oracle"), allow(dead_code))]
     Colon,
 }
+
+/// A SQL dialect [`SqlStore`] runs on: [`PgDialect`](crate::PgDialect),
+/// [`MySqlDialect`](crate::MySqlDialect), [`SqliteDialect`](crate::SqliteDialect)
+/// or [`OracleDialect`](crate::OracleDialect), each the driver's connection pool
+/// and its SQL. Sealed: txbox implements it for these four only.
+pub trait Dialect: Backend {}

@@ -2,9 +2,9 @@
 //! safely it drains, each figure beside its baseline in the same run.
 //!
 //! ```text
-//! cargo run --release --all-features --example bench            # quick (< 1 minute)
-//! cargo run --release --all-features --example bench -- --full  # the full sizes
-//! cargo run --release --all-features --example bench -- --help  # parts, window
+//! cargo run --release -p txbox-bench            # quick (< 1 minute)
+//! cargo run --release -p txbox-bench -- --full  # the full sizes
+//! cargo run --release -p txbox-bench -- --help  # parts, window
 //! ```
 //! Needs PostgreSQL (`TXBOX_PG_URL`), RabbitMQ and Kafka (as in the tests). Prints one
 //! table; docs/BENCHMARKS.md keeps a run.
@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use txbox::{
-    ClaimMode, Config, Event, EventId, EventSettings, MemorySender, Outbox, PgStore, Relay,
-    SendError, Sender, Started, Store,
+    ClaimMode, ClaimStore, Config, DeadLetterStore, Event, EventId, EventSettings, InboxStore,
+    MaintenanceStore, MemorySender, Outbox, PgStore, Relay, SendError, Sender, Started, Store,
 };
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -82,7 +82,10 @@ fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
     ] {
         c.batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))?;
     }
-    let store = Arc::new(PgStore::connect(&pg_url(), prefix)?);
+    let store = Arc::new(PgStore::connect(
+        &pg_url(),
+        &Config::builder().table_prefix(prefix).build()?,
+    )?);
     store.migrate()?;
     Ok((store, c))
 }
@@ -475,7 +478,7 @@ impl HandLoop {
             done += events.len();
             run += 1;
             after = match ids.last() {
-                Some(last) if ids.len() == 200 && run < txbox::relay::RESCAN_EVERY => *last,
+                Some(last) if ids.len() == 200 && run < Relay::RESCAN_EVERY => *last,
                 _ => {
                     run = 0;
                     uuid::Uuid::nil()
@@ -745,42 +748,110 @@ fn direct_rate(name: &str, sender: &mut dyn Sender, events: &[Event], window: us
 /// send through the store; every other call passes through uncounted.
 struct Counting(Arc<PgStore>, Arc<AtomicU64>);
 
-macro_rules! counting {
-    (count: $c:ident($($carg:ident: $ct:ty),*) -> $cr:ty;
-     pass: $($name:ident($($arg:ident: $t:ty),*) -> $r:ty;)*) => {
-        impl Store for Counting {
-            fn $c(&self, $($carg: $ct),*) -> txbox::Result<$cr> {
-                self.1.fetch_add(1, Ordering::Relaxed);
-                self.0.$c($($carg),*)
-            }
-            $(fn $name(&self, $($arg: $t),*) -> txbox::Result<$r> {
-                self.0.$name($($arg),*)
-            })*
-        }
-    };
+impl Store for Counting {
+    fn migrate(&self) -> txbox::Result<()> {
+        self.0.migrate()
+    }
+    fn ping(&self) -> txbox::Result<()> {
+        self.0.ping()
+    }
+    fn table_prefix(&self) -> &str {
+        self.0.table_prefix()
+    }
+    fn try_lock(&self, name: &str, owner: uuid::Uuid, lease: Duration) -> txbox::Result<bool> {
+        self.0.try_lock(name, owner, lease)
+    }
+    fn unlock(&self, name: &str, owner: uuid::Uuid) -> txbox::Result<()> {
+        self.0.unlock(name, owner)
+    }
 }
 
-counting! {
-    count: claim_after(event_type: &str, after: Option<EventId>, limit: usize, lease: Duration, token: uuid::Uuid) -> Vec<Event>;
-    pass:
-    migrate() -> ();
-    ping() -> ();
-    finish(token: uuid::Uuid, outcomes: &[(EventId, txbox::Outcome)]) -> u64;
-    recover_expired(limit: usize) -> u64;
-    delete_processed(ttl: Duration, limit: usize) -> u64;
-    move_failed_to_dlq(limit: usize) -> u64;
-    requeue_dlq_retries(limit: usize) -> u64;
-    delete_resolved_dlq(ttl: Duration, limit: usize) -> u64;
-    try_lock(name: &str, owner: uuid::Uuid, lease: Duration) -> bool;
-    unlock(name: &str, owner: uuid::Uuid) -> ();
-    dlq_list(filter: &txbox::DlqFilter) -> Vec<txbox::DeadLetter>;
-    dlq_count(filter: &txbox::DlqFilter) -> u64;
-    dlq_get(id: EventId) -> Option<txbox::DeadLetter>;
-    dlq_set_status(ids: &[EventId], from: &[txbox::DlqStatus], to: txbox::DlqStatus) -> Vec<EventId>;
-    dlq_delete(ids: &[EventId], from: &[txbox::DlqStatus]) -> Vec<EventId>;
-    status() -> Vec<txbox::TypeStatus>;
-    inbox_insert(consumer: &str, ids: &[EventId]) -> Vec<EventId>;
-    delete_expired_inbox(ttl: Duration, limit: usize) -> u64;
+impl ClaimStore for Counting {
+    fn claim_after(
+        &self,
+        event_type: &str,
+        after: Option<EventId>,
+        limit: usize,
+        lease: Duration,
+        token: uuid::Uuid,
+    ) -> txbox::Result<Vec<Event>> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.claim_after(event_type, after, limit, lease, token)
+    }
+    fn finish(
+        &self,
+        token: uuid::Uuid,
+        outcomes: &[(EventId, txbox::Outcome)],
+    ) -> txbox::Result<u64> {
+        self.0.finish(token, outcomes)
+    }
+    fn can_hold_claims(&self) -> bool {
+        self.0.can_hold_claims()
+    }
+    fn max_connections(&self) -> Option<usize> {
+        self.0.max_connections()
+    }
+    fn claim_held(&self, args: &txbox::ClaimArgs<'_>) -> txbox::Result<txbox::HeldClaim> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.claim_held(args)
+    }
+}
+
+impl MaintenanceStore for Counting {
+    fn recover_expired(&self, limit: usize) -> txbox::Result<u64> {
+        self.0.recover_expired(limit)
+    }
+    fn delete_processed(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
+        self.0.delete_processed(ttl, limit)
+    }
+    fn status(&self) -> txbox::Result<Vec<txbox::TypeStatus>> {
+        self.0.status()
+    }
+}
+
+impl DeadLetterStore for Counting {
+    fn move_failed_to_dlq(&self, limit: usize) -> txbox::Result<u64> {
+        self.0.move_failed_to_dlq(limit)
+    }
+    fn requeue_dlq_retries(&self, limit: usize) -> txbox::Result<u64> {
+        self.0.requeue_dlq_retries(limit)
+    }
+    fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
+        self.0.delete_resolved_dlq(ttl, limit)
+    }
+    fn dlq_list(&self, filter: &txbox::DlqFilter) -> txbox::Result<Vec<txbox::DeadLetter>> {
+        self.0.dlq_list(filter)
+    }
+    fn dlq_count(&self, filter: &txbox::DlqFilter) -> txbox::Result<u64> {
+        self.0.dlq_count(filter)
+    }
+    fn dlq_get(&self, id: EventId) -> txbox::Result<Option<txbox::DeadLetter>> {
+        self.0.dlq_get(id)
+    }
+    fn dlq_set_status(
+        &self,
+        ids: &[EventId],
+        from: &[txbox::DlqStatus],
+        to: txbox::DlqStatus,
+    ) -> txbox::Result<Vec<EventId>> {
+        self.0.dlq_set_status(ids, from, to)
+    }
+    fn dlq_delete(
+        &self,
+        ids: &[EventId],
+        from: &[txbox::DlqStatus],
+    ) -> txbox::Result<Vec<EventId>> {
+        self.0.dlq_delete(ids, from)
+    }
+}
+
+impl InboxStore for Counting {
+    fn inbox_insert(&self, consumer: &str, ids: &[EventId]) -> txbox::Result<Vec<EventId>> {
+        self.0.inbox_insert(consumer, ids)
+    }
+    fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
+        self.0.delete_expired_inbox(ttl, limit)
+    }
 }
 
 fn idle_cost(s: &Size, out: &mut Vec<Row>) -> Res<()> {
@@ -801,14 +872,16 @@ fn idle_cost(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     // the same delay sequence over an hour
     let polling = EventSettings::default().polling;
     let (mut model_window, mut model_hour) = (0, 0);
-    let mut st = txbox::relay::PollState::new(&polling);
+    // the adaptive rule for empty polls: wait the current delay, then grow it
+    let mut current = polling.min;
     let mut t = Duration::ZERO;
     while t < Duration::from_secs(3600) {
         if t < s.idle {
             model_window += 1;
         }
         model_hour += 1;
-        t += st.after_batch(0, 200);
+        t += current;
+        current = current.mul_f64(polling.multiplier).min(polling.max);
     }
     let steady = (3600.0 / polling.max.as_secs_f64()).round();
     out.push(row(
@@ -1033,7 +1106,10 @@ fn worker(prefix: &str, file: &str) -> Res<()> {
                 .collect()
         }
     }
-    let store = Arc::new(PgStore::connect(&pg_url(), prefix)?);
+    let store = Arc::new(PgStore::connect(
+        &pg_url(),
+        &Config::builder().table_prefix(prefix).build()?,
+    )?);
     let cfg = config(
         prefix,
         EventSettings::default().batch_size(200).adaptive_polling(

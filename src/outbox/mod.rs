@@ -11,6 +11,11 @@ use crate::event::{EventId, NewEvent, RESERVED_HEADER_PREFIX};
 use crate::tables::Tables;
 use crate::transaction::Transaction;
 
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgPrepared, PgPreparedTx};
+
 /// Writes events into the outbox table inside the caller's transaction.
 ///
 /// `publish` never begins, commits or rolls back: the event commits or rolls back
