@@ -48,6 +48,62 @@
 //! }
 //! ```
 //!
+//! ## A tour, in the order an event travels
+//!
+//! 1. **Configure**: [`Config::builder`] or [`Config::from_toml`]; each event type
+//!    starts from the defaults ([`EventSettings`]).
+//! 2. **Open the store** on the configuration's tables: [`Config::connect`], or
+//!    one dialect's [`SqlStore`] ([`PgStore`], [`MySqlStore`], [`SqliteStore`],
+//!    [`OracleStore`]); [`Store::migrate`] creates the schema.
+//! 3. **Publish** in your transaction: [`Outbox::publish`] and
+//!    [`Outbox::publish_all`] on any [`Transaction`] (a driver's transaction, or
+//!    a [`PgPrepared`] statement wrapping one).
+//! 4. **Relay**: [`Relay::start`] with a [`SenderFactory`]:
+//!    [`kafka::KafkaSender`], [`rabbitmq::RabbitSenderFactory`], or a
+//!    [`MemorySender`] in tests.
+//! 5. **Consume** on the other side: [`kafka::KafkaConsumer`] or
+//!    [`rabbitmq::RabbitConsumer`] hand you [`ReceivedEvent`]s; the [`Inbox`]
+//!    makes the handler idempotent on the event id, in your transaction.
+//! 6. **Dead letters**: events that used up their retries, listed and retried
+//!    through [`Dlq`].
+//! 7. **Operate**: [`metrics`], the HTTP [`admin`] endpoint, the `txbox` CLI.
+//!
+//! ```no_run
+//! # #[cfg(not(all(feature = "kafka", feature = "postgres")))]
+//! # fn main() {}
+//! # #[cfg(all(feature = "kafka", feature = "postgres"))]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use txbox::{Config, Dlq, DlqFilter, Inbox, StopSignal};
+//!
+//! let config = Config::builder().event("order-created", |e| e).build()?;
+//! let store = config.connect("postgres://postgres@127.0.0.1:5432/test")?;
+//! // 4. the relay into Kafka
+//! let kafka = txbox::kafka::KafkaSender::builder("127.0.0.1:9092").build()?;
+//! let relay = txbox::Relay::start(store.clone(), &config, kafka)?;
+//! // 5. an idempotent consumer: the handler runs once per event id
+//! let inbox = Inbox::new(&config, "billing")?.with_store(store.clone());
+//! let consumer = txbox::kafka::KafkaConsumer::builder("127.0.0.1:9092", "billing").build()?;
+//! consumer.subscribe(&["order-created"])?;
+//! let stop = StopSignal::new();
+//! # stop.stop();
+//! consumer.run(&stop, |event| -> txbox::Result<()> {
+//!     let id = event.id.ok_or_else(|| txbox::Error::InvalidInput("no event id".into()))?;
+//!     inbox.handle_at_most_once(id, || -> txbox::Result<()> {
+//!         println!("bill order {}", String::from_utf8_lossy(&event.payload));
+//!         Ok(())
+//!     })?;
+//!     Ok(())
+//! })?;
+//! // 6. the dead letters
+//! for dead in Dlq::new(store.clone()).list(&DlqFilter::default())? {
+//!     println!("{} failed: {:?}", dead.id, dead.last_error);
+//! }
+//! // 7. what the relay did
+//! println!("{}", txbox::metrics::prometheus());
+//! relay.shutdown(std::time::Duration::from_secs(5))?;
+//! # Ok(()) }
+//! ```
+//!
 //! ## Guarantees
 //!
 //! - `publish` joins the caller's transaction ([`Transaction`]); it never

@@ -47,7 +47,7 @@ pub(crate) const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 impl Config {
     /// Checks every value ([`ConfigBuilder::build`] and [`Config::from_toml`] call it).
     pub(crate) fn validate(&self) -> Result<()> {
-        crate::store::validate_prefix(&self.table_prefix)?;
+        crate::tables::validate_prefix(&self.table_prefix)?;
         let max_payload_bytes = self.max_payload_bytes;
         if !(1..=MAX_PAYLOAD_LIMIT).contains(&max_payload_bytes) {
             return Err(Error::config(
@@ -104,24 +104,6 @@ impl Config {
             ));
         }
         Ok(())
-    }
-
-    /// Opens the store `url` names on this configuration's tables, so the table
-    /// prefix is given once: `postgres://...` (feature `postgres`),
-    /// `mysql://...` or `mariadb://...` (feature `mysql`), `sqlite:PATH`
-    /// (feature `sqlite`), `oracle://user:password@host:port/service` (feature
-    /// `oracle`). The store of one dialect, with its own methods, is had the same
-    /// way from its type: [`PgStore::connect(url, &config)`](crate::PgStore).
-    ///
-    /// ```no_run
-    /// # fn main() -> txbox::Result<()> {
-    /// let config = txbox::Config::builder().table_prefix("shop_").build()?;
-    /// let store = config.connect("sqlite:jobs.db")?;
-    /// store.migrate()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn connect(&self, url: &str) -> Result<std::sync::Arc<dyn crate::FullStore>> {
-        crate::store::connect(url, self)
     }
 
     /// A builder with every default.

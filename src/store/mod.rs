@@ -11,7 +11,6 @@ use crate::error::{Error, Result};
 use crate::event::{Event, EventId};
 
 mod dead_letter;
-pub(crate) use crate::tables::validate_prefix;
 pub use crate::tables::Tables;
 pub use dead_letter::{DeadLetter, DlqFilter, DlqStatus};
 #[cfg(feature = "mysql")]
@@ -328,6 +327,28 @@ pub trait InboxStore: Store {
 pub trait FullStore: ClaimStore + MaintenanceStore + DeadLetterStore + InboxStore {}
 
 impl<T: ClaimStore + MaintenanceStore + DeadLetterStore + InboxStore> FullStore for T {}
+
+// The store side of the configuration: kept here, so that `config` does not
+// depend on `store`.
+impl crate::Config {
+    /// Opens the store `url` names on this configuration's tables, so the table
+    /// prefix is given once: `postgres://...` (feature `postgres`),
+    /// `mysql://...` or `mariadb://...` (feature `mysql`), `sqlite:PATH`
+    /// (feature `sqlite`), `oracle://user:password@host:port/service` (feature
+    /// `oracle`). The store of one dialect, with its own methods, is had the same
+    /// way from its type: [`PgStore::connect(url, &config)`](crate::PgStore).
+    ///
+    /// ```no_run
+    /// # fn main() -> txbox::Result<()> {
+    /// let config = txbox::Config::builder().table_prefix("shop_").build()?;
+    /// let store = config.connect("sqlite:jobs.db")?;
+    /// store.migrate()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connect(&self, url: &str) -> Result<Arc<dyn FullStore>> {
+        connect(url, self)
+    }
+}
 
 /// Opens the store `url` names on the tables of `config` (see
 /// [`Config::connect`](crate::Config::connect)).
