@@ -404,7 +404,7 @@ pub(crate) fn connect(url: &str, config: &crate::Config) -> Result<Arc<dyn FullS
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::tables::validate_prefix;
 
     #[test]
     fn prefixes() {
