@@ -88,6 +88,32 @@ fn failed_events_are_reachable_by_an_operator_with_the_dlq_off() {
         ids.iter().map(|i| i.to_string()).collect::<Vec<_>>()
     );
     assert_eq!(cli(p, &["dlq", "retry", &ids[0].to_string()]).0, 0);
+    // with the DLQ threads off no relay requeues it: the retry itself does, and
+    // a relay without the DLQ sends it again
+    let off = Config::builder()
+        .table_prefix(p)
+        .defaults(|e| {
+            e.adaptive_polling(Duration::from_millis(10), Duration::from_millis(100), 1.5)
+        })
+        .event("order-paid", |e| e)
+        .dlq(false)
+        .build()
+        .unwrap();
+    let sender = MemorySender::new();
+    let relay = Relay::start(fx.store.clone(), &off, sender.clone()).unwrap();
+    wait_until(
+        "the retried event sent again",
+        Duration::from_secs(10),
+        || sender.sent().iter().any(|e| e.id == ids[0]),
+    );
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    assert!(
+        matches!(
+            Dlq::new(fx.store.clone()).get(ids[0]),
+            Err(txbox::Error::NotFound(_))
+        ),
+        "the retried dead letter left the dead letters"
+    );
 
     // the same over HTTP, behind the token
     let more = failed_in_the_outbox(&fx, &c, "order-created", 2);

@@ -225,6 +225,7 @@ impl Relay {
         };
         let s = store.clone();
         let gauges = store.clone();
+        let dlq_enabled = config.dlq.enabled;
         let mut jobs = vec![
             Periodic {
                 // the outbox gauges ride along, once per recovery run
@@ -243,7 +244,15 @@ impl Relay {
                     m.recovery_interval,
                     None,
                     Some(Counter::Recovered),
-                    Box::new(move |n| s.recover_expired(n)),
+                    // with the DLQ threads off, dead letters an operator marked
+                    // for retry go back to the outbox here (else they would wait
+                    // for a thread that never runs)
+                    Box::new(move |n| {
+                        if !dlq_enabled {
+                            s.requeue_dlq_retries(n)?;
+                        }
+                        s.recover_expired(n)
+                    }),
                 )
             },
             {
