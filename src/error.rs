@@ -217,8 +217,23 @@ impl std::error::Error for PgError {
 
 #[cfg(feature = "postgres")]
 impl From<postgres::Error> for Error {
+    /// Sorted by SQLSTATE: a deadlock, a serialization failure or a lock that
+    /// could not be had is [`DatabaseErrorKind::Retryable`], a duplicate key
+    /// [`DatabaseErrorKind::UniqueViolation`].
     fn from(e: postgres::Error) -> Self {
-        Error::database(DatabaseErrorKind::Other, PgError(e))
+        use postgres::error::SqlState;
+        let kind = match e.code() {
+            Some(c)
+                if *c == SqlState::T_R_DEADLOCK_DETECTED
+                    || *c == SqlState::T_R_SERIALIZATION_FAILURE
+                    || *c == SqlState::LOCK_NOT_AVAILABLE =>
+            {
+                DatabaseErrorKind::Retryable
+            }
+            Some(c) if *c == SqlState::UNIQUE_VIOLATION => DatabaseErrorKind::UniqueViolation,
+            _ => DatabaseErrorKind::Other,
+        };
+        Error::database(kind, PgError(e))
     }
 }
 

@@ -624,3 +624,46 @@ fn a_pooled_connection_keeps_its_prepared_publisher() {
     assert_eq!(prepared(&mut conn), (1, 1));
     assert_eq!(count(&mut client, p, "PENDING"), 4);
 }
+
+/// A lock wait that timed out or a deadlock may succeed when tried again, a
+/// duplicate key never: `Error::is_retryable` and the kind say which, on
+/// PostgreSQL as on the other dialects.
+#[test]
+fn postgres_errors_say_whether_a_retry_may_succeed() {
+    let (Some(mut a), Some(mut b)) = (common::client(), common::client()) else {
+        return;
+    };
+    a.batch_execute(
+        "CREATE TABLE IF NOT EXISTS t_err_kinds (id int PRIMARY KEY);
+         INSERT INTO t_err_kinds VALUES (1) ON CONFLICT DO NOTHING",
+    )
+    .unwrap();
+    let mut held = a.transaction().unwrap();
+    held.batch_execute("SELECT id FROM t_err_kinds WHERE id = 1 FOR UPDATE")
+        .unwrap();
+    let waited = b
+        .batch_execute(
+            "SET lock_timeout = '50ms'; SELECT id FROM t_err_kinds WHERE id = 1 FOR UPDATE",
+        )
+        .unwrap_err();
+    let waited = Error::from(waited);
+    assert!(waited.is_retryable(), "lock timeout: {waited}");
+    held.rollback().unwrap();
+    b.batch_execute("RESET lock_timeout").unwrap();
+
+    let duplicate = Error::from(
+        b.batch_execute("INSERT INTO t_err_kinds VALUES (1)")
+            .unwrap_err(),
+    );
+    assert!(!duplicate.is_retryable(), "{duplicate}");
+    assert!(
+        matches!(
+            duplicate,
+            Error::Database {
+                kind: txbox::DatabaseErrorKind::UniqueViolation,
+                ..
+            }
+        ),
+        "{duplicate}"
+    );
+}
