@@ -81,7 +81,7 @@
 //! let kafka = txbox::kafka::KafkaSender::builder("127.0.0.1:9092").build()?;
 //! let relay = txbox::Relay::start(store.clone(), &config, kafka)?;
 //! // 5. an idempotent consumer: the handler runs once per event id
-//! let inbox = Inbox::new(&config, "billing")?.with_store(store.clone());
+//! let inbox = Inbox::new(&config, "billing")?.with_store(store.clone())?;
 //! let consumer = txbox::kafka::KafkaConsumer::builder("127.0.0.1:9092", "billing").build()?;
 //! consumer.subscribe(&["order-created"])?;
 //! let stop = StopSignal::new();

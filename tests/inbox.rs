@@ -132,7 +132,8 @@ fn at_most_once_commits_first_and_skips_the_redelivery_of_a_failed_handler() {
     };
     let inbox = Inbox::new(&config(p), "svc")
         .unwrap()
-        .with_store(store.clone());
+        .with_store(store.clone())
+        .unwrap();
     let id = EventId::new();
     let err = inbox
         .handle_at_most_once(id, || Err::<(), _>(Error::InvalidInput("smtp down".into())))
@@ -413,7 +414,8 @@ fn cleanup_honours_the_ttl_and_the_batch_bound() {
     };
     let inbox = Inbox::new(&config(p), "svc")
         .unwrap()
-        .with_store(store.clone());
+        .with_store(store.clone())
+        .unwrap();
     let ids: Vec<EventId> = (0..25).map(|_| EventId::new()).collect();
     for id in &ids {
         inbox
@@ -495,4 +497,43 @@ fn two_consumers_of_the_same_events_each_handle_every_event_once() {
         (1000, 1000),
         "each consumer handled each event exactly once"
     );
+}
+
+/// An inbox whose store was opened on other tables than its configuration
+/// would record ids in two places (its transaction's tables and the store's),
+/// and a cleanup would clean only one: both are refused, naming both prefixes.
+#[test]
+fn an_inbox_store_on_other_tables_than_the_configuration_is_refused() {
+    let p = "t_inbox_prefix_";
+    let Some((store, _client)) = fresh(p) else {
+        return;
+    };
+    let other = config("t_inbox_other_");
+    let err = Inbox::new(&other, "svc")
+        .unwrap()
+        .with_store(store.clone())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.starts_with(
+            "table_prefix is \"t_inbox_other_\" but the store was opened with \"t_inbox_prefix_\""
+        ),
+        "{err}"
+    );
+    let err = txbox::InboxCleanup::start(store.clone(), &other)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("the inbox cleanup would use different tables"),
+        "{err}"
+    );
+    // the same prefix is accepted
+    let cleanup = txbox::InboxCleanup::start(store.clone(), &config(p)).unwrap();
+    cleanup.shutdown(Duration::from_secs(5)).unwrap();
+    Inbox::new(&config(p), "svc")
+        .unwrap()
+        .with_store(store)
+        .unwrap();
 }

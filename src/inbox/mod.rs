@@ -185,10 +185,13 @@ impl Inbox {
     }
 
     /// The store for [`Inbox::handle_at_most_once`], which commits the id in a
-    /// transaction of its own (set before cloning the inbox).
-    pub fn with_store(mut self, store: Arc<dyn InboxStore>) -> Self {
+    /// transaction of its own (set before cloning the inbox). A store opened on
+    /// other tables than the inbox's configuration is refused: the inbox's two
+    /// ways of recording ids would use different tables.
+    pub fn with_store(mut self, store: Arc<dyn InboxStore>) -> Result<Self> {
+        crate::store::check_same_tables(store.as_ref(), &self.inner.tables.prefix, "the inbox")?;
         self.inner_mut().store = Some(store);
-        self
+        Ok(self)
     }
 
     /// The cache key of `id`.
@@ -446,7 +449,13 @@ pub struct InboxCleanup {
 
 impl InboxCleanup {
     /// Starts the cleanup thread with the `[inbox]` settings of `config`.
+    /// A store opened on other tables than `config`'s is refused.
     pub fn start(store: Arc<dyn InboxStore>, config: &crate::Config) -> Result<Self> {
+        crate::store::check_same_tables(
+            store.as_ref(),
+            config.table_prefix(),
+            "the inbox cleanup",
+        )?;
         Ok(InboxCleanup {
             relay: crate::Relay::start_inbox_cleanup(store, &config.inbox)?,
         })

@@ -170,20 +170,7 @@ impl Relay {
                 ));
             }
         }
-        {
-            let prefix = store.table_prefix();
-            if prefix != config.table_prefix {
-                return Err(Error::config(
-                    "table_prefix",
-                    format!(
-                        "is {:?} but the store was opened with {prefix:?}: the publisher \
-                         and the relay would use different tables (open the store with \
-                         Config::connect)",
-                        config.table_prefix
-                    ),
-                ));
-            }
-        }
+        crate::store::check_same_tables(store.as_ref(), config.table_prefix(), "the relay")?;
         let maintenance = if config.dlq.enabled { 5 } else { 2 };
         check_lease(config, sender.ack_wait())?;
         check_connections(store.as_ref(), config, maintenance)?;

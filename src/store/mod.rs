@@ -328,6 +328,23 @@ pub trait FullStore: ClaimStore + MaintenanceStore + DeadLetterStore + InboxStor
 
 impl<T: ClaimStore + MaintenanceStore + DeadLetterStore + InboxStore> FullStore for T {}
 
+/// Refuses a store opened on other tables than `prefix` (the configuration's):
+/// the publisher and `who` would use different tables.
+pub(crate) fn check_same_tables(store: &dyn Store, prefix: &str, who: &str) -> Result<()> {
+    let opened = store.table_prefix();
+    if opened != prefix {
+        return Err(Error::config(
+            "table_prefix",
+            format!(
+                "is {prefix:?} but the store was opened with {opened:?}: the publisher \
+                 and {who} would use different tables (open the store with \
+                 Config::connect)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 // The store side of the configuration: kept here, so that `config` does not
 // depend on `store`.
 impl crate::Config {
