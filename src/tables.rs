@@ -39,6 +39,24 @@ impl Tables {
     }
 }
 
+/// Checks the name of an inbox consumer (the inbox table's `consumer` column,
+/// part of each cache key): 1 to 100 ASCII letters, digits, `-`, `_` or `.`. So
+/// no consumer is `*`, the name of the rows recorded before the inbox was kept
+/// per consumer, which count as consumed for everyone.
+pub(crate) fn validate_consumer(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 100
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(Error::InvalidInput(format!(
+            "inbox consumer name {name:?}: use 1 to 100 ASCII letters, digits, '-', '_' or '.'"
+        )));
+    }
+    Ok(())
+}
+
 /// Longest table prefix: PostgreSQL names are at most 63 bytes and the longest
 /// derived name adds 34.
 pub(crate) const MAX_PREFIX_LEN: usize = 24;

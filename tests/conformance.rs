@@ -515,6 +515,25 @@ fn the_inbox_deduplicates_per_consumer(b: Backend, p: &str) {
         }
     }
     assert_eq!(handled, 2, "once per consumer");
+    // names are compared as they are written, on every database (MySQL's
+    // default collation would fold case): `Billing` is another consumer
+    let y = EventId::new();
+    for consumer in ["billing", "Billing"] {
+        assert_eq!(
+            fx.store.inbox_insert(consumer, &[y]).unwrap(),
+            vec![y],
+            "{consumer} is a consumer of its own"
+        );
+    }
+    // the store refuses a name the inbox would: `*` (the rows from before
+    // the upgrade, consumed for everyone) and what the column cannot hold
+    for bad in ["*".to_string(), "x".repeat(101), String::new()] {
+        let err = fx.store.inbox_insert(&bad, &[EventId::new()]).unwrap_err();
+        assert!(
+            err.to_string().contains("inbox consumer name"),
+            "{bad:?}: {err}"
+        );
+    }
 }
 
 /// A 0.1 inbox (keyed by the event id alone) is upgraded in place by `migrate`,

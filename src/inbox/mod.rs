@@ -152,16 +152,7 @@ impl Inbox {
     /// An inbox on the tables of `config` for the service `service_name` (part of
     /// every cache key; a plain name such as `billing`).
     pub fn new(config: &crate::Config, service_name: &str) -> Result<Self> {
-        if service_name.is_empty()
-            || service_name.len() > 100
-            || !service_name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(Error::InvalidInput(format!(
-                "inbox service name {service_name:?}: use 1 to 100 ASCII letters, digits, '-', '_' or '.'"
-            )));
-        }
+        crate::tables::validate_consumer(service_name)?;
         Ok(Inbox {
             inner: Arc::new(Inner {
                 tables: Tables::new(&config.table_prefix)?,

@@ -157,6 +157,7 @@ pub(crate) fn insert_inbox_ids(
     consumer: &str,
     ids: &[EventId],
 ) -> Result<Vec<EventId>> {
+    crate::tables::validate_consumer(consumer)?;
     let mut new = Vec::new();
     for id in ids {
         let values = [consumer.into(), Val::Id(id.as_uuid())];
