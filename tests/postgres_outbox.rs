@@ -244,6 +244,10 @@ fn bad_config_values_name_their_key_path() {
             "table_prefix = \"no way\"",
             "invalid table prefix \"no way\"",
         ),
+        (
+            "[events]\norder-created = \"orders\"",
+            "events.order-created is not valid",
+        ),
     ];
     for (toml, want) in cases {
         let err = Config::from_toml(toml).unwrap_err().to_string();

@@ -11,20 +11,11 @@ use serde::Deserialize;
 use super::{Config, DlqSettings, EventSettings, InboxSettings, MaintenanceSettings};
 use crate::error::{Error, Result};
 
-/// Parses a duration as the configuration spells it: what humantime accepts
-/// (`"250ms"`, `"10s"`, `"1m"`, `"24h"`, `"7d"`, `"1h 30m"`, `"0"`) and a
-/// decimal number of one unit (`"1.5s"`).
+/// Parses a duration as the configuration spells it: what humantime (2.4 or
+/// later) accepts, e.g. `"250ms"`, `"10s"`, `"1.5s"`, `"1m"`, `"24h"`, `"7d"`,
+/// `"1h 30m"`, `"0"`.
 pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    if let Ok(d) = humantime::parse_duration(s) {
-        return Some(d);
-    }
-    // humantime takes whole numbers only; "1.5s" is "1500ms" in its terms
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-    let (number, unit) = s.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let unit = humantime::parse_duration(&format!("1{}", unit.trim())).ok()?;
-    Duration::try_from_secs_f64(unit.as_secs_f64() * number).ok()
+    humantime::parse_duration(s.trim()).ok()
 }
 
 /// `#[serde(with = "duration")]`: a duration field read from a string.
@@ -96,11 +87,11 @@ pub(super) fn parse(text: &str) -> Result<Config> {
         Some(toml::Value::Table(t)) => t.clone(),
         _ => toml::Table::new(),
     };
+    // only tables are merged: anything else is left for serde to refuse, with its path
     if let Some(toml::Value::Table(events)) = root.get_mut("events") {
-        let names: Vec<String> = events.keys().cloned().collect();
-        for name in names {
-            if let Some(toml::Value::Table(table)) = events.remove(&name) {
-                events.insert(name, toml::Value::Table(merge(&defaults, table)));
+        for (_, value) in events.iter_mut() {
+            if let toml::Value::Table(table) = value {
+                *table = merge(&defaults, std::mem::take(table));
             }
         }
     }
