@@ -683,6 +683,9 @@ struct PipeState {
     queue: VecDeque<Vec<Event>>,
     most_in_flight: usize,
     fail_once: Option<EventId>,
+    /// Fails transiently (broker unreachable) once, and remembers it did.
+    release_once: Option<EventId>,
+    released: bool,
     starts: HashMap<EventId, usize>,
     acked: Vec<EventId>,
     plain_sends: usize,
@@ -715,11 +718,50 @@ impl Sender for Pipelined {
                     s.fail_once = None;
                     return Err(SendError::new("refused once"));
                 }
+                if s.release_once == Some(e.id) {
+                    s.release_once = None;
+                    s.released = true;
+                    return Err(SendError::transient("connection reset"));
+                }
                 s.acked.push(e.id);
                 Ok(())
             })
             .collect()
     }
+}
+
+/// A transport failure in the oldest of three batches in flight: the poller
+/// backs off, but first waits for the two batches still with the broker and
+/// finishes them, so a stop during the backoff leaves nothing IN_PROCESS (acked
+/// rows would otherwise be recovered after their lease and sent again).
+fn a_release_finishes_the_batches_in_flight_before_backing_off(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| {
+            e.batch_size(100)
+                .in_flight(3)
+                // the backoff after the failure: long enough to stop in it
+                .adaptive_polling(Duration::from_secs(5), Duration::from_secs(10), 1.5)
+        })
+        .build()
+        .unwrap();
+    let ids = fx.publish(&c, "e", 1000, true);
+    let sender = Pipelined::default();
+    sender.0.lock().unwrap().release_once = Some(ids[50]);
+    let s = sender.clone();
+    let relay = Relay::start(fx.store.clone(), &c, move || {
+        Ok(Box::new(s.clone()) as Box<dyn Sender>)
+    })
+    .unwrap();
+    wait_until("the transport failure", Duration::from_secs(20), || {
+        sender.0.lock().unwrap().released
+    });
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    let counts = fx.counts("e");
+    assert_eq!(counts.in_process, 0, "batches left in flight: {counts:?}");
+    let acked = sender.0.lock().unwrap().acked.len() as u64;
+    assert_eq!(counts.pending, 1000 - acked, "every acked event finished");
 }
 
 fn pipelined_batches_finish_in_order_and_retry(b: Backend, p: &str) {
@@ -803,6 +845,7 @@ macro_rules! suite {
             four_relays_deliver_every_event_exactly_once => "four",
             failing_sender_ends_in_the_dlq_and_a_retry_delivers => "relay",
             pipelined_batches_finish_in_order_and_retry => "pipe",
+            a_release_finishes_the_batches_in_flight_before_backing_off => "rel",
             migrate_twice_is_fine => "mig",
             ping_answers_without_reading_a_table => "ping",
         );

@@ -217,7 +217,10 @@ impl Poller {
         let released = self.drain(keep, claimed >= s.batch_size);
         if released > 0 {
             // the transport failed: back off before the next claim (and ask the
-            // sender whether it is ready) instead of claiming the same rows again
+            // sender whether it is ready) instead of claiming the same rows again;
+            // a poller sleeps with nothing in flight, so the batches still with
+            // the broker are waited for and finished first
+            self.drain(0, false);
             self.resume = None;
             return Err(Error::Broker(format!(
                 "{released} events went back to pending, no attempt counted: \
