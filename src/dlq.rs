@@ -57,7 +57,8 @@ impl Dlq {
     }
 
     /// Moves up to `limit` FAILED outbox events (retries used up) to the dead
-    /// letters now, in one transaction; returns how many moved. The relay's DLQ
+    /// letters now, one transaction per [`Dlq::MAX_BATCH_IDS`]; returns how many
+    /// moved (`usize::MAX`: all of them). The relay's DLQ
     /// thread does this on its own; with the DLQ off
     /// ([`ConfigBuilder::dlq`](crate::ConfigBuilder::dlq)`(false)`) this is how an
     /// operator reaches FAILED events, to list, retry, resolve or delete them.

@@ -369,6 +369,13 @@ fn the_cli_refuses_non_utf8_arguments_and_escapes_what_it_prints() {
         );
         assert!(out.contains("boom\\u{1b}[2J"), "{out}");
     }
+    // what an error line echoes is escaped too (clap quotes the bad value)
+    let (code, _, err) = cli(p, &["dlq", "list", "--status", "\x1b[2J\u{202e}"]);
+    assert_eq!(code, 2);
+    assert!(
+        !err.contains('\x1b') && !err.contains('\u{202e}'),
+        "an error line printed control characters raw: {err:?}"
+    );
     let (_, out, _) = cli(p, &["dlq", "show", &ids[0].to_string()]);
     assert!(
         !out.lines().any(|l| l.starts_with("status:     RESOLVED")),

@@ -142,6 +142,11 @@ fn printable(s: &str) -> String {
         .collect()
 }
 
+/// `msg`'s lines, each [`printable`], joined with `sep`.
+fn escaped_lines(msg: &str, sep: &str) -> String {
+    msg.lines().map(printable).collect::<Vec<_>>().join(sep)
+}
+
 fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in rows {
@@ -296,14 +301,7 @@ fn run(cli: Cli) -> Result<String, Fail> {
             }
         }
         Command::Dlq(DlqCommand::Move) => {
-            let mut moved = 0;
-            loop {
-                let n = dlq.move_failed(10_000)?;
-                moved += n;
-                if n < 10_000 {
-                    break;
-                }
-            }
+            let moved = dlq.move_failed(usize::MAX)?;
             if as_json {
                 json(&serde_json::json!({ "moved": moved }))?
             } else {
@@ -371,12 +369,14 @@ fn main() -> ExitCode {
             println!("{out}");
             ExitCode::SUCCESS
         }
+        // what a message quotes (a bad argument, a database's text) is escaped
+        // like the output: usage keeps its lines, a run error is one line
         Err(Fail::Usage(msg)) => {
-            eprintln!("txbox: {msg}");
+            eprintln!("txbox: {}", escaped_lines(&msg, "\n"));
             ExitCode::from(2)
         }
         Err(Fail::Run(msg)) => {
-            eprintln!("txbox: {}", msg.replace('\n', " "));
+            eprintln!("txbox: {}", escaped_lines(&msg, " "));
             ExitCode::from(1)
         }
     }
