@@ -207,8 +207,18 @@ pub(crate) fn acked(ids: impl IntoIterator<Item = crate::EventId>) {
     }
 }
 
-/// Stores the outbox gauges (the relay refreshes them on every recovery run).
-pub(crate) fn outbox_gauges(status: Vec<TypeStatus>, dlq_size: u64) {
+/// Sets the outbox gauges (pending, in process, failed, oldest pending age per
+/// type; DLQ size) to counts read from a store. The relay does it on each
+/// recovery run; between runs, read them yourself:
+///
+/// ```no_run
+/// # fn main() -> txbox::Result<()> {
+/// use txbox::{DeadLetterStore, DlqFilter, MaintenanceStore};
+/// # let store = txbox::Config::builder().build()?.connect("sqlite:jobs.db")?;
+/// txbox::metrics::record_status(store.status()?, store.dlq_count(&DlqFilter::default())?);
+/// # Ok(()) }
+/// ```
+pub fn record_status(status: Vec<TypeStatus>, dlq_size: u64) {
     #[cfg(feature = "metrics")]
     {
         for s in &status {
@@ -273,21 +283,6 @@ pub struct MetricsSnapshot {
     pub send_latency: HistogramSnapshot,
     /// From an event's creation (its UUIDv7 time) to the broker's ack.
     pub commit_to_ack: HistogramSnapshot,
-}
-
-/// Sets the outbox gauges (pending, in process, failed, oldest pending age per
-/// type; DLQ size) to counts read from a store. The relay does it on each
-/// recovery run; between runs, read them yourself:
-///
-/// ```no_run
-/// # fn main() -> txbox::Result<()> {
-/// use txbox::{DeadLetterStore, DlqFilter, MaintenanceStore};
-/// # let store = txbox::Config::builder().build()?.connect("sqlite:jobs.db")?;
-/// txbox::metrics::record_status(store.status()?, store.dlq_count(&DlqFilter::default())?);
-/// # Ok(()) }
-/// ```
-pub fn record_status(outbox: Vec<TypeStatus>, dlq_size: u64) {
-    outbox_gauges(outbox, dlq_size);
 }
 
 /// Every metric now.

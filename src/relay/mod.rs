@@ -171,32 +171,6 @@ impl Relay {
             }
         }
         crate::store::check_same_tables(store.as_ref(), config.table_prefix(), "the relay")?;
-        let maintenance = if config.dlq.enabled { 5 } else { 2 };
-        check_lease(config, sender.ack_wait())?;
-        check_connections(store.as_ref(), config, maintenance)?;
-        let sender: Arc<dyn SenderFactory> = Arc::new(sender);
-        let threads = config.events.len() + maintenance;
-        let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
-        for (event_type, settings) in &config.events {
-            let (wake_tx, wake_rx) = bounded(1);
-            relay.wakers.insert(event_type.clone(), wake_tx);
-            let poller = Poller::new(
-                ctx.clone(),
-                store.clone(),
-                event_type.clone(),
-                settings.clone(),
-                sender.clone(),
-                config.maintenance.processed_ttl.is_zero(),
-            );
-            // a Config is validated when built: the name has no control
-            // characters, so it is a valid thread name
-            spawn(
-                &mut relay,
-                format!("txbox-poll-{event_type}"),
-                Box::new(move || poller.run(wake_rx)),
-            )?;
-        }
-
         let m = config.maintenance.clone();
         let b = m.batch_size;
         let periodic = |thread, what, interval, lock, counter, job: MaintenanceStep| Periodic {
@@ -284,6 +258,31 @@ impl Relay {
                 ),
             ]);
         }
+        check_lease(config, sender.ack_wait())?;
+        check_connections(store.as_ref(), config, jobs.len())?;
+        let sender: Arc<dyn SenderFactory> = Arc::new(sender);
+        let threads = config.events.len() + jobs.len();
+        let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
+        for (event_type, settings) in &config.events {
+            let (wake_tx, wake_rx) = bounded(1);
+            relay.wakers.insert(event_type.clone(), wake_tx);
+            let poller = Poller::new(
+                ctx.clone(),
+                store.clone(),
+                event_type.clone(),
+                settings.clone(),
+                sender.clone(),
+                config.maintenance.processed_ttl.is_zero(),
+            );
+            // a Config is validated when built: the name has no control
+            // characters, so it is a valid thread name
+            spawn(
+                &mut relay,
+                format!("txbox-poll-{event_type}"),
+                Box::new(move || poller.run(wake_rx)),
+            )?;
+        }
+
         for job in jobs {
             let c = ctx.clone();
             spawn(&mut relay, job.thread.into(), Box::new(move || job.run(&c)))?;
