@@ -340,3 +340,54 @@ fn a_lease_shorter_than_the_confirm_timeout_is_refused_at_start() {
         .shutdown(Duration::from_secs(5))
         .unwrap();
 }
+
+/// A queue at its length limit with `x-overflow = reject-publish` makes the
+/// broker nack what it cannot take: the consumers are behind, which is not the
+/// events' fault. The nacks are transient (back to pending, no attempt counted),
+/// so a consumer outage does not burn the events' retries into the dead letters.
+#[test]
+fn a_full_queue_that_rejects_publishes_is_not_the_events_fault() {
+    use txbox::{SendErrorKind, Sender};
+    if !rabbit_up() {
+        return;
+    }
+    let u = unique();
+    let (exchange, queue) = (format!("txbox-ex-{u}"), format!("txbox-q-{u}"));
+    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
+    let ch = conn.open_channel(None).unwrap();
+    ch.exchange_declare(
+        ExchangeType::Direct,
+        &exchange,
+        ExchangeDeclareOptions::default(),
+    )
+    .unwrap();
+    let mut args = FieldTable::new();
+    args.insert("x-max-length".into(), AmqpValue::LongInt(1));
+    args.insert(
+        "x-overflow".into(),
+        AmqpValue::LongString("reject-publish".into()),
+    );
+    ch.queue_declare(
+        &queue,
+        QueueDeclareOptions {
+            arguments: args,
+            ..QueueDeclareOptions::default()
+        },
+    )
+    .unwrap();
+    ch.queue_bind(&queue, &exchange, "k", FieldTable::new())
+        .unwrap();
+    conn.close().unwrap();
+
+    let events: Vec<txbox::Event> = (0..3)
+        .map(|n| claimed(&exchange, "k", format!("{{\"n\":{n}}}")))
+        .collect();
+    let mut sender = txbox::rabbitmq::RabbitSender::new(&rabbit_url(), Duration::from_secs(10));
+    let results = sender.send(&events);
+    assert!(results[0].is_ok(), "the queue took the first: {results:?}");
+    for r in &results[1..] {
+        let err = r.as_ref().expect_err("the full queue refused it");
+        assert!(err.message.contains("nacked"), "{err:?}");
+        assert_eq!(err.kind, SendErrorKind::Transient, "{err:?}");
+    }
+}

@@ -249,7 +249,12 @@ impl Unconfirmed {
                 *slot = Some(if ok {
                     Ok(())
                 } else {
-                    Err(SendError::new("rabbitmq: broker nacked the message"))
+                    // RabbitMQ nacks for its own trouble (a full queue with
+                    // `x-overflow = reject-publish`, a queue process error):
+                    // not the message's fault
+                    Err(SendError::transient(
+                        "rabbitmq: broker nacked the message (queue full or unavailable)",
+                    ))
                 });
             }
         }

@@ -463,7 +463,7 @@ mod tests {
     }
 
     #[test]
-    fn outcomes_retry_then_fail_and_short_results_fail() {
+    fn outcomes_retry_then_fail_and_short_results_release() {
         let mut s = EventSettings::default();
         s.backoff.jitter = 0.0;
         let events = vec![event(0), event(2), event(3), event(0)];

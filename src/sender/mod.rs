@@ -14,11 +14,11 @@ pub use memory::MemorySender;
 /// Why one event could not be sent.
 ///
 /// Its [`kind`](SendError::kind) tells the relay whose fault it was: a
-/// [`Permanent`](SendErrorKind::Permanent) verdict on this event (nack, unroutable,
+/// [`Permanent`](SendErrorKind::Permanent) verdict on this event (unroutable,
 /// too large, unknown topic, not authorized) counts an attempt and leads, once the
 /// retries are used up, to FAILED and the dead letters; a
 /// [`Transient`](SendErrorKind::Transient) transport failure (broker unreachable,
-/// connection lost, no confirm in time) returns the event to PENDING without
+/// connection lost, no confirm in time, a RabbitMQ nack) returns the event to PENDING without
 /// counting an attempt, and the poller stops claiming until the sender is
 /// [ready](Sender::ready) again. Use it only for what is not the event's fault:
 /// an event whose own failure is reported as transient is sent again and again
@@ -28,7 +28,7 @@ pub use memory::MemorySender;
 /// use txbox::{SendError, SendErrorKind};
 /// let e = SendError::transient("connection refused");
 /// assert_eq!(e.kind, SendErrorKind::Transient);
-/// assert!(!SendError::new("nacked").is_transient());
+/// assert!(!SendError::new("unroutable").is_transient());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendError {
