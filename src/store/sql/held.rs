@@ -2,6 +2,8 @@
 //! transaction.
 
 #![allow(clippy::wildcard_imports)]
+use std::collections::HashMap;
+
 use super::*;
 
 /// One statement of a finish: its template, fixed parameters and ids.
@@ -205,14 +207,20 @@ pub(crate) fn restore_steps<'a>(
     outcomes: &[(EventId, Outcome)],
 ) -> Result<Vec<Step<'a>>> {
     let mut steps = Vec::new();
+    // indexed on the first failure: a broker outage fails the whole batch
+    type Index<'r> = (HashMap<EventId, &'r Deleted>, HashMap<EventId, &'r Event>);
+    let mut index: Option<Index> = None;
     for (id, outcome) in outcomes {
         let Some((status, delay, error, counted)) = failure(outcome) else {
             continue;
         };
-        let (Some(row), Some(e)) = (
-            rows.iter().find(|r| r.id == *id),
-            events.iter().find(|e| e.id == *id),
-        ) else {
+        let (by_row, by_event) = index.get_or_insert_with(|| {
+            (
+                rows.iter().map(|r| (r.id, r)).collect(),
+                events.iter().map(|e| (e.id, e)).collect(),
+            )
+        });
+        let (Some(row), Some(e)) = (by_row.get(id), by_event.get(id)) else {
             return Err(Error::InvalidInput(format!(
                 "event {id} is not in the held batch"
             )));
