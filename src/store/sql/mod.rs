@@ -167,6 +167,38 @@ mod tests {
         );
     }
 
+    /// `migrate` takes a file's version from its place in the list (the second
+    /// file is version 2) and the file records itself: both must agree, or the
+    /// file is applied again on every `migrate`.
+    #[test]
+    fn each_schema_file_records_the_version_of_its_place() {
+        let t = Tables::new("").unwrap();
+        let catalogs: Vec<(&str, Catalog)> = vec![
+            #[cfg(feature = "postgres")]
+            ("postgres", super::super::postgres::catalog(&t)),
+            #[cfg(feature = "mysql")]
+            ("mysql", super::super::mysql::catalog(&t)),
+            #[cfg(feature = "sqlite")]
+            ("sqlite", super::super::sqlite::catalog(&t)),
+            #[cfg(feature = "oracle")]
+            ("oracle", super::super::oracle::catalog(&t)),
+        ];
+        for (name, d) in &catalogs {
+            for (version, file) in (2..).zip(&d.schema[1..]) {
+                let records: Vec<String> = split_statements(file)
+                    .into_iter()
+                    .filter(|s| s.contains("INSERT INTO {prefix}txbox_schema_version"))
+                    .collect();
+                assert_eq!(records.len(), 1, "{name} version {version}: {records:?}");
+                assert!(
+                    records[0].contains(&format!("VALUES ({version}")),
+                    "{name} file {version} records {}",
+                    records[0]
+                );
+            }
+        }
+    }
+
     #[test]
     fn splits_statements() {
         let s =
