@@ -2,21 +2,16 @@
 
 use crate::error::{Error, Result};
 
-/// The table names, from a validated prefix.
+/// The table names, from a validated prefix (made only by [`Tables::new`], so
+/// every name spliced into SQL was checked).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tables {
-    /// The validated prefix.
-    pub prefix: String,
-    /// Outbox events.
-    pub outbox: String,
-    /// Dead letters.
-    pub dlq: String,
-    /// Inbox consumed ids.
-    pub inbox: String,
-    /// Lease locks.
-    pub locks: String,
-    /// The schema versions applied after the baseline.
-    pub schema_version: String,
+    pub(crate) prefix: String,
+    pub(crate) outbox: String,
+    pub(crate) dlq: String,
+    pub(crate) inbox: String,
+    pub(crate) locks: String,
+    pub(crate) schema_version: String,
 }
 
 impl Tables {
@@ -31,6 +26,36 @@ impl Tables {
             locks: format!("{prefix}job_locks"),
             schema_version: format!("{prefix}txbox_schema_version"),
         })
+    }
+
+    /// The validated prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Outbox events.
+    pub fn outbox(&self) -> &str {
+        &self.outbox
+    }
+
+    /// Dead letters.
+    pub fn dlq(&self) -> &str {
+        &self.dlq
+    }
+
+    /// Inbox consumed ids.
+    pub fn inbox(&self) -> &str {
+        &self.inbox
+    }
+
+    /// Lease locks.
+    pub fn locks(&self) -> &str {
+        &self.locks
+    }
+
+    /// The schema versions applied after the baseline.
+    pub fn schema_version(&self) -> &str {
+        &self.schema_version
     }
 
     /// Substitutes the prefix into a schema file (`{prefix}`).
