@@ -71,7 +71,10 @@ impl std::fmt::Debug for AdminOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminOptions")
             .field("addr", &self.addr)
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "token",
+                &self.token.as_ref().map(|_| crate::redact::REDACTED),
+            )
             .field("relays", &self.relays.len())
             .field("protect_probes", &self.protect_probes)
             .field("request_timeout", &self.request_timeout)

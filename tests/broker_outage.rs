@@ -159,8 +159,11 @@ static RABBITMQ: std::sync::Mutex<()> = std::sync::Mutex::new(());
 fn kafka_outage(p: &str, claim: ClaimMode) {
     use txbox::kafka::{KafkaConsumer, KafkaSender};
     let _one = KAFKA.lock().unwrap_or_else(|e| e.into_inner());
-    if !service_up("Kafka", &kafka_brokers()) || std::env::var("TXBOX_KAFKA_BROKERS").is_ok() {
+    if std::env::var("TXBOX_KAFKA_BROKERS").is_ok() {
         eprintln!("SKIPPED when TXBOX_KAFKA_BROKERS points at an external Kafka: this test freezes the local Tansu");
+        return;
+    }
+    if !service_up("Kafka", &kafka_brokers()) {
         return;
     }
     let topic = format!("txbox-outage-{}", unique());

@@ -6,11 +6,6 @@ use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore
 
 use txbox::{Config, EventId, Outbox};
 
-/// A business transaction that both publish and the inbox accept.
-pub trait BusinessTx: txbox::Transaction {}
-
-impl<T: txbox::Transaction + ?Sized> BusinessTx for T {}
-
 /// The dialects the suite runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -249,7 +244,7 @@ impl Fixture {
     /// would, and commits it when `commit` says so about the result (else rolls back).
     fn in_tx<R>(
         &self,
-        body: impl FnOnce(&mut dyn BusinessTx) -> R,
+        body: impl FnOnce(&mut dyn txbox::Transaction) -> R,
         commit: impl FnOnce(&R) -> bool,
     ) -> R {
         match self.backend {

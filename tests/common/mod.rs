@@ -39,7 +39,7 @@ pub fn client() -> Option<postgres::Client> {
     match postgres::Client::connect(&pg_url(), postgres::NoTls) {
         Ok(c) => Some(c),
         Err(e) => {
-            if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
+            if in_ci() {
                 panic!("PostgreSQL at {} is required in CI: {e}", pg_url());
             }
             eprintln!("SKIPPED: PostgreSQL at {} is not reachable: {e}", pg_url());
