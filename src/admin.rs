@@ -53,8 +53,14 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// Largest request line and headers accepted.
 pub const MAX_HEAD: usize = 16 * 1024;
 
-/// Connections served at once; past it a connection is answered 503 at once.
+/// Connections served at once; past it a connection is answered 503 (but for
+/// the probes, which have [`PROBE_RESERVE`] slots of their own).
 pub const MAX_CONCURRENT_REQUESTS: usize = 32;
+
+/// Slots past [`MAX_CONCURRENT_REQUESTS`] that serve only `/health` and
+/// `/metrics`, so stalled clients holding every slot do not make the health
+/// check fail; past these too, a connection is answered 503 at once.
+pub const PROBE_RESERVE: usize = 8;
 
 /// Settings of the admin endpoint.
 #[derive(Clone)]
@@ -187,18 +193,20 @@ impl AdminServer {
                     let timeout = options.request_timeout;
                     let _ = stream.set_read_timeout(Some(timeout));
                     let _ = stream.set_write_timeout(Some(timeout));
-                    if busy.fetch_add(1, Ordering::AcqRel) >= MAX_CONCURRENT_REQUESTS {
+                    let taken = busy.fetch_add(1, Ordering::AcqRel);
+                    if taken >= MAX_CONCURRENT_REQUESTS + PROBE_RESERVE {
                         let _slot = Slot(busy.clone());
-                        answer(stream, &err(503, "too many requests at once"), false);
+                        answer(stream, &busy_answer(), false);
                         continue;
                     }
+                    let probes_only = taken >= MAX_CONCURRENT_REQUESTS;
                     let slot = Slot(busy.clone());
                     let (store, options) = (store.clone(), options.clone());
                     let spawned = std::thread::Builder::new()
                         .name("txbox-admin-request".into())
                         .spawn(move || {
                             let _slot = slot;
-                            serve(&store, &options, stream);
+                            serve(&store, &options, stream, probes_only);
                         });
                     if let Err(e) = spawned {
                         log::warn!("txbox: admin endpoint: no thread for a request: {e}");
@@ -414,12 +422,25 @@ fn read_body(
 /// Serves one connection: the head, then route and token, then the body (only
 /// a route that takes one reads it), all before the deadline; one answer, then
 /// the connection closes.
-fn serve(store: &Arc<dyn FullStore>, options: &AdminOptions, mut stream: TcpStream) {
+/// The 503 of a full server.
+fn busy_answer() -> Resp {
+    err(503, "too many requests at once")
+}
+
+fn serve(
+    store: &Arc<dyn FullStore>,
+    options: &AdminOptions,
+    mut stream: TcpStream,
+    probes_only: bool,
+) {
     let deadline = Instant::now() + options.request_timeout;
     let head = match read_head(&mut stream, deadline) {
         Ok(h) => h,
         Err(refused) => return answer(stream, &refused, false),
     };
+    if probes_only && !is_probe(&head.call) {
+        return answer(stream, &busy_answer(), false);
+    }
     if let Err(refused) = authorize(options, &head.call, head.auth.as_deref()) {
         return answer(stream, &refused, true);
     }
@@ -442,6 +463,12 @@ fn serve(store: &Arc<dyn FullStore>, options: &AdminOptions, mut stream: TcpStre
     answer(stream, &response, true);
 }
 
+/// A request for `/health` or `/metrics`.
+fn is_probe(call: &Call) -> bool {
+    let path = call.url.split('?').next().unwrap_or_default();
+    matches!(path.trim_matches('/'), "health" | "metrics")
+}
+
 /// Whether the request may go on: every DLQ route needs the token, `/health`
 /// and `/metrics` only when protected. The token is compared in constant time;
 /// the scheme `Bearer` in any case.
@@ -450,9 +477,7 @@ fn authorize(
     call: &Call,
     auth: Option<&str>,
 ) -> std::result::Result<(), Resp> {
-    let path = call.url.split('?').next().unwrap_or_default();
-    let probe = matches!(path.trim_matches('/'), "health" | "metrics");
-    if probe && !options.protect_probes {
+    if is_probe(call) && !options.protect_probes {
         return Ok(());
     }
     let Some(token) = &options.token else {

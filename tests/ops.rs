@@ -830,3 +830,47 @@ fn the_metrics_snapshot_counts_what_happened() {
     assert!(after.commit_to_ack.count >= before.commit_to_ack.count + 7);
     assert!(after.polling_delay_seconds.contains_key("order-created"));
 }
+
+/// Every connection slot held by clients that send nothing (one per stalled
+/// socket) must not make `/health` answer 503: an orchestrator would read that
+/// as "restart me". Probes have slots of their own; other routes wait their turn.
+#[test]
+fn stalled_clients_filling_every_slot_leave_health_answering() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let p = "t_ops_full_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let server = AdminServer::start(
+        fx.store.clone(),
+        AdminOptions::new()
+            .token("s3cret")
+            .request_timeout(Duration::from_secs(5)),
+    )
+    .unwrap();
+    let addr = server.addr();
+    let stalled: Vec<TcpStream> = (0..txbox::admin::MAX_CONCURRENT_REQUESTS)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(b"GET /health HTTP/1.1\r\n").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200)); // every slot taken
+    let (agent, base) = http(&server);
+    let (code, text) = body(agent.get(format!("{base}/health")).call().unwrap());
+    assert_eq!(code, 200, "health with every slot stalled: {text}");
+    let (code, _) = body(agent.get(format!("{base}/metrics")).call().unwrap());
+    assert_eq!(code, 200, "metrics with every slot stalled");
+    let (code, _) = body(
+        agent
+            .get(format!("{base}/dlq/events"))
+            .header("Authorization", "Bearer s3cret")
+            .call()
+            .unwrap(),
+    );
+    assert_eq!(code, 503, "the other routes wait for a slot");
+    drop(stalled);
+    server.shutdown();
+}
