@@ -13,8 +13,7 @@ use std::collections::HashSet;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
+use txbox::{MaintenanceStore, Store};
 
 use txbox::kafka::{ensure_topic, KafkaConsumer, KafkaSender};
 use txbox::{Config, Error, Outbox, PgStore, Relay, Sender, StopSignal};

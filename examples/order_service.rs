@@ -16,8 +16,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
+use txbox::Store;
 
 use serde::{Deserialize, Serialize};
 use txbox::{Config, EventId, NewEvent, Outbox, PgStore, ReceivedEvent, Relay, StopSignal};

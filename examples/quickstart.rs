@@ -14,8 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
+use txbox::FullStore;
 
 use serde::Serialize;
 use txbox::{Config, EventId, MemorySender, Outbox, Relay, Transaction};

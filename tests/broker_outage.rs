@@ -9,8 +9,6 @@ mod common;
 
 use std::collections::HashSet;
 use std::time::Duration;
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::*;
 

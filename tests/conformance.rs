@@ -10,8 +10,6 @@ mod common;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;

@@ -17,8 +17,6 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;

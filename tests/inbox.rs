@@ -5,8 +5,7 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
+use txbox::InboxStore;
 
 use common::*;
 use txbox::{Config, Error, EventId, Position, ReceivedEvent};

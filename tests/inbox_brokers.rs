@@ -5,8 +5,6 @@
 mod common;
 
 use std::time::Duration;
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::*;
 use txbox::{Config, Error, Outbox, Relay, Sender};

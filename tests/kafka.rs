@@ -5,8 +5,6 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::*;
 use serde_json::json;

@@ -8,8 +8,6 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::backend::{Backend, Fixture};
 use common::wait_until;

@@ -3,8 +3,6 @@
 mod common;
 
 use std::time::Duration;
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use common::*;
 use serde_json::json;

@@ -6,8 +6,6 @@
 use std::time::Duration;
 
 mod common;
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use txbox::admin::AdminOptions;
 use txbox::kafka::{KafkaConsumer, KafkaSender};

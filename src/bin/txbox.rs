@@ -18,8 +18,6 @@
 //! `sqlite:PATH`, `oracle://...`). Exit codes: 0 ok, 1 error, 2 bad usage.
 
 use std::process::ExitCode;
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use clap::{Args, Parser, Subcommand};
 use txbox::{Dlq, DlqFilter, DlqStatus, EventId};

@@ -1,8 +1,7 @@
 //! One fixture over every SQL dialect, so the conformance suite runs unchanged on each.
 
 use std::sync::Arc;
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
+use txbox::FullStore;
 
 use txbox::{Config, EventId, Outbox};
 

@@ -3,8 +3,7 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-#[allow(unused_imports)]
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
+use txbox::Store;
 
 use txbox::PgStore;
 
