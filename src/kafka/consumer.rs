@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
-use std::sync::Mutex;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -37,7 +37,7 @@ pub struct KafkaConsumer {
     /// Why the loop stopped on a message it could not rewind to: the consumer's
     /// position is past it, so it never runs again (a new consumer reads from the
     /// committed offset, which is not past it).
-    lost_position: Mutex<Option<String>>,
+    lost_position: OnceLock<String>,
 }
 
 /// Builds a [`KafkaConsumer`]. Its `Debug` redacts secret properties.
@@ -87,7 +87,7 @@ impl KafkaConsumerBuilder {
         Ok(KafkaConsumer {
             consumer,
             retry_delay: self.retry_delay,
-            lost_position: Mutex::new(None),
+            lost_position: OnceLock::new(),
         })
     }
 }
@@ -166,7 +166,7 @@ impl KafkaConsumer {
     where
         F: FnMut(&ReceivedEvent) -> Verdict,
     {
-        if let Some(why) = &*self.lost_position.lock().unwrap_or_else(|p| p.into_inner()) {
+        if let Some(why) = self.lost_position.get() {
             return Err(Error::Broker(why.clone()));
         }
         while !stop.is_stopped() {
@@ -215,8 +215,7 @@ impl KafkaConsumer {
                         )
                         .map_err(|e| {
                             let err = rewind_failed(&topic, partition, offset, e);
-                            *self.lost_position.lock().unwrap_or_else(|p| p.into_inner()) =
-                                Some(err.to_string());
+                            let _ = self.lost_position.set(err.to_string());
                             err
                         })?;
                     stop.sleep(self.retry_delay);

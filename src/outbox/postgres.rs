@@ -5,7 +5,7 @@ use postgres::GenericClient;
 
 use crate::error::{Error, Result};
 use crate::event::{EventId, NewEvent};
-use crate::store::postgres::{catalog, typed};
+use crate::store::postgres::{typed, PgDialect};
 use crate::store::sql;
 use crate::tables::Tables;
 
@@ -137,7 +137,7 @@ impl crate::Outbox {
 
     /// The dialect's `INSERT` of one event into this outbox's table.
     fn insert_one(&self) -> String {
-        sql::insert_events_sql(&sql::cached("postgres", self.tables(), catalog), 1)
+        sql::insert_events_sql(&<PgDialect as sql::Backend>::cached(self.tables()), 1)
     }
 }
 

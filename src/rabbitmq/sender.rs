@@ -195,10 +195,11 @@ fn classify(context: String, err: &amiquip::Error) -> SendError {
 }
 
 fn properties(e: &Event) -> AmqpProperties {
+    let id = e.id.to_string();
     let mut headers = FieldTable::new();
     headers.insert(
         HEADER_EVENT_ID.to_string(),
-        AmqpValue::LongString(e.id.to_string()),
+        AmqpValue::LongString(id.clone()),
     );
     headers.insert(
         HEADER_EVENT_TYPE.to_string(),
@@ -214,7 +215,7 @@ fn properties(e: &Event) -> AmqpProperties {
         headers.insert(k.clone(), AmqpValue::LongString(v.clone()));
     }
     AmqpProperties::default()
-        .with_message_id(e.id.to_string())
+        .with_message_id(id)
         .with_type_(e.event_type.clone())
         .with_content_type("application/json".to_string())
         .with_delivery_mode(2)

@@ -158,6 +158,10 @@ sql::conn_impls!(my_query, my_execute, my_batch; mysql::PooledConn, mysql::Trans
 pub struct MySqlDialect(mysql::Pool);
 
 impl sql::Backend for MySqlDialect {
+    const NAME: &'static str = "mysql";
+    fn catalog(tables: &Tables) -> Catalog {
+        catalog(tables)
+    }
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         Ok(Box::new(self.0.get_conn().map_err(err)?))
     }
@@ -198,7 +202,7 @@ impl SqlStore<MySqlDialect> {
                 ),
             );
         let pool = mysql::Pool::new(opts).map_err(err)?;
-        SqlStore::with_pool(MySqlDialect(pool), config, catalog)
+        SqlStore::with_pool(MySqlDialect(pool), config)
     }
 
     /// The pool, e.g. for business transactions and the inbox.
@@ -207,4 +211,4 @@ impl SqlStore<MySqlDialect> {
     }
 }
 
-sql::transaction_impls!(mysql::Transaction<'_>, "mysql", catalog);
+sql::transaction_impls!(mysql::Transaction<'_>, MySqlDialect);

@@ -230,6 +230,10 @@ impl Conn for oracle::Connection {
 pub struct OracleDialect(oracle::pool::Pool);
 
 impl sql::Backend for OracleDialect {
+    const NAME: &'static str = "oracle";
+    fn catalog(tables: &Tables) -> Catalog {
+        catalog(tables)
+    }
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         let mut conn = self.0.get().map_err(err)?;
         conn.set_autocommit(true);
@@ -260,7 +264,7 @@ impl SqlStore<OracleDialect> {
             .max_connections(16)
             .build()
             .map_err(err)?;
-        SqlStore::with_pool(OracleDialect(pool), config, catalog)
+        SqlStore::with_pool(OracleDialect(pool), config)
     }
 }
 
@@ -315,4 +319,4 @@ fn in_transaction(conn: &oracle::Connection) -> Result<()> {
     Ok(())
 }
 
-sql::transaction_impls!(oracle::Connection, "oracle", catalog, in_transaction);
+sql::transaction_impls!(oracle::Connection, OracleDialect, in_transaction);

@@ -290,6 +290,10 @@ impl Conn for Checked {
 impl sql::Dialect for PgDialect {}
 
 impl sql::Backend for PgDialect {
+    const NAME: &'static str = "postgres";
+    fn catalog(tables: &Tables) -> Catalog {
+        catalog(tables)
+    }
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         Ok(self.get_owned()?)
     }
@@ -379,7 +383,7 @@ impl SqlStore<PgDialect> {
     /// one connection per thread at most (and one per batch in flight with held
     /// claims).
     pub fn from_pool(pool: PgPool, config: &crate::Config) -> Result<Self> {
-        SqlStore::with_pool(PgDialect(pool), config, catalog)
+        SqlStore::with_pool(PgDialect(pool), config)
     }
 
     /// The pool, e.g. to run business transactions on the same connections.
@@ -394,4 +398,4 @@ impl SqlStore<PgDialect> {
     }
 }
 
-sql::transaction_impls!(postgres::Transaction<'_>, "postgres", catalog);
+sql::transaction_impls!(postgres::Transaction<'_>, PgDialect);

@@ -146,6 +146,10 @@ fn lite_query(conn: &rusqlite::Connection, sql: &str, params: &[Val]) -> Result<
 pub struct SqliteDialect(Mutex<rusqlite::Connection>);
 
 impl sql::Backend for SqliteDialect {
+    const NAME: &'static str = "sqlite";
+    fn catalog(tables: &Tables) -> Catalog {
+        catalog(tables)
+    }
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         Ok(Box::new(sql::Held(
             self.0.lock().unwrap_or_else(|p| p.into_inner()),
@@ -179,7 +183,7 @@ impl SqlStore<SqliteDialect> {
             ));
         }
         let conn = Self::connection(path)?;
-        SqlStore::with_pool(SqliteDialect(Mutex::new(conn)), config, catalog)
+        SqlStore::with_pool(SqliteDialect(Mutex::new(conn)), config)
     }
 
     /// A connection set up as txbox expects (WAL, 5 s busy timeout), for your own
@@ -193,4 +197,4 @@ impl SqlStore<SqliteDialect> {
     }
 }
 
-sql::transaction_impls!(rusqlite::Transaction<'_>, "sqlite", catalog);
+sql::transaction_impls!(rusqlite::Transaction<'_>, SqliteDialect);

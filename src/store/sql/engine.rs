@@ -17,13 +17,9 @@ pub struct SqlStore<D: Dialect> {
 
 impl<D: Dialect> SqlStore<D> {
     /// A store on `pool` for the tables of `config`.
-    pub(crate) fn with_pool(
-        pool: D,
-        config: &crate::Config,
-        catalog: fn(&Tables) -> Catalog,
-    ) -> Result<Self> {
+    pub(crate) fn with_pool(pool: D, config: &crate::Config) -> Result<Self> {
         let tables = Tables::new(config.table_prefix())?;
-        let d = std::sync::Arc::new(catalog(&tables));
+        let d = D::cached(&tables);
         Ok(SqlStore { pool, tables, d })
     }
 
@@ -481,13 +477,13 @@ impl<D: Dialect> InboxStore for SqlStore<D> {
 /// `publish` and the inbox on one driver's transaction type: both only need this
 /// dialect's statements (built once per table prefix) and a [`Conn`].
 macro_rules! transaction_impls {
-    ($tx:ty, $name:literal, $dialect:path $(, $check:path)?) => {
+    ($tx:ty, $dialect:ty $(, $check:path)?) => {
         impl crate::transaction::sealed::Sealed for $tx {}
 
         impl crate::transaction::Transaction for $tx {
             fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
                 $($check(self)?;)?
-                sql::insert_events(self, &sql::cached($name, tables, $dialect), events)
+                sql::insert_events(self, &<$dialect as sql::Backend>::cached(tables), events)
             }
 
             fn insert_new_ids(
@@ -497,7 +493,12 @@ macro_rules! transaction_impls {
                 ids: &[EventId],
             ) -> Result<Vec<EventId>> {
                 $($check(self)?;)?
-                sql::insert_inbox_ids(self, &sql::cached($name, tables, $dialect), consumer, ids)
+                sql::insert_inbox_ids(
+                    self,
+                    &<$dialect as sql::Backend>::cached(tables),
+                    consumer,
+                    ids,
+                )
             }
         }
     };

@@ -6,7 +6,7 @@ use super::*;
 
 /// The statements that finish a claimed batch, each kept to the rows the claim
 /// still holds by a `fence` condition.
-pub(crate) struct Finish {
+pub struct Finish {
     /// $1 token, {ids}
     pub sent: String,
     /// $1 token, {ids}
@@ -46,7 +46,7 @@ impl Finish {
 
 /// The statements every dialect writes alike but for its clock: `now` is its
 /// "current time" expression and `plus("$n")` its "now + $n milliseconds".
-pub(crate) struct Common {
+pub struct Common {
     /// $1 token, $2 lease ms, {ids}
     pub claim_update: String,
     /// Finishing a batch claimed under a lease: fenced by its token.
@@ -130,7 +130,7 @@ pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String, finish_ids
 }
 
 /// The statements a held claim adds to `claim_select` and [`Common::finish_held`].
-pub(crate) struct HoldClaim {
+pub struct HoldClaim {
     /// Opens the transaction and has the database end the session once it idled
     /// in it for `{ms}` milliseconds.
     pub open: &'static str,
@@ -152,7 +152,7 @@ pub(crate) struct HoldClaim {
 }
 
 /// Every statement of one dialect, with the table names filled in.
-pub(crate) struct Catalog {
+pub struct Catalog {
     pub style: Style,
     /// Opens a transaction ("BEGIN", "START TRANSACTION", "BEGIN IMMEDIATE"; "" when
     /// the driver is always in one).

@@ -194,6 +194,18 @@ where
 /// Hands out connections: the driver side of a [`Dialect`]. Public in this
 /// private module only, so that no type outside txbox can implement it.
 pub trait Backend: Send + Sync + 'static {
+    /// The dialect's name: its statements are built once per table prefix
+    /// under it.
+    const NAME: &'static str;
+    /// The dialect's statements for `tables`.
+    fn catalog(tables: &Tables) -> Catalog;
+    /// The statements for `tables`, built once per prefix.
+    fn cached(tables: &Tables) -> std::sync::Arc<Catalog>
+    where
+        Self: Sized,
+    {
+        cached(Self::NAME, tables, Self::catalog)
+    }
     fn get(&self) -> Result<Box<dyn Conn + '_>>;
     /// A connection that may outlive the call (a held claim keeps one). Pools of
     /// dialects with [`Catalog::hold_claim`] implement it.
@@ -210,7 +222,7 @@ pub trait Backend: Send + Sync + 'static {
 
 /// How a driver writes placeholders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Style {
+pub enum Style {
     /// `$1` (PostgreSQL)
     Dollar,
     /// `?`, in order of appearance (MySQL)
