@@ -63,7 +63,9 @@
 //!    [`MemorySender`] in tests.
 //! 5. **Consume** on the other side: [`kafka::KafkaConsumer`] or
 //!    [`rabbitmq::RabbitConsumer`] hand you [`ReceivedEvent`]s; the [`Inbox`]
-//!    makes the handler idempotent on the event id, in your transaction.
+//!    runs the handler once per event id: in your transaction with
+//!    [`Inbox::handle_in`] (the id and the handler's writes commit together), or
+//!    at most once with [`Inbox::handle_at_most_once`] (below).
 //! 6. **Dead letters**: events that used up their retries, listed and retried
 //!    through [`Dlq`].
 //! 7. **Operate**: [`metrics`], the HTTP [`admin`] endpoint, the `txbox` CLI.
