@@ -103,6 +103,8 @@ struct Run {
     kills: usize,
     /// Events the killed relays finished (acked and marked) before the drain.
     finished_while_killing: i64,
+    /// Kills that cut a batch the relay had claimed and not finished.
+    kills_mid_batch: usize,
     held: bool,
 }
 
@@ -146,16 +148,40 @@ fn kill_relays_under_load(p: &str, broker: &str, destination: &str, held: bool) 
         })
     };
     let mut kills = 0;
+    let mut kills_mid_batch = 0;
+    // the claims the relays killed before left behind (lease claims)
+    let mut left_behind: Vec<uuid::Uuid> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(180);
     while kills < KILLS && Instant::now() < deadline {
         let mut child = spawn_worker(p, broker, destination, held);
         std::thread::sleep(ms(300 + fastrand::u64(0..700)));
         // only a relay still running counts as killed (not one that died on its own)
         if child.try_wait().unwrap().is_none() {
+            // at a random moment, or a little later when a batch is claimed and
+            // not finished then: most kills cut one
+            let look = Instant::now() + ms(300);
+            while Instant::now() < look {
+                if claimed_unfinished(&mut client, p, held, &left_behind) > 0 {
+                    kills_mid_batch += 1;
+                    break;
+                }
+            }
             child.kill().unwrap(); // SIGKILL: no shutdown, batches cut anywhere
             kills += 1;
         }
         child.wait().unwrap();
+        left_behind = client
+            .query(
+                &format!(
+                    "SELECT DISTINCT claim_token FROM {p}outbox_events \
+                     WHERE status = 'IN_PROCESS' AND claim_token IS NOT NULL"
+                ),
+                &[],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
     }
     stop.store(true, Ordering::Relaxed);
     producer.join().unwrap();
@@ -189,8 +215,42 @@ fn kill_relays_under_load(p: &str, broker: &str, destination: &str, held: bool) 
         rolled_back,
         kills,
         finished_while_killing,
+        kills_mid_batch,
         held,
     })
+}
+
+/// What the running relay has claimed and not finished: with lease claims its
+/// IN_PROCESS rows (under a token no killed relay left behind); with held
+/// claims its open claim transactions.
+fn claimed_unfinished(
+    client: &mut postgres::Client,
+    p: &str,
+    held: bool,
+    left_behind: &[uuid::Uuid],
+) -> i64 {
+    if held {
+        client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE state LIKE 'idle in transaction%' AND query LIKE '%SKIP LOCKED%' \
+                 AND query LIKE '%' || $1 || 'outbox_events%'",
+                &[&p],
+            )
+            .unwrap()
+            .get(0)
+    } else {
+        client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {p}outbox_events \
+                     WHERE status = 'IN_PROCESS' AND NOT (claim_token = ANY($1))"
+                ),
+                &[&left_behind],
+            )
+            .unwrap()
+            .get(0)
+    }
 }
 
 /// Compares what the broker holds (`received`: every message's event id, in
@@ -204,12 +264,13 @@ fn check(broker: &str, run: &Run, received: &[EventId]) {
         .filter(|id| run.rolled_back.contains(id) || !run.committed.contains(id))
         .collect();
     eprintln!(
-        "relay -> {broker} ({} claims) SIGKILLed {} times: committed={} rolled back={} finished by the killed relays={} delivered={} duplicates={duplicates} lost={} from rolled-back or unknown={}",
+        "relay -> {broker} ({} claims) SIGKILLed {} times: committed={} rolled back={} finished by the killed relays={} kills mid-batch={} delivered={} duplicates={duplicates} lost={} from rolled-back or unknown={}",
         if run.held { "held, deleting" } else { "lease" },
         run.kills,
         run.committed.len(),
         run.rolled_back.len(),
         run.finished_while_killing,
+        run.kills_mid_batch,
         tally.delivered(),
         lost.len(),
         invented.len()
@@ -222,6 +283,12 @@ fn check(broker: &str, run: &Run, received: &[EventId]) {
     assert!(
         run.finished_while_killing > 0,
         "the killed relays sent and finished events between the kills"
+    );
+    assert!(
+        run.kills_mid_batch * 2 >= run.kills,
+        "most kills cut a batch claimed and not finished ({} of {})",
+        run.kills_mid_batch,
+        run.kills
     );
     assert!(
         run.committed.len() > 1000 && !run.rolled_back.is_empty(),
