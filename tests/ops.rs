@@ -381,6 +381,20 @@ fn the_cli_refuses_non_utf8_arguments_and_escapes_what_it_prints() {
     );
 }
 
+/// An admin endpoint behind the token `s3cret` on the tables of `prefix`, with
+/// `request_timeout`.
+fn guarded_server(prefix: &str, request_timeout: Duration) -> Option<(Fixture, AdminServer)> {
+    let fx = Fixture::new(Backend::Postgres, prefix)?;
+    let server = AdminServer::start(
+        fx.store.clone(),
+        AdminOptions::new()
+            .token("s3cret")
+            .request_timeout(request_timeout),
+    )
+    .unwrap();
+    Some((fx, server))
+}
+
 fn http(server: &AdminServer) -> (ureq::Agent, String) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -670,17 +684,9 @@ fn every_dlq_route_needs_the_token_and_probes_can_be_protected() {
 fn a_stalled_client_blocks_neither_health_nor_shutdown() {
     use std::io::{Read, Write};
     use std::net::TcpStream;
-    let p = "t_ops_stall_";
-    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+    let Some((_fx, server)) = guarded_server("t_ops_stall_", Duration::from_secs(1)) else {
         return;
     };
-    let server = AdminServer::start(
-        fx.store.clone(),
-        AdminOptions::new()
-            .token("s3cret")
-            .request_timeout(Duration::from_secs(1)),
-    )
-    .unwrap();
     let addr = server.addr();
     let (agent, base) = http(&server);
     let health = || {
@@ -836,17 +842,9 @@ fn the_metrics_snapshot_counts_what_happened() {
 fn stalled_clients_filling_every_slot_leave_health_answering() {
     use std::io::Write;
     use std::net::TcpStream;
-    let p = "t_ops_full_";
-    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+    let Some((_fx, server)) = guarded_server("t_ops_full_", Duration::from_secs(5)) else {
         return;
     };
-    let server = AdminServer::start(
-        fx.store.clone(),
-        AdminOptions::new()
-            .token("s3cret")
-            .request_timeout(Duration::from_secs(5)),
-    )
-    .unwrap();
     let addr = server.addr();
     let stalled: Vec<TcpStream> = (0..txbox::admin::MAX_CONCURRENT_REQUESTS)
         .map(|_| {

@@ -125,6 +125,20 @@ mod tests {
         out
     }
 
+    /// Every dialect built in, by name, with its statements for `t`.
+    fn catalogs(t: &Tables) -> Vec<(&'static str, Catalog)> {
+        vec![
+            #[cfg(feature = "postgres")]
+            ("postgres", super::super::postgres::catalog(t)),
+            #[cfg(feature = "mysql")]
+            ("mysql", super::super::mysql::catalog(t)),
+            #[cfg(feature = "sqlite")]
+            ("sqlite", super::super::sqlite::catalog(t)),
+            #[cfg(feature = "oracle")]
+            ("oracle", super::super::oracle::catalog(t)),
+        ]
+    }
+
     /// For every statement of every dialect, the values the store binds reach the
     /// placeholders their numbers name: the same statement as each `$n` written
     /// out as the n-th value. (Oracle binds by position: a statement that names
@@ -132,16 +146,7 @@ mod tests {
     #[test]
     fn every_statement_of_every_dialect_binds_each_value_where_its_number_says() {
         let t = Tables::new("p_").unwrap();
-        let dialects: Vec<(&str, Catalog)> = vec![
-            #[cfg(feature = "postgres")]
-            ("postgres", super::super::postgres::catalog(&t)),
-            #[cfg(feature = "mysql")]
-            ("mysql", super::super::mysql::catalog(&t)),
-            #[cfg(feature = "sqlite")]
-            ("sqlite", super::super::sqlite::catalog(&t)),
-            #[cfg(feature = "oracle")]
-            ("oracle", super::super::oracle::catalog(&t)),
-        ];
+        let dialects = catalogs(&t);
         let fixed: Vec<Val> = (1..=12).map(|i| Val::Int(100 + i)).collect();
         let ids = [Val::Int(901), Val::Int(902)];
         let show = |v: &Val| format!("<{v:?}>");
@@ -173,16 +178,7 @@ mod tests {
     #[test]
     fn each_schema_file_records_the_version_of_its_place() {
         let t = Tables::new("").unwrap();
-        let catalogs: Vec<(&str, Catalog)> = vec![
-            #[cfg(feature = "postgres")]
-            ("postgres", super::super::postgres::catalog(&t)),
-            #[cfg(feature = "mysql")]
-            ("mysql", super::super::mysql::catalog(&t)),
-            #[cfg(feature = "sqlite")]
-            ("sqlite", super::super::sqlite::catalog(&t)),
-            #[cfg(feature = "oracle")]
-            ("oracle", super::super::oracle::catalog(&t)),
-        ];
+        let catalogs = catalogs(&t);
         for (name, d) in &catalogs {
             for (version, file) in (2..).zip(&d.schema[1..]) {
                 let records: Vec<String> = split_statements(file)
