@@ -122,11 +122,8 @@
 
 #![warn(missing_docs)]
 
-// Modules in the order an event travels; each item has one public path: the
-// crate root, or the module of its feature (`kafka`, `rabbitmq`, `admin`) and
-// `metrics`.
-#[cfg(feature = "admin-http")]
-pub mod admin;
+// Each item has one public path: the crate root, or the module of its feature
+// (`kafka`, `rabbitmq`, `admin`) and `metrics` (the last two live in `ops`).
 mod config;
 mod consumer;
 mod dlq;
@@ -136,7 +133,7 @@ mod id;
 mod inbox;
 #[cfg(feature = "kafka")]
 pub mod kafka;
-pub mod metrics;
+mod ops;
 mod outbox;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
@@ -146,6 +143,10 @@ mod sender;
 mod store;
 mod tables;
 mod transaction;
+
+#[cfg(feature = "admin-http")]
+pub use ops::admin;
+pub use ops::metrics;
 
 pub use config::{
     Backoff, ClaimMode, Config, ConfigBuilder, DlqSettings, EventSettings, InboxSettings,

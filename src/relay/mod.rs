@@ -32,16 +32,14 @@ use crate::metrics::{self, Counter};
 use crate::sender::SenderFactory;
 use crate::store::{FullStore, InboxStore};
 
+mod delay;
 mod maintenance;
 mod poller;
-mod polling;
+mod retry;
 
+pub(crate) use delay::PollState;
 use maintenance::{MaintenanceStep, Periodic};
 use poller::Poller;
-pub(crate) use polling::PollState;
-
-/// Longest `last_error` kept with an event, in bytes (longer messages are cut).
-pub(crate) const MAX_ERROR_LEN: usize = 2000;
 
 /// The running relay. Dropping it stops the threads without waiting; call
 /// [`Relay::shutdown`] to let in-flight batches finish.

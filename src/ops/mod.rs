@@ -1,0 +1,6 @@
+//! Operating txbox: its metrics and, behind the feature `admin-http`, the HTTP
+//! admin endpoint. Both are public as `txbox::metrics` and `txbox::admin`.
+
+#[cfg(feature = "admin-http")]
+pub mod admin;
+pub mod metrics;
