@@ -96,7 +96,7 @@ fn start(
         use amiquip::{
             Connection, ExchangeDeclareOptions, ExchangeType, FieldTable, QueueDeclareOptions,
         };
-        use txbox::rabbitmq::{RabbitConsumer, RabbitSenderFactory};
+        use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
         let url = env("TXBOX_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672");
         let queue = format!("order-service-{}", EventId::new());
         let mut conn = Connection::insecure_open(&url)?;
@@ -119,8 +119,8 @@ fn start(
             FieldTable::new(),
         )?;
         conn.close()?;
-        let relay = Relay::start(store, config, RabbitSenderFactory::new(&url))?;
-        let consumer = RabbitConsumer::new(&url, &queue);
+        let relay = Relay::start(store, config, RabbitSender::builder(&url).build())?;
+        let consumer = RabbitConsumer::builder(&url, &queue).build();
         let h = std::thread::spawn(move || {
             if let Err(e) = consumer.run(&s, record) {
                 eprintln!("order_service: consumer: {e}");

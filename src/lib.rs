@@ -59,7 +59,7 @@
 //!    [`Outbox::publish_all`] on any [`Transaction`] (a driver's transaction, or
 //!    a [`PgPrepared`] statement wrapping one).
 //! 4. **Relay**: [`Relay::start`] with a [`SenderFactory`]:
-//!    [`kafka::KafkaSender`], [`rabbitmq::RabbitSenderFactory`], or a
+//!    [`kafka::KafkaSender`], [`rabbitmq::RabbitSender`], or a
 //!    [`MemorySender`] in tests.
 //! 5. **Consume** on the other side: [`kafka::KafkaConsumer`] or
 //!    [`rabbitmq::RabbitConsumer`] hand you [`ReceivedEvent`]s; the [`Inbox`]

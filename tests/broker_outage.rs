@@ -222,7 +222,7 @@ fn rabbitmq_broker_stopped_mid_run_loses_nothing_with_held_claims() {
 fn rabbitmq_outage(p: &str, claim: ClaimMode) {
     use amiquip::Connection;
     let _one = RABBITMQ.lock().unwrap_or_else(|e| e.into_inner());
-    use txbox::rabbitmq::{RabbitConsumer, RabbitSenderFactory};
+    use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
     if !service_up("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
@@ -241,13 +241,15 @@ fn rabbitmq_outage(p: &str, claim: ClaimMode) {
     let relay = Relay::start(
         store,
         &config,
-        RabbitSenderFactory::new(&rabbit_url()).confirm_timeout(ms(2000)),
+        RabbitSender::builder(&rabbit_url())
+            .confirm_timeout(ms(2000))
+            .build(),
     )
     .unwrap();
 
     let collected = Collected::default();
     let handler = collected.handler();
-    let consumer = RabbitConsumer::new(&rabbit_url(), &queue);
+    let consumer = RabbitConsumer::builder(&rabbit_url(), &queue).build();
     let (stop, h) = spawn_loop(move |s| consumer.run(s, handler).unwrap());
     let _restart = Restart("rabbitmqctl", &["start_app"]);
     let ctl = |cmd: &str| {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use txbox::kafka::KafkaSender;
-use txbox::rabbitmq::RabbitSenderFactory;
+use txbox::rabbitmq::RabbitSender;
 use txbox::{ClaimMode, Config, EventId, Outbox, PgStore, Relay};
 
 fn ms(n: u64) -> Duration {
@@ -72,7 +72,9 @@ fn relay_worker_process() {
     let store = Arc::new(PgStore::connect(&pg_url(), &common::prefix_config(&prefix)).unwrap());
     let config = config(&prefix, &destination, var("TXBOX_CRASH_HELD") == "true");
     let _relay = if broker == "rabbitmq" {
-        let factory = RabbitSenderFactory::new(&rabbit_url()).confirm_timeout(ms(2000));
+        let factory = RabbitSender::builder(&rabbit_url())
+            .confirm_timeout(ms(2000))
+            .build();
         Relay::start(store, &config, factory).unwrap()
     } else {
         let sender = KafkaSender::builder(&kafka_brokers())

@@ -120,7 +120,7 @@ fn rabbitmq_duplicate_handled_once_and_a_message_without_id_is_rejected_to_the_d
         AmqpProperties, AmqpValue, Connection, ExchangeDeclareOptions, ExchangeType, FieldTable,
         Publish, QueueDeclareOptions,
     };
-    use txbox::rabbitmq::{RabbitConsumer, RabbitSenderFactory};
+    use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
     if !service_up("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
@@ -172,7 +172,7 @@ fn rabbitmq_duplicate_handled_once_and_a_message_without_id_is_rejected_to_the_d
     let relay = Relay::start(
         store.clone(),
         &config,
-        RabbitSenderFactory::new(&rabbit_url()),
+        RabbitSender::builder(&rabbit_url()).build(),
     )
     .unwrap();
     let mut tx = client.transaction().unwrap();
@@ -213,7 +213,7 @@ fn rabbitmq_duplicate_handled_once_and_a_message_without_id_is_rejected_to_the_d
             Ok::<_, Error>(())
         },
     );
-    let consumer = RabbitConsumer::new(&rabbit_url(), &queue);
+    let consumer = RabbitConsumer::builder(&rabbit_url(), &queue).build();
     let (stop, h) = spawn_loop(move |s| consumer.run_with(s, handler));
     let dead_letter = std::cell::RefCell::new(None);
     wait_until(

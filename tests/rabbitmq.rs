@@ -11,8 +11,8 @@ use amiquip::{
 };
 use common::*;
 use serde_json::json;
-use txbox::rabbitmq::{RabbitConsumer, RabbitSenderFactory};
-use txbox::{Config, Dlq, NewEvent, Outbox, Relay, StopSignal};
+use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
+use txbox::{Config, Dlq, NewEvent, Outbox, Relay, SenderFactory, StopSignal};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -53,9 +53,10 @@ fn consume(
     queue: &str,
     handler: impl FnMut(&txbox::ReceivedEvent) -> Result<(), String> + Send + 'static,
 ) -> (StopSignal, std::thread::JoinHandle<()>) {
-    let consumer = RabbitConsumer::new(&rabbit_url(), queue)
+    let consumer = RabbitConsumer::builder(&rabbit_url(), queue)
         .prefetch(20)
-        .retry_delay(ms(50));
+        .retry_delay(ms(50))
+        .build();
     spawn_loop(move |s| consumer.run(s, handler).unwrap())
 }
 
@@ -78,7 +79,7 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
-    let relay = Relay::start(store, &config, RabbitSenderFactory::new(&rabbit_url())).unwrap();
+    let relay = Relay::start(store, &config, RabbitSender::builder(&rabbit_url()).build()).unwrap();
 
     let mut published = HashMap::new();
     let mut tx = client.transaction().unwrap();
@@ -145,7 +146,7 @@ fn an_unroutable_message_fails_alone_and_ends_in_the_dlq() {
     let relay = Relay::start(
         store.clone(),
         &config,
-        RabbitSenderFactory::new(&rabbit_url()),
+        RabbitSender::builder(&rabbit_url()).build(),
     )
     .unwrap();
     let mut tx = client.transaction().unwrap();
@@ -209,7 +210,7 @@ fn a_handler_that_fails_once_sees_the_message_again() {
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
-    let relay = Relay::start(store, &config, RabbitSenderFactory::new(&rabbit_url())).unwrap();
+    let relay = Relay::start(store, &config, RabbitSender::builder(&rabbit_url()).build()).unwrap();
     let mut tx = client.transaction().unwrap();
     let ids = outbox
         .publish_all(&mut tx, txbox::NewEvent::batch("e", 0..10).unwrap())
@@ -243,7 +244,11 @@ fn two_batches_in_flight_get_their_own_confirms_and_returns() {
         |n: &str, routing_key: &str| claimed(&exchange, routing_key, format!("{{\"n\":\"{n}\"}}"));
     let a = vec![event("a0", "k"), event("a1", "k"), event("a2", "k")];
     let b = vec![event("b0", "k"), event("b1", "nowhere"), event("b2", "k")];
-    let mut sender = txbox::rabbitmq::RabbitSender::new(&rabbit_url(), Duration::from_secs(10));
+    let mut sender = txbox::rabbitmq::RabbitSender::builder(&rabbit_url())
+        .confirm_timeout(Duration::from_secs(10))
+        .build()
+        .create()
+        .unwrap();
     assert!(matches!(sender.start(&a), Started::InFlight));
     assert!(matches!(sender.start(&b), Started::InFlight));
     let ra = sender.wait();
@@ -276,7 +281,11 @@ fn a_returned_message_fails_even_when_its_batch_breaks_afterwards() {
     let missing = format!("txbox-missing-{}", unique());
     let unroutable = claimed(&exchange, "nowhere", "{\"n\":1}".into());
     let to_missing = claimed(&missing, "k", "{\"n\":2}".into());
-    let mut sender = txbox::rabbitmq::RabbitSender::new(&rabbit_url(), Duration::from_secs(10));
+    let mut sender = txbox::rabbitmq::RabbitSender::builder(&rabbit_url())
+        .confirm_timeout(Duration::from_secs(10))
+        .build()
+        .create()
+        .unwrap();
     let r = sender.send(&[unroutable.clone(), to_missing.clone()]);
     assert_eq!(r.len(), 2);
     let first = r[0].as_ref().expect_err("a returned message is never sent");
@@ -321,7 +330,9 @@ fn a_lease_shorter_than_the_confirm_timeout_is_refused_at_start() {
         .event("e", |e| e.lease(Duration::from_secs(20)))
         .build()
         .unwrap();
-    let factory = RabbitSenderFactory::new(&rabbit_url()).confirm_timeout(Duration::from_secs(30));
+    let factory = RabbitSender::builder(&rabbit_url())
+        .confirm_timeout(Duration::from_secs(30))
+        .build();
     let err = Relay::start(store.clone(), &config, factory)
         .err()
         .expect("refused")
@@ -332,7 +343,9 @@ fn a_lease_shorter_than_the_confirm_timeout_is_refused_at_start() {
         ),
         "{err}"
     );
-    let factory = RabbitSenderFactory::new(&rabbit_url()).confirm_timeout(Duration::from_secs(10));
+    let factory = RabbitSender::builder(&rabbit_url())
+        .confirm_timeout(Duration::from_secs(10))
+        .build();
     Relay::start(store, &config, factory)
         .unwrap()
         .shutdown(Duration::from_secs(5))
@@ -380,7 +393,11 @@ fn a_full_queue_that_rejects_publishes_is_not_the_events_fault() {
     let events: Vec<txbox::Event> = (0..3)
         .map(|n| claimed(&exchange, "k", format!("{{\"n\":{n}}}")))
         .collect();
-    let mut sender = txbox::rabbitmq::RabbitSender::new(&rabbit_url(), Duration::from_secs(10));
+    let mut sender = txbox::rabbitmq::RabbitSender::builder(&rabbit_url())
+        .confirm_timeout(Duration::from_secs(10))
+        .build()
+        .create()
+        .unwrap();
     let results = sender.send(&events);
     assert!(results[0].is_ok(), "the queue took the first: {results:?}");
     for r in &results[1..] {

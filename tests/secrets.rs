@@ -9,8 +9,8 @@ mod common;
 
 use txbox::admin::AdminOptions;
 use txbox::kafka::{KafkaConsumer, KafkaSender};
-use txbox::rabbitmq::{RabbitConsumer, RabbitSender, RabbitSenderFactory};
-use txbox::{Config, Sender};
+use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
+use txbox::{Config, Sender, SenderFactory};
 
 const PASSWORD: &str = "hunter2-s3cret";
 
@@ -24,16 +24,16 @@ fn assert_hidden(what: &str, shown: &str) {
 #[test]
 fn debug_output_redacts_passwords_in_urls_and_properties() {
     let url = format!("amqp://app:{PASSWORD}@127.0.0.1:5672/vh");
-    let factory = RabbitSenderFactory::new(&url);
+    let factory = RabbitSender::builder(&url).build();
     let shown = format!("{factory:?}");
-    assert_hidden("RabbitSenderFactory", &shown);
+    assert_hidden("RabbitSender", &shown);
     assert!(
         shown.contains("amqp://app:<redacted>@127.0.0.1:5672/vh"),
         "{shown}"
     );
     assert_hidden(
         "RabbitConsumer",
-        &format!("{:?}", RabbitConsumer::new(&url, "q")),
+        &format!("{:?}", RabbitConsumer::builder(&url, "q")),
     );
 
     let sender = KafkaSender::builder("127.0.0.1:9092")
@@ -91,10 +91,13 @@ fn errors_that_name_a_url_redact_its_password() {
 
     // amiquip's connect error names the URL: the sender's error (logged, and
     // stored as the events' last error) does not show its password
-    let mut sender = RabbitSender::new(
-        &format!("amqp://app:{PASSWORD}@no-such-host.invalid:5672/vh"),
-        Duration::from_secs(1),
-    );
+    let mut sender = RabbitSender::builder(&format!(
+        "amqp://app:{PASSWORD}@no-such-host.invalid:5672/vh"
+    ))
+    .confirm_timeout(Duration::from_secs(1))
+    .build()
+    .create()
+    .unwrap();
     let err = sender.ready().expect_err("the host does not resolve");
     assert_hidden("RabbitSender::ready", &err.message);
     // the error does name the URL (so the scrubbing ran), without its password

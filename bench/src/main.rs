@@ -971,7 +971,7 @@ impl<S: Sender> Sender for Timed<S> {
 }
 
 fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
-    use txbox::rabbitmq::RabbitSenderFactory;
+    use txbox::rabbitmq::RabbitSender;
     use txbox::SenderFactory;
     let p = "bench_latency_";
     let (store, mut c) = fresh(p)?;
@@ -984,7 +984,7 @@ fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
     ensure_queue(rabbit)?;
     let outbox = Outbox::new(&cfg)?;
     let acked = Arc::new(Mutex::new(HashMap::new()));
-    let factory = RabbitSenderFactory::new(rabbit);
+    let factory = RabbitSender::builder(rabbit).build();
     let acks = Acks {
         times: Some(acked.clone()),
         ..Acks::default()
@@ -1402,7 +1402,7 @@ fn main() -> Res<()> {
         broker_throughput(
             "RabbitMQ (confirms)",
             &s,
-            Arc::new(txbox::rabbitmq::RabbitSenderFactory::new(&rabbit)),
+            Arc::new(txbox::rabbitmq::RabbitSender::builder(&rabbit).build()),
             "amq.direct",
             &|| ensure_queue(&rabbit),
             &mut out,

@@ -38,7 +38,9 @@ pub enum OnError {
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
 /// use txbox::{rabbitmq::RabbitConsumer, StopSignal};
-/// let consumer = RabbitConsumer::new("amqp://guest:guest@127.0.0.1:5672", "billing-orders").prefetch(50);
+/// let consumer = RabbitConsumer::builder("amqp://guest:guest@127.0.0.1:5672", "billing-orders")
+///     .prefetch(50)
+///     .build();
 /// let stop = StopSignal::new();
 /// consumer.run(&stop, |event| {
 ///     println!("{:?}", event.id);
@@ -68,35 +70,50 @@ impl std::fmt::Debug for RabbitConsumer {
     }
 }
 
-impl RabbitConsumer {
-    /// Consumes `queue` (which must exist) at `url`. Prefetch 100, requeue on error.
-    pub fn new(url: &str, queue: &str) -> Self {
-        RabbitConsumer {
-            url: url.to_string(),
-            queue: queue.to_string(),
-            prefetch: 100,
-            on_error: OnError::Requeue,
-            retry_delay: Duration::from_millis(500),
-        }
-    }
+/// Builds a [`RabbitConsumer`]. Its `Debug` redacts the URL's password.
+#[derive(Clone, Debug)]
+pub struct RabbitConsumerBuilder {
+    consumer: RabbitConsumer,
+}
 
-    /// Unacked messages the broker may push at once.
+impl RabbitConsumerBuilder {
+    /// Unacked messages the broker may push at once (default 100).
     pub fn prefetch(mut self, n: u16) -> Self {
-        self.prefetch = n.max(1);
+        self.consumer.prefetch = n.max(1);
         self
     }
 
-    /// What a handler error does to the message.
+    /// What a handler error does to the message (default [`OnError::Requeue`]).
     pub fn on_error(mut self, policy: OnError) -> Self {
-        self.on_error = policy;
+        self.consumer.on_error = policy;
         self
     }
 
     /// Wait after a handler error before the next message (default 500ms), so a
     /// requeued message that keeps failing does not spin.
     pub fn retry_delay(mut self, d: Duration) -> Self {
-        self.retry_delay = d;
+        self.consumer.retry_delay = d;
         self
+    }
+
+    /// The consumer. It connects when it runs.
+    pub fn build(self) -> RabbitConsumer {
+        self.consumer
+    }
+}
+
+impl RabbitConsumer {
+    /// A builder for a consumer of `queue` (which must exist) at `url`.
+    pub fn builder(url: &str, queue: &str) -> RabbitConsumerBuilder {
+        RabbitConsumerBuilder {
+            consumer: RabbitConsumer {
+                url: url.to_string(),
+                queue: queue.to_string(),
+                prefetch: 100,
+                on_error: OnError::Requeue,
+                retry_delay: Duration::from_millis(500),
+            },
+        }
     }
 
     /// Hands every message to `handler` until `stop`. A lost connection is logged and

@@ -25,8 +25,8 @@ use std::time::Duration;
 mod consumer;
 mod sender;
 
-pub use consumer::{OnError, RabbitConsumer};
-pub use sender::{RabbitSender, RabbitSenderFactory};
+pub use consumer::{OnError, RabbitConsumer, RabbitConsumerBuilder};
+pub use sender::{RabbitSender, RabbitSenderBuilder};
 
 /// Shortest and longest wait before a lost connection is opened again.
 pub(crate) const MIN_RECONNECT: Duration = Duration::from_millis(100);

@@ -31,47 +31,77 @@ fn open_publisher(url: &str) -> std::result::Result<Connection, amiquip::Error> 
     )
 }
 
-/// Makes one [`RabbitSender`] per relay thread.
+/// The relay's RabbitMQ sender: built once, it gives each relay thread a
+/// connection and a confirm-mode channel of its own ([`SenderFactory`]).
 ///
 /// ```no_run
-/// let factory = txbox::rabbitmq::RabbitSenderFactory::new("amqp://guest:guest@127.0.0.1:5672");
-/// # let _ = factory;
+/// use std::time::Duration;
+/// let sender = txbox::rabbitmq::RabbitSender::builder("amqp://guest:guest@127.0.0.1:5672")
+///     .confirm_timeout(Duration::from_secs(10))
+///     .build();
+/// # let _ = sender;
 /// ```
 #[derive(Clone)]
-pub struct RabbitSenderFactory {
+pub struct RabbitSender {
     url: String,
     confirm_timeout: Duration,
 }
 
+/// Builds a [`RabbitSender`]. Its `Debug` redacts the URL's password.
+#[derive(Clone)]
+pub struct RabbitSenderBuilder {
+    sender: RabbitSender,
+}
+
 /// The URL's password is redacted.
-impl std::fmt::Debug for RabbitSenderFactory {
+impl std::fmt::Debug for RabbitSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RabbitSenderFactory")
+        f.debug_struct("RabbitSender")
             .field("url", &crate::redact::urls(&self.url))
             .field("confirm_timeout", &self.confirm_timeout)
             .finish()
     }
 }
 
-impl RabbitSenderFactory {
-    /// Senders for the broker at `url` (`amqp://user:pass@host:port/vhost`).
-    pub fn new(url: &str) -> Self {
-        RabbitSenderFactory {
-            url: url.to_string(),
-            confirm_timeout: Duration::from_secs(30),
-        }
-    }
-
-    /// Longest wait for the broker's confirms of one batch (default 30s).
-    pub fn confirm_timeout(mut self, d: Duration) -> Self {
-        self.confirm_timeout = d;
-        self
+impl std::fmt::Debug for RabbitSenderBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitSenderBuilder")
+            .field("sender", &self.sender)
+            .finish()
     }
 }
 
-impl SenderFactory for RabbitSenderFactory {
+impl RabbitSender {
+    /// A builder for the broker at `url` (`amqp://user:pass@host:port/vhost`).
+    pub fn builder(url: &str) -> RabbitSenderBuilder {
+        RabbitSenderBuilder {
+            sender: RabbitSender {
+                url: url.to_string(),
+                confirm_timeout: Duration::from_secs(30),
+            },
+        }
+    }
+}
+
+impl RabbitSenderBuilder {
+    /// Longest wait for the broker's confirms of one batch (default 30s).
+    pub fn confirm_timeout(mut self, d: Duration) -> Self {
+        self.sender.confirm_timeout = d;
+        self
+    }
+
+    /// The sender. It connects when a relay thread first needs it.
+    pub fn build(self) -> RabbitSender {
+        self.sender
+    }
+}
+
+impl SenderFactory for RabbitSender {
     fn create(&self) -> Result<Box<dyn Sender>> {
-        Ok(Box::new(RabbitSender::new(&self.url, self.confirm_timeout)))
+        Ok(Box::new(RabbitChannel::new(
+            &self.url,
+            self.confirm_timeout,
+        )))
     }
 
     fn ack_wait(&self) -> Option<Duration> {
@@ -89,7 +119,7 @@ struct Open {
 }
 
 /// One connection and one confirm-mode channel, owned by one relay thread.
-pub struct RabbitSender {
+pub(crate) struct RabbitChannel {
     url: String,
     confirm_timeout: Duration,
     open: Option<Open>,
@@ -100,10 +130,10 @@ pub struct RabbitSender {
     in_flight: VecDeque<Unconfirmed>,
 }
 
-impl RabbitSender {
+impl RabbitChannel {
     /// A sender that connects on its first batch.
-    pub fn new(url: &str, confirm_timeout: Duration) -> Self {
-        RabbitSender {
+    pub(crate) fn new(url: &str, confirm_timeout: Duration) -> Self {
+        RabbitChannel {
             url: url.to_string(),
             confirm_timeout,
             open: None,
@@ -291,7 +321,7 @@ impl Unconfirmed {
     }
 }
 
-impl RabbitSender {
+impl RabbitChannel {
     /// Publishes `events` on the channel (opening it if needed) without waiting.
     fn publish(&mut self, events: &[Event]) -> Unconfirmed {
         let mut batch = Unconfirmed {
@@ -402,4 +432,4 @@ impl RabbitSender {
     }
 }
 
-crate::sender::pipelined_sender!(RabbitSender);
+crate::sender::pipelined_sender!(RabbitChannel);
