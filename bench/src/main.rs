@@ -73,14 +73,15 @@ impl Size {
 
 fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
     let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
-    for t in [
-        "outbox_events",
-        "outbox_dead_letters",
-        "inbox_consumed",
-        "job_locks",
-        "txbox_schema_version",
+    let t = txbox::Tables::new(prefix)?;
+    for table in [
+        t.outbox(),
+        t.dlq(),
+        t.inbox(),
+        t.locks(),
+        t.schema_version(),
     ] {
-        c.batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))?;
+        c.batch_execute(&format!("DROP TABLE IF EXISTS {table}"))?;
     }
     let store = Arc::new(PgStore::connect(
         &pg_url(),
@@ -326,7 +327,8 @@ fn fill(c: &mut postgres::Client, outbox: &Outbox, n: usize) -> Res<Vec<EventId>
 }
 
 /// The relay's own claim and finish statements, sent by hand in a loop: what
-/// draining the outbox costs the database with no relay around it.
+/// draining the outbox costs the database with no relay around it. The SQL is the
+/// store's own ([`txbox::SqlStore::statements`]), bound as the relay binds it.
 struct HandLoop {
     held: bool,
     delete_acked: bool,
@@ -336,67 +338,46 @@ struct HandLoop {
 }
 
 impl HandLoop {
-    fn new(p: &str, s: &Size) -> HandLoop {
-        // the relay's own statements, as the hand loop sends them; a held claim's go as
-        // scripts with their values written in, as the relay sends them
+    fn new(p: &str, s: &Size) -> Res<HandLoop> {
+        let store = PgStore::connect(&pg_url(), &Config::builder().table_prefix(p).build()?)?;
+        let sql: HashMap<&str, String> = store.statements().into_iter().collect();
+        let get = |name: &str| -> Res<String> {
+            sql.get(name)
+                .cloned()
+                .ok_or_else(|| format!("the store has no statement {name:?}").into())
+        };
         let held = s.claim == ClaimMode::Lock;
-        let probe = format!(
-            "SELECT 1 FROM {p}outbox_events WHERE event_type = 'bench' AND status = 'PENDING' \
-             AND next_attempt_at <= now() LIMIT 1"
-        );
-        let claim = if held && s.delete_acked {
-            // deleting acked rows, a held claim deletes them in its transaction: the
-            // finish of an all-acked batch is the commit alone
-            format!(
-                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000; \
-                 DELETE FROM {p}outbox_events WHERE id = ANY(ARRAY(SELECT id FROM {p}outbox_events \
-                   WHERE event_type = E'bench' AND id > {{after}} AND status = 'PENDING' \
-                   AND next_attempt_at <= now() ORDER BY id LIMIT 200 FOR UPDATE SKIP LOCKED)) \
-                 RETURNING id, event_type, event_key, headers::text, payload, attempts, \
-                   to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
-            )
-        } else if held {
-            format!(
-                "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 300000; \
-                 SELECT id, event_type, event_key, headers::text, payload, attempts FROM {p}outbox_events \
-                 WHERE event_type = E'bench' AND id > {{after}} AND status = 'PENDING' AND next_attempt_at <= now() \
-                 ORDER BY id LIMIT 200 FOR UPDATE SKIP LOCKED"
-            )
+        let claim = if held {
+            // a held claim goes as one script with its values written in, as the
+            // relay sends it: the transaction's timeout, then the claim (type $1,
+            // after $2, limit $3), deleting its rows when acked rows are not kept
+            let open = get("hold_claim.open")?.replace("{ms}", "300000");
+            let claim = get(if s.delete_acked {
+                "hold_claim.claim_delete"
+            } else {
+                "claim_select"
+            })?
+            .replace("$1", "E'bench'")
+            .replace("$2", "{after}")
+            .replace("$3", "200");
+            format!("{open}; {claim}")
         } else {
-            format!(
-                "UPDATE {p}outbox_events SET status = 'IN_PROCESS', claim_token = $3, \
-               lease_until = now() + $4 * interval '1 millisecond' \
-             WHERE id = ANY(ARRAY(SELECT id FROM {p}outbox_events WHERE event_type = $1 AND id > $5 \
-               AND status = 'PENDING' AND next_attempt_at <= now() ORDER BY id LIMIT $2 \
-               FOR UPDATE SKIP LOCKED)) \
-             RETURNING id, event_type, event_key, headers::text, payload, attempts"
-            )
+            // type $1, limit $2, token $3, lease ms $4, after $5
+            get("claim_returning")?
         };
-        // a held claim's rows are fenced by its locks, a leased one's by its token;
-        // the ids through a sub-select, as the relay's statements (see postgres.rs)
-        let (fence, ids) = if held {
-            ("1 = 1", "id = ANY(ARRAY(SELECT unnest(ARRAY[{ids}])))")
-        } else {
-            (
-                "claim_token = $1",
-                "id = ANY(ARRAY(SELECT unnest($2::uuid[])))",
-            )
-        };
-        let finish = if s.delete_acked {
-            format!("DELETE FROM {p}outbox_events WHERE {fence} AND {ids}")
-        } else {
-            format!(
-                "UPDATE {p}outbox_events SET status = 'PROCESSED', processed_at = now(), claim_token = NULL, \
-                 lease_until = NULL WHERE {fence} AND {ids}"
-            )
-        };
-        HandLoop {
+        let finish = get(match (held, s.delete_acked) {
+            (false, false) => "finish.sent",
+            (false, true) => "finish.delete",
+            (true, false) => "finish_held.sent",
+            (true, true) => "finish_held.delete",
+        })?;
+        Ok(HandLoop {
             held,
             delete_acked: s.delete_acked,
-            probe,
+            probe: get("hold_claim.probe")?,
             claim,
             finish,
-        }
+        })
     }
 
     /// Claims, "sends" (to memory) and finishes `n` pending events of type
@@ -430,7 +411,7 @@ impl HandLoop {
                 // anything is due
                 let prefix = finish_next.take();
                 if after.is_nil() && prefix.is_none() {
-                    c.query(probe.as_str(), &[])?;
+                    c.query(probe.as_str(), &[&"bench"])?;
                 }
                 let claim = claim.replace("{after}", &format!("'{after}'::uuid"));
                 let script = match prefix {
@@ -473,7 +454,15 @@ impl HandLoop {
                     c.batch_execute(&script)?;
                 }
             } else {
-                c.execute(finish.as_str(), &[&token, &ids])?;
+                // the token $1, then one placeholder per id, as the relay renders it
+                let list: Vec<String> = (2..ids.len() + 2).map(|k| format!("${k}")).collect();
+                let sql = finish.replace("{ids}", &list.join(", "));
+                // typed as the relay types them (uuid), its one round trip
+                let uuid = postgres::types::Type::UUID;
+                let mut params: Vec<(&(dyn postgres::types::ToSql + Sync), _)> =
+                    vec![(&token, uuid.clone())];
+                params.extend(ids.iter().map(|id| (id as _, uuid.clone())));
+                c.execute_typed(sql.as_str(), &params)?;
             }
             done += events.len();
             run += 1;
@@ -498,7 +487,7 @@ fn relay_floor(s: &Size, analyzed: bool, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_floor_";
     let cfg = s.relay_config(p, EventSettings::default().batch_size(200));
     let outbox = Outbox::new(&cfg)?;
-    let hand_loop = HandLoop::new(p, s);
+    let hand_loop = HandLoop::new(p, s)?;
     // relay, hand, hand, relay, `rounds` times: each on a freshly filled table, so
     // neither profits from going first or second; each side's median rate, so one
     // slow turn (the machine busy elsewhere) moves neither
@@ -589,7 +578,7 @@ fn broker_throughput(
     // each round: the relay on a freshly filled table, the same client directly
     // with the relay's window of batches in flight, and the database alone (the
     // relay's statements by hand, no broker); each from an empty queue
-    let hand_loop = HandLoop::new(p, s);
+    let hand_loop = HandLoop::new(p, s)?;
     let (mut ours, mut windowed, mut db) = (Vec::new(), Vec::new(), Vec::new());
     // the machine's CPU seconds per event of each (client, database and broker)
     let (mut ours_cpu, mut windowed_cpu, mut db_cpu) = (Vec::new(), Vec::new(), Vec::new());

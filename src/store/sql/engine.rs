@@ -28,6 +28,26 @@ impl<D: Dialect> SqlStore<D> {
         &self.tables
     }
 
+    /// Every statement template the store runs, by name, with its table names
+    /// filled in: for a DBA to read and `EXPLAIN`, or for a baseline that sends
+    /// the relay's own SQL by hand (the benchmark's). Placeholders are written
+    /// `$1`, `$2`, ...; `{ids}` stands for a list of ids, one placeholder (or, in a
+    /// held claim's scripts, one literal) each; `{ms}` in `hold_claim.open` for the
+    /// lease in milliseconds. The store renders them into its driver's style.
+    ///
+    /// ```no_run
+    /// # fn main() -> txbox::Result<()> {
+    /// let config = txbox::Config::builder().build()?;
+    /// let store = txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", &config)?;
+    /// for (name, sql) in store.statements() {
+    ///     println!("{name}: {sql}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn statements(&self) -> Vec<(&'static str, String)> {
+        self.d.statements()
+    }
+
     /// Selects up to `limit` ids with `select` ($1 limit, $2 the TTL in ms when
     /// given) and applies each of `apply` (`apply_fixed`, then {ids}) to them, in one
     /// transaction that is retried on a deadlock; returns how many.

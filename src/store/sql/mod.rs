@@ -34,10 +34,9 @@ pub(crate) use statements::*;
 pub use values::Dialect;
 pub(crate) use values::*;
 
-#[cfg(test)]
 impl Catalog {
     /// Every statement template of the dialect, named.
-    fn statements(&self) -> Vec<(String, String)> {
+    pub(crate) fn statements(&self) -> Vec<(&'static str, String)> {
         let c = &self.common;
         let mut out: Vec<(&str, &str)> = vec![
             ("claim_select", &self.claim_select),
@@ -67,22 +66,31 @@ impl Catalog {
             ("dlq_set_status", &c.dlq_set_status),
             ("dlq_delete_status", &c.dlq_delete_status),
         ];
-        for (name, f) in [("finish", &c.finish), ("finish_held", &c.finish_held)] {
-            out.push((name, &f.sent));
-            out.push((name, &f.delete));
-            out.push((name, &f.failed));
+        for (names, f) in [
+            (["finish.sent", "finish.delete", "finish.failed"], &c.finish),
+            (
+                [
+                    "finish_held.sent",
+                    "finish_held.delete",
+                    "finish_held.failed",
+                ],
+                &c.finish_held,
+            ),
+        ] {
+            out.push((names[0], &f.sent));
+            out.push((names[1], &f.delete));
+            out.push((names[2], &f.failed));
         }
         if let Some(r) = &self.claim_returning {
             out.push(("claim_returning", r));
         }
         if let Some(h) = &self.hold_claim {
+            out.push(("hold_claim.open", h.open));
             out.push(("hold_claim.probe", &h.probe));
             out.push(("hold_claim.claim_delete", &h.claim_delete));
             out.push(("hold_claim.restore", &h.restore));
         }
-        out.into_iter()
-            .map(|(n, t)| (n.to_string(), t.to_string()))
-            .collect()
+        out.into_iter().map(|(n, t)| (n, t.to_string())).collect()
     }
 }
 
