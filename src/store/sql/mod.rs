@@ -203,6 +203,21 @@ mod tests {
         }
     }
 
+    /// `SqlStore::statements` names each statement once, with the table names in.
+    #[test]
+    fn statement_names_are_unique_and_tables_filled_in() {
+        let t = Tables::new("p_").unwrap();
+        for (name, d) in catalogs(&t) {
+            let all = d.statements();
+            let names: std::collections::HashSet<&str> = all.iter().map(|(n, _)| *n).collect();
+            assert_eq!(names.len(), all.len(), "{name}: a name twice");
+            for (n, sql) in &all {
+                assert!(!sql.contains("{prefix}"), "{name} {n}: {sql}");
+            }
+            assert!(names.contains("finish.sent") && names.contains("claim_select"));
+        }
+    }
+
     #[test]
     fn splits_statements() {
         let s =
