@@ -3,4 +3,6 @@
 
 #[cfg(feature = "admin-http")]
 pub mod admin;
+#[cfg(feature = "admin-http")]
+mod http;
 pub mod metrics;
