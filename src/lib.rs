@@ -123,7 +123,9 @@
 #![warn(missing_docs)]
 
 // Each item has one public path: the crate root, or the module of its feature
-// (`kafka`, `rabbitmq`, `admin`) and `metrics` (the last two live in `ops`).
+// (`kafka`, `rabbitmq`, `admin`) and `metrics`.
+#[cfg(feature = "admin-http")]
+pub mod admin;
 mod config;
 mod consumer;
 mod dlq;
@@ -133,7 +135,7 @@ mod id;
 mod inbox;
 #[cfg(feature = "kafka")]
 pub mod kafka;
-mod ops;
+pub mod metrics;
 mod outbox;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
@@ -143,10 +145,6 @@ mod sender;
 mod store;
 mod tables;
 mod transaction;
-
-#[cfg(feature = "admin-http")]
-pub use ops::admin;
-pub use ops::metrics;
 
 pub use config::{
     Backoff, ClaimMode, Config, ConfigBuilder, DlqSettings, EventSettings, InboxSettings,

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};
 
-use super::admin::{MAX_BODY, MAX_HEAD};
+use super::{MAX_BODY, MAX_HEAD};
 
 /// What `handle` needs of a request.
 pub(super) struct Call {

@@ -39,7 +39,9 @@ use std::time::{Duration, Instant};
 
 use subtle::ConstantTimeEq;
 
-use super::http::{answer, err, error_json, read_body, read_head, reply, Call, Resp};
+use self::http::{answer, err, error_json, read_body, read_head, reply, Call, Resp};
+mod http;
+
 use crate::dlq::Dlq;
 use crate::error::{Error, Result};
 use crate::event::EventId;
