@@ -15,9 +15,10 @@ pub enum PollingStrategy {
     /// Wait `delay` after a partial or empty batch. A full batch polls again at once:
     /// more work is waiting.
     Fixed,
-    /// A full batch polls again at once and resets the delay to `min`; a partial or
-    /// empty batch waits the current delay, then multiplies it by `multiplier`, up to
-    /// `max`. With the defaults (250ms, x1.5, 1m) an idle type polls about 70 times in
+    /// A full batch polls again at once and resets the delay to `min`; a partial
+    /// batch (it found work) waits `min` and resets the delay to it; an empty poll
+    /// waits the current delay, then multiplies it by `multiplier`, up to `max`.
+    /// With the defaults (250ms, x1.5, 1m) an idle type polls about 70 times in
     /// its first hour and 60 times an hour after that.
     Adaptive,
 }
@@ -105,7 +106,7 @@ pub struct Polling {
     /// The longest adaptive delay (default 1m).
     #[serde(with = "duration")]
     pub max: Duration,
-    /// Growth of the adaptive delay after a partial or empty batch (default 1.5).
+    /// Growth of the adaptive delay after an empty poll (default 1.5).
     pub multiplier: f64,
     /// Wait before the first poll after start (default 0).
     #[serde(with = "duration")]

@@ -30,7 +30,9 @@ impl PollState {
         }
     }
 
-    /// The wait after a poll that claimed `claimed` of at most `batch_size` events.
+    /// The wait after a poll that claimed `claimed` of at most `batch_size` events:
+    /// none after a full batch; `min` after a partial one (adaptive), which
+    /// resets the delay; after an empty poll the current delay, which then grows.
     pub fn after_batch(&mut self, claimed: usize, batch_size: usize) -> Duration {
         self.error_delay = Duration::ZERO;
         let p = &self.polling;
@@ -42,6 +44,12 @@ impl PollState {
         }
         match p.strategy {
             PollingStrategy::Fixed => p.delay,
+            // a partial batch found work: events trickle in, so the next poll
+            // comes soon; only an empty poll grows the delay
+            PollingStrategy::Adaptive if claimed > 0 => {
+                self.current = p.min;
+                p.min
+            }
             PollingStrategy::Adaptive => {
                 let wait = self.current;
                 // never overflows, whatever the settings say
@@ -94,12 +102,17 @@ mod tests {
             assert!(w[1] >= w[0] && w[1] <= ms(60_000), "{w:?}");
         }
         assert_eq!(*waits.last().unwrap(), ms(60_000), "capped at max");
-        // a partial batch grows like an empty one
-        assert_eq!(s.after_batch(199, 200), ms(60_000));
+        // a partial batch that claimed something resets to min: a steady
+        // trickle below a batch per poll keeps polling at min
+        assert_eq!(s.after_batch(199, 200), ms(250));
+        assert_eq!(s.after_batch(3, 200), ms(250));
+        assert_eq!(s.after_batch(3, 200), ms(250));
+        // only an empty poll grows the delay
+        assert_eq!(s.after_batch(0, 200), ms(250));
+        assert_eq!(s.after_batch(0, 200), ms(375));
         // a full batch polls at once and resets to min
         assert_eq!(s.after_batch(200, 200), Duration::ZERO);
-        assert_eq!(s.after_batch(3, 200), ms(250));
-        assert_eq!(s.after_batch(3, 200), ms(375));
+        assert_eq!(s.after_batch(0, 200), ms(250));
     }
 
     #[test]
