@@ -148,7 +148,7 @@ mod transaction;
 
 pub use config::{
     Backoff, ClaimMode, Config, ConfigBuilder, DlqSettings, EventSettings, InboxSettings,
-    MaintenanceSettings, Polling, PollingStrategy,
+    MaintenanceSettings, Polling, PollingStrategy, Wake,
 };
 pub use consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 pub use dlq::Dlq;
@@ -165,7 +165,7 @@ pub use inbox::{
 pub use outbox::Outbox;
 #[cfg(feature = "postgres")]
 pub use outbox::{PgPrepared, PgPreparedTx};
-pub use relay::{Relay, RelayProbe};
+pub use relay::{Relay, RelayProbe, RelayWaker};
 pub use sender::{MemorySender, SendError, SendErrorKind, Sender, SenderFactory, Started};
 pub use store::{
     ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus, FullStore, HeldBatch,

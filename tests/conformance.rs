@@ -762,6 +762,35 @@ fn a_release_finishes_the_batches_in_flight_before_backing_off(b: Backend, p: &s
     assert_eq!(counts.pending, 1000 - acked, "every acked event finished");
 }
 
+/// A relay sleeping in a long polling delay (30 s) sends an event within a
+/// second of the wake-up its publisher gives after the commit
+/// ([`txbox::RelayWaker`]): the cheap handle every dialect has.
+fn a_wake_after_the_commit_sends_at_once_on_every_dialect(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| {
+            e.adaptive_polling(Duration::from_secs(30), Duration::from_secs(60), 1.5)
+                .wake(txbox::Wake::Poll)
+        })
+        .build()
+        .unwrap();
+    let sender = MemorySender::new();
+    let relay = Relay::start(fx.store.clone(), &c, sender.clone()).unwrap();
+    let waker = relay.waker();
+    std::thread::sleep(ms(300)); // the first poll found nothing: 30 s to the next
+    let ids = fx.publish(&c, "e", 3, true);
+    let t = std::time::Instant::now();
+    waker.wake("e");
+    wait_until("the woken relay sent them", Duration::from_secs(5), || {
+        sender.len() >= 3
+    });
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let sent: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
+    assert_eq!(sent, ids.into_iter().collect());
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
 fn pipelined_batches_finish_in_order_and_retry(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = Config::builder()
@@ -844,6 +873,7 @@ macro_rules! suite {
             failing_sender_ends_in_the_dlq_and_a_retry_delivers => "relay",
             pipelined_batches_finish_in_order_and_retry => "pipe",
             a_release_finishes_the_batches_in_flight_before_backing_off => "rel",
+            a_wake_after_the_commit_sends_at_once_on_every_dialect => "wake",
             migrate_twice_is_fine => "mig",
             ping_answers_without_reading_a_table => "ping",
         );

@@ -246,6 +246,10 @@ fn bad_config_values_name_their_key_path() {
             "[events]\norder-created = \"orders\"",
             "events.order-created is not valid",
         ),
+        (
+            "[events.a]\nwake = \"sometimes\"",
+            "events.a.wake must be \"notify\" or \"poll\", not \"sometimes\"",
+        ),
     ];
     for (toml, want) in cases {
         let err = Config::from_toml(toml).unwrap_err().to_string();
@@ -372,6 +376,7 @@ fn overrides_inherit_from_defaults() {
         batch_size = 10
         in_flight = 1
         claim = "lock"
+        wake = "poll"
         [events.b.polling]
         strategy = "fixed"
         delay = "300ms"
@@ -406,6 +411,7 @@ fn overrides_inherit_from_defaults() {
         (a.claim, b.claim),
         (txbox::ClaimMode::Lease, txbox::ClaimMode::Lock)
     );
+    assert_eq!((a.wake, b.wake), (txbox::Wake::Notify, txbox::Wake::Poll));
     assert_eq!(b.polling.strategy, txbox::PollingStrategy::Fixed);
     assert_eq!(b.polling.delay, Duration::from_millis(300));
     assert_eq!(b.polling.initial_delay, Duration::from_secs(1));

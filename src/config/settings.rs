@@ -91,6 +91,34 @@ impl TryFrom<String> for ClaimMode {
     }
 }
 
+/// How a poller learns that events were committed, besides polling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(try_from = "String")]
+pub enum Wake {
+    /// The default: on PostgreSQL every publish makes its commit notify the
+    /// relay (`NOTIFY`, delivered only if the transaction commits), and the relay's
+    /// listener wakes the poller at once. Other databases have no such
+    /// notification: there a [`RelayWaker`](crate::RelayWaker) wakes it, and
+    /// polling stays the safety net everywhere.
+    #[default]
+    Notify,
+    /// Polling only (and [`RelayWaker`](crate::RelayWaker)): the relay's listener
+    /// ignores this type's notifications.
+    Poll,
+}
+
+impl TryFrom<String> for Wake {
+    type Error = String;
+    /// `"notify"` or `"poll"`, as in the TOML configuration.
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "notify" => Ok(Wake::Notify),
+            "poll" => Ok(Wake::Poll),
+            other => Err(format!("must be \"notify\" or \"poll\", not {other:?}")),
+        }
+    }
+}
+
 /// Polling settings of one event type (`[events.x.polling]`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -222,6 +250,9 @@ pub struct EventSettings {
     pub lease: Duration,
     /// How batches are claimed (default [`ClaimMode::Lease`]).
     pub claim: ClaimMode,
+    /// How the poller learns of commits besides polling (default
+    /// [`Wake::Notify`]).
+    pub wake: Wake,
 }
 
 impl Default for EventSettings {
@@ -236,6 +267,7 @@ impl Default for EventSettings {
             backoff: Backoff::default(),
             lease: Duration::from_secs(300),
             claim: ClaimMode::Lease,
+            wake: Wake::Notify,
         }
     }
 }
@@ -313,6 +345,11 @@ impl EventSettings {
     /// How batches are claimed (see [`ClaimMode`]).
     pub fn claim(mut self, mode: ClaimMode) -> Self {
         self.claim = mode;
+        self
+    }
+    /// How the poller learns of commits besides polling (see [`Wake`]).
+    pub fn wake(mut self, wake: Wake) -> Self {
+        self.wake = wake;
         self
     }
 }

@@ -61,8 +61,53 @@ pub struct Relay {
     stop: Option<crossbeam_channel::Sender<()>>,
     done: Receiver<usize>,
     workers: Vec<(String, JoinHandle<()>)>,
-    wakers: BTreeMap<String, crossbeam_channel::Sender<()>>,
+    wakers: RelayWaker,
     alive: Arc<Vec<AtomicBool>>,
+}
+
+/// Wakes a relay's pollers: a cheap, cloneable handle ([`Relay::waker`]) for the
+/// code that commits events in the same process as the relay, so an event goes
+/// out at once instead of at the next poll. PostgreSQL wakes the relay on
+/// commit by itself (`wake = "notify"`); on the other databases, wake it after
+/// your commit. A wake-up is a hint: a poller that is busy claims once when it
+/// is done, and polling goes on as the safety net.
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let config = txbox::Config::builder().event("job-done", |e| e).build()?;
+/// # let store = config.connect("sqlite:jobs.db")?;
+/// let relay = txbox::Relay::start(store, &config, txbox::MemorySender::new())?;
+/// let waker = relay.waker();
+/// // ... publish "job-done" in a transaction and commit it, then:
+/// waker.wake("job-done");
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct RelayWaker(Arc<BTreeMap<String, crossbeam_channel::Sender<()>>>);
+
+impl RelayWaker {
+    /// Makes the poller of `event_type` poll now. Unknown types are ignored.
+    pub fn wake(&self, event_type: &str) {
+        if let Some(w) = self.0.get(event_type) {
+            // a full channel already holds a wake-up: they coalesce
+            let _ = w.try_send(());
+        }
+    }
+
+    /// Makes every poller poll now.
+    pub fn wake_all(&self) {
+        for w in self.0.values() {
+            let _ = w.try_send(());
+        }
+    }
+}
+
+impl std::fmt::Debug for RelayWaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RelayWaker")
+            .field(&self.0.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 /// What every thread shares.
@@ -261,9 +306,10 @@ impl Relay {
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
         let threads = config.events.len() + jobs.len();
         let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
+        let mut wakers = BTreeMap::new();
         for (event_type, settings) in &config.events {
             let (wake_tx, wake_rx) = bounded(1);
-            relay.wakers.insert(event_type.clone(), wake_tx);
+            wakers.insert(event_type.clone(), wake_tx);
             let poller = Poller::new(
                 ctx.clone(),
                 store.clone(),
@@ -280,6 +326,7 @@ impl Relay {
                 Box::new(move || poller.run(wake_rx)),
             )?;
         }
+        relay.wakers = RelayWaker(Arc::new(wakers));
 
         for job in jobs {
             let c = ctx.clone();
@@ -308,7 +355,7 @@ impl Relay {
             stop: Some(stop_tx),
             done: done_rx,
             workers: Vec::new(),
-            wakers: BTreeMap::new(),
+            wakers: RelayWaker::default(),
             alive: Arc::new((0..threads).map(|_| AtomicBool::new(true)).collect()),
         };
         let spawn = move |relay: &mut Relay, name: String, f: Job| -> Result<()> {
@@ -375,9 +422,13 @@ impl Relay {
     /// Makes the poller of `event_type` poll now (e.g. right after a commit). Unknown
     /// types are ignored.
     pub fn wake(&self, event_type: &str) {
-        if let Some(w) = self.wakers.get(event_type) {
-            let _ = w.try_send(());
-        }
+        self.wakers.wake(event_type);
+    }
+
+    /// A handle that wakes the pollers from anywhere in the process (see
+    /// [`RelayWaker`]).
+    pub fn waker(&self) -> RelayWaker {
+        self.wakers.clone()
     }
 
     /// Stops claiming, lets in-flight batches finish and joins the threads, waiting
