@@ -173,6 +173,9 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     store.migrate()?;
     let sender = MemorySender::new();
     let relay = Relay::start(store, &config, sender.clone())?;
+    // PostgreSQL wakes the relay on commit by itself; on SQLite and MySQL the
+    // code that commits wakes it, so nothing waits for the next poll
+    let waker = relay.waker();
 
     let (published, rolled_back) = match url.as_deref() {
         None => sqlite(&tmp, &outbox)?,
@@ -180,7 +183,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         Some(u) if u.starts_with("mysql") => mysql(u, &outbox)?,
         Some(u) => postgres(u, &outbox)?,
     };
-    relay.wake("order-created");
+    waker.wake("order-created");
 
     // Wait until every committed event was delivered (or give up after 30 s).
     let deadline = Instant::now() + Duration::from_secs(30);

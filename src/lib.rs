@@ -169,7 +169,7 @@ pub use relay::{Relay, RelayProbe, RelayWaker};
 pub use sender::{MemorySender, SendError, SendErrorKind, Sender, SenderFactory, Started};
 pub use store::{
     ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus, FullStore, HeldBatch,
-    HeldClaim, InboxStore, MaintenanceStore, Outcome, Store, Tables, TypeStatus,
+    HeldClaim, InboxStore, MaintenanceStore, Notifications, Outcome, Store, Tables, TypeStatus,
 };
 #[cfg(any(
     feature = "postgres",

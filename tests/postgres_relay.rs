@@ -185,12 +185,13 @@ fn thread_counts_and_an_idle_relay_shuts_down_at_once() {
     let slow = |e: txbox::EventSettings| {
         e.adaptive_polling(Duration::from_secs(60), Duration::from_secs(60), 1.5)
     };
-    let base = Config::builder()
-        .table_prefix(p)
-        .defaults(slow)
-        .event("a", |e| e)
-        .event("b", |e| e)
-        .event("c", |e| e);
+    let types = |b: txbox::ConfigBuilder| b.event("a", |e| e).event("b", |e| e).event("c", |e| e);
+    // polling only: no listener
+    let base = types(
+        Config::builder()
+            .table_prefix(p)
+            .defaults(|e| slow(e).wake(txbox::Wake::Poll)),
+    );
     let config = base.clone().dlq(false).build().unwrap();
     let relay = Relay::start(store.clone(), &config, MemorySender::new()).unwrap();
     assert_eq!(relay.thread_count(), 2 + 3);
@@ -215,8 +216,18 @@ fn thread_counts_and_an_idle_relay_shuts_down_at_once() {
 
     // the DLQ is on by default
     let config = base.build().unwrap();
-    let relay = Relay::start(store, &config, MemorySender::new()).unwrap();
+    let relay = Relay::start(store.clone(), &config, MemorySender::new()).unwrap();
     assert_eq!(relay.thread_count(), 5 + 3);
+    std::thread::sleep(ms(300));
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+
+    // the wake-up on commit (the default): one listener thread on PostgreSQL
+    let config = types(Config::builder().table_prefix(p).defaults(slow))
+        .build()
+        .unwrap();
+    let relay = Relay::start(store, &config, MemorySender::new()).unwrap();
+    assert_eq!(relay.thread_count(), 6 + 3);
+    assert!(relay.thread_names().contains(&"txbox-listen".to_string()));
     std::thread::sleep(ms(300));
     let t = Instant::now();
     relay.shutdown(Duration::from_secs(5)).unwrap();
@@ -293,7 +304,8 @@ fn killed_connections(p: &str, claim: ClaimMode, delete: bool) {
         rows == done && count(&mut client, p, "PROCESSED") == done
     });
     assert!(kills >= 5, "connections were killed {kills} times");
-    assert_eq!(relay.thread_count(), 6, "no relay thread died");
+    // one poller, five maintenance threads, the commit listener
+    assert_eq!(relay.thread_count(), 7, "no relay thread died");
     let delivered: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
     let duplicates = sender.len() - delivered.len();
     let lost = published
@@ -1276,6 +1288,12 @@ impl ClaimStore for DefaultHeld {
     fn max_connections(&self) -> Option<usize> {
         self.pg.max_connections()
     }
+    fn can_notify(&self) -> bool {
+        self.pg.can_notify()
+    }
+    fn listen(&self) -> txbox::Result<Box<dyn txbox::Notifications>> {
+        self.pg.listen()
+    }
     fn claim_held(&self, args: &ClaimArgs<'_>) -> txbox::Result<txbox::HeldClaim> {
         self.claims.fetch_add(1, Ordering::SeqCst);
         let (events, held) = self.pg.claim_held(args)?;
@@ -1440,9 +1458,11 @@ fn held_claims_needing_more_connections_than_the_pool_are_refused() {
         .unwrap();
     let store = Arc::new(txbox::PgStore::from_pool(pool, &common::prefix_config(p)).unwrap());
     let held = |n: usize| {
-        let mut b = Config::builder()
-            .table_prefix(p)
-            .defaults(|e| e.claim(ClaimMode::Lock).in_flight(3));
+        let mut b = Config::builder().table_prefix(p).defaults(|e| {
+            e.claim(ClaimMode::Lock)
+                .in_flight(3)
+                .wake(txbox::Wake::Poll)
+        });
         for i in 0..n {
             b = b.event(format!("t{i}"), |e| e);
         }
@@ -1456,10 +1476,33 @@ fn held_claims_needing_more_connections_than_the_pool_are_refused() {
         err.contains("held claims need up to 12 database connections (6 batches in flight of held types, 0 other pollers, 5 maintenance threads, 1 health check), and the store's pool has 8"),
         "{err}"
     );
-    // one held type with 2 in flight: 2 + 5 + 1 = 8 fits
+    // the commit listener keeps a connection too: 2 + 5 + 1 + 1 = 9 is one too many
+    let err = Relay::start(
+        store.clone(),
+        &Config::builder()
+            .table_prefix(p)
+            .event("t", |e| e.claim(ClaimMode::Lock).in_flight(2))
+            .build()
+            .unwrap(),
+        MemorySender::new(),
+    )
+    .err()
+    .expect("refused")
+    .to_string();
+    assert!(
+        err.contains(
+            "5 maintenance threads, 1 commit listener, 1 health check), and the store's pool has 8"
+        ),
+        "{err}"
+    );
+    // one held type with 2 in flight, polling only: 2 + 5 + 1 = 8 fits
     let config = Config::builder()
         .table_prefix(p)
-        .event("t", |e| e.claim(ClaimMode::Lock).in_flight(2))
+        .event("t", |e| {
+            e.claim(ClaimMode::Lock)
+                .in_flight(2)
+                .wake(txbox::Wake::Poll)
+        })
         .build()
         .unwrap();
     Relay::start(store, &config, MemorySender::new())
@@ -1604,4 +1647,156 @@ fn a_sender_that_is_not_ready_gets_no_claims() {
     let sent: HashSet<EventId> = sender.sent.sent().iter().map(|e| e.id).collect();
     assert_eq!(sent, ids.into_iter().collect());
     relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// A relay that sleeps in a long polling delay, its events' wake-up `notify`.
+fn sleepy(p: &str) -> Config {
+    Config::builder()
+        .table_prefix(p)
+        .defaults(|e| e.adaptive_polling(Duration::from_secs(30), Duration::from_secs(60), 1.5))
+        .event("n", |e| e)
+        .build()
+        .unwrap()
+}
+
+/// Publishes `n` events of type `n` in one transaction and commits it.
+fn commit_events(client: &mut postgres::Client, config: &Config, n: usize) -> Vec<EventId> {
+    let outbox = Outbox::new(config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, NewEvent::batch("n", 0..n).unwrap())
+        .unwrap();
+    tx.commit().unwrap();
+    ids
+}
+
+/// On PostgreSQL the commit wakes the relay: an event published while its
+/// poller sleeps in a 30 s delay is sent within a second or two.
+#[test]
+fn an_event_committed_while_the_relay_sleeps_is_sent_at_once() {
+    let p = "t_rel_notify_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = sleepy(p);
+    let sender = MemorySender::new();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    assert!(relay.thread_names().contains(&"txbox-listen".to_string()));
+    std::thread::sleep(ms(500)); // the first poll found nothing: 30 s to the next
+    let t = Instant::now();
+    let ids = commit_events(&mut client, &config, 3);
+    wait_until("sent on commit", Duration::from_secs(5), || {
+        sender.len() >= 3
+    });
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let sent: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
+    assert_eq!(sent, ids.into_iter().collect());
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// The listener's connection ended by the database: events committed while it
+/// was gone are still sent (it wakes every poller once it listens again), and
+/// later ones are again sent on commit.
+#[test]
+fn the_listener_killed_listens_again_and_nothing_waits_for_the_poll() {
+    let p = "t_rel_relisten_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = sleepy(p);
+    let sender = MemorySender::new();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    let listening = format!("LISTEN {p}outbox_events");
+    let listener = |c: &mut postgres::Client| -> Option<i32> {
+        c.query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE query = $1 LIMIT 1",
+            &[&listening],
+        )
+        .unwrap()
+        .map(|r| r.get(0))
+    };
+    let mut pid = None;
+    wait_until("the listener listens", Duration::from_secs(5), || {
+        pid = listener(&mut client);
+        pid.is_some()
+    });
+    std::thread::sleep(ms(300)); // the first poll found nothing: 30 s to the next
+    client
+        .execute("SELECT pg_terminate_backend($1)", &[&pid.unwrap()])
+        .unwrap();
+    let while_down = commit_events(&mut client, &config, 3);
+    wait_until(
+        "the events committed while it was down sent",
+        Duration::from_secs(10),
+        || {
+            let sent = sender.sent();
+            while_down.iter().all(|id| sent.iter().any(|e| e.id == *id))
+        },
+    );
+    wait_until("listening again", Duration::from_secs(10), || {
+        listener(&mut client).is_some_and(|again| Some(again) != pid)
+    });
+    std::thread::sleep(ms(300));
+    let t = Instant::now();
+    let later = commit_events(&mut client, &config, 2);
+    wait_until(
+        "later events sent on commit",
+        Duration::from_secs(5),
+        || {
+            let sent = sender.sent();
+            later.iter().all(|id| sent.iter().any(|e| e.id == *id))
+        },
+    );
+    assert!(t.elapsed() < Duration::from_secs(5));
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// `NOTIFY` comes with the commit only: a rolled-back publish notifies nobody,
+/// and a transaction with 500 events of one type and 2 of another notifies
+/// once per type.
+#[test]
+fn a_rollback_notifies_nobody_and_a_commit_once_per_type() {
+    use postgres::fallible_iterator::FallibleIterator;
+    let p = "t_rel_notify_once_";
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
+    let mut listening = common::client().unwrap();
+    listening
+        .batch_execute(&format!("LISTEN {p}outbox_events"))
+        .unwrap();
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("a", |e| e)
+        .event("b", |e| e)
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    outbox
+        .publish_all(&mut tx, NewEvent::batch("a", 0..3).unwrap())
+        .unwrap();
+    tx.rollback().unwrap();
+    let heard = |c: &mut postgres::Client, wait: Duration| -> Vec<String> {
+        let mut got = Vec::new();
+        let mut waiting = c.notifications();
+        let mut it = waiting.timeout_iter(wait);
+        while let Some(n) = it.next().unwrap() {
+            got.push(n.payload().to_string());
+        }
+        got
+    };
+    let got = heard(&mut listening, ms(500));
+    assert!(got.is_empty(), "a rollback notified: {got:?}");
+
+    let mut tx = client.transaction().unwrap();
+    outbox
+        .publish_all(&mut tx, NewEvent::batch("a", 0..500).unwrap())
+        .unwrap();
+    outbox.publish(&mut tx, "b", &1).unwrap();
+    outbox.publish(&mut tx, "b", &2).unwrap();
+    tx.commit().unwrap();
+    let mut got = heard(&mut listening, ms(1000));
+    got.sort();
+    assert_eq!(got, ["a", "b"], "one notification per type and commit");
 }

@@ -780,6 +780,12 @@ impl ClaimStore for Counting {
     fn max_connections(&self) -> Option<usize> {
         self.0.max_connections()
     }
+    fn can_notify(&self) -> bool {
+        self.0.can_notify()
+    }
+    fn listen(&self) -> txbox::Result<Box<dyn txbox::Notifications>> {
+        self.0.listen()
+    }
     fn claim_held(&self, args: &txbox::ClaimArgs<'_>) -> txbox::Result<txbox::HeldClaim> {
         self.1.fetch_add(1, Ordering::Relaxed);
         self.0.claim_held(args)

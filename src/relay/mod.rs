@@ -12,12 +12,16 @@
 //! - `txbox-recovery`: returns expired claims to PENDING (no attempt counted);
 //! - `txbox-cleanup`: deletes old PROCESSED rows, under a lease lock (with
 //!   `processed_ttl` zero the pollers delete acked rows themselves);
-//! - with the DLQ on: `txbox-dlq-move`, `txbox-dlq-retry`, `txbox-dlq-cleanup`.
+//! - with the DLQ on: `txbox-dlq-move`, `txbox-dlq-retry`, `txbox-dlq-cleanup`;
+//! - on a store with commit notifications (PostgreSQL), when any type's wake-up
+//!   is [`Wake::Notify`](crate::Wake::Notify): `txbox-listen`, which wakes the
+//!   poller of each event type a commit published.
 //!
-//! So 2 + n threads, or 5 + n with the DLQ. Every thread sleeps on a channel:
-//! [`Relay::shutdown`] and [`Relay::wake`] take effect at once.
+//! So 2 + n threads, or 5 + n with the DLQ, one more with the listener. Every
+//! thread sleeps on a channel: [`Relay::shutdown`] and [`Relay::wake`] (or a
+//! [`RelayWaker`]) take effect at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -26,13 +30,14 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, select, Receiver};
 use uuid::Uuid;
 
-use crate::config::{ClaimMode, Config};
+use crate::config::{ClaimMode, Config, Wake as WakeMode};
 use crate::error::{Error, Result};
 use crate::metrics::{self, Counter};
 use crate::sender::SenderFactory;
 use crate::store::{FullStore, InboxStore};
 
 mod delay;
+mod listener;
 mod maintenance;
 mod poller;
 mod retry;
@@ -301,10 +306,20 @@ impl Relay {
                 ),
             ]);
         }
+        // the listener wakes the pollers whose wake-up is `notify` on commit,
+        // where the store has commit notifications (PostgreSQL)
+        let notify: BTreeSet<String> = config
+            .events
+            .iter()
+            .filter(|(_, s)| s.wake == WakeMode::Notify)
+            .map(|(t, _)| t.clone())
+            .collect();
+        let listens = store.can_notify() && !notify.is_empty();
         check_lease(config, sender.ack_wait())?;
-        check_connections(store.as_ref(), config, jobs.len())?;
+        // the listener keeps a connection of the store's pool
+        check_connections(store.as_ref(), config, jobs.len(), listens)?;
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
-        let threads = config.events.len() + jobs.len();
+        let threads = config.events.len() + jobs.len() + usize::from(listens);
         let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
         let mut wakers = BTreeMap::new();
         for (event_type, settings) in &config.events {
@@ -327,6 +342,19 @@ impl Relay {
             )?;
         }
         relay.wakers = RelayWaker(Arc::new(wakers));
+        if listens {
+            let listener = listener::Listener {
+                store: store.clone(),
+                waker: relay.wakers.clone(),
+                types: notify,
+            };
+            let c = ctx.clone();
+            spawn(
+                &mut relay,
+                "txbox-listen".into(),
+                Box::new(move || listener.run(&c)),
+            )?;
+        }
 
         for job in jobs {
             let c = ctx.clone();
@@ -499,7 +527,12 @@ fn check_lease(config: &Config, ack_wait: Option<Duration>) -> Result<()> {
 /// one per batch in flight of each held type, one per other poller, one per
 /// maintenance thread and one for health checks. Short of them, recovery and
 /// health checks would time out waiting for the pool.
-fn check_connections(store: &dyn FullStore, config: &Config, maintenance: usize) -> Result<()> {
+fn check_connections(
+    store: &dyn FullStore,
+    config: &Config,
+    maintenance: usize,
+    listener: bool,
+) -> Result<()> {
     let held: usize = config
         .events
         .values()
@@ -514,14 +547,15 @@ fn check_connections(store: &dyn FullStore, config: &Config, maintenance: usize)
         .values()
         .filter(|s| s.claim != ClaimMode::Lock)
         .count();
-    let needed = held + others + maintenance + 1;
+    let needed = held + others + maintenance + usize::from(listener) + 1;
+    let listening = if listener { ", 1 commit listener" } else { "" };
     if needed > pool {
         return Err(Error::config(
             "events.*.claim",
             format!(
                 "held claims need up to {needed} database connections ({held} batches in \
                  flight of held types, {others} other pollers, {maintenance} maintenance \
-                 threads, 1 health check), and the store's pool has {pool}: give the store \
+                 threads{listening}, 1 health check), and the store's pool has {pool}: give the store \
                  a larger pool (PgStore::from_pool) or lower in_flight"
             ),
         ));

@@ -258,6 +258,24 @@ pub trait ClaimStore: Store {
     /// acked is the commit alone, and the events not acked are written back.
     /// Until the commit other sessions see the rows as before, PENDING.
     fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim>;
+
+    /// Whether [`ClaimStore::listen`] works on this store (PostgreSQL): a
+    /// relay then starts a listener thread that wakes its pollers on commit.
+    fn can_notify(&self) -> bool;
+
+    /// Listens for commits that published events, on a connection of its own.
+    /// A store without notifications returns [`Error::Unsupported`].
+    fn listen(&self) -> Result<Box<dyn Notifications>>;
+}
+
+/// Commit notifications of a store ([`ClaimStore::listen`]): the event types of
+/// the events each commit published.
+pub trait Notifications: Send {
+    /// Waits up to `timeout` for the next notification: the event type it names,
+    /// or `None` when the time is up. An error means the connection is gone;
+    /// the relay listens again (notifications sent meanwhile are lost, so it
+    /// then wakes every poller once).
+    fn next(&mut self, timeout: Duration) -> Result<Option<String>>;
 }
 
 /// Recovery, cleanup and the outbox's counts: what the relay's maintenance

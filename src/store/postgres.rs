@@ -19,6 +19,8 @@ use crate::event::{EventId, NewEvent};
 pub(crate) const SCHEMA: &str = include_str!("../../sql/postgres/001_schema.sql");
 /// Schema version 2: the inbox keyed by (consumer, event id).
 pub(crate) const SCHEMA_2: &str = include_str!("../../sql/postgres/002_inbox_per_consumer.sql");
+/// Schema version 3: a commit that published events notifies the relay.
+pub(crate) const SCHEMA_3: &str = include_str!("../../sql/postgres/003_notify_on_commit.sql");
 
 /// A connection pool of the `postgres` crate, as [`PgStore`] uses it.
 pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
@@ -48,7 +50,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::Dollar,
         begin: "BEGIN",
-        schema: &[SCHEMA, SCHEMA_2],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3],
         transactional_ddl: true,
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
         exists_errors: &[],
@@ -291,8 +293,15 @@ impl sql::Dialect for PgDialect {}
 
 impl sql::Backend for PgDialect {
     const NAME: &'static str = "postgres";
+    const NOTIFIES: bool = true;
     fn catalog(tables: &Tables) -> Catalog {
         catalog(tables)
+    }
+    fn listen(&self, channel: &str) -> Result<Box<dyn crate::store::Notifications>> {
+        let mut conn = self.0.get()?;
+        // the channel is the outbox table's name, a checked identifier
+        conn.batch_execute(&format!("LISTEN {channel}"))?;
+        Ok(Box::new(Listening(conn)))
     }
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         Ok(self.get_owned()?)
@@ -331,6 +340,26 @@ impl sql::Backend for PgDialect {
                 Err(e) if dead.len() + 2 > self.0.max_size() as usize => return Err(e.into()),
                 Err(_) => dead.push(c),
             }
+        }
+    }
+}
+
+/// A pooled connection that `LISTEN`s (it stays checked out while the relay runs).
+struct Listening(r2d2::PooledConnection<PostgresConnectionManager<NoTls>>);
+
+impl crate::store::Notifications for Listening {
+    fn next(&mut self, timeout: Duration) -> Result<Option<String>> {
+        if self.0.is_closed() {
+            return Err(Error::database(
+                crate::error::DatabaseErrorKind::Other,
+                "the listening connection is closed",
+            ));
+        }
+        use postgres::fallible_iterator::FallibleIterator;
+        match self.0.notifications().timeout_iter(timeout).next() {
+            Ok(None) => Ok(None),
+            Ok(Some(n)) => Ok(Some(n.payload().to_owned())),
+            Err(e) => Err(e.into()),
         }
     }
 }

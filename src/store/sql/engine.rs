@@ -305,6 +305,14 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         self.d.hold_claim.is_some()
     }
 
+    fn can_notify(&self) -> bool {
+        D::NOTIFIES
+    }
+
+    fn listen(&self) -> Result<Box<dyn crate::store::Notifications>> {
+        self.pool.listen(&self.tables.outbox)
+    }
+
     fn max_connections(&self) -> Option<usize> {
         self.pool.max_size()
     }

@@ -214,6 +214,17 @@ pub trait Backend: Send + Sync + 'static {
             "this store cannot hand out a connection of its own".into(),
         ))
     }
+    /// Whether [`Backend::listen`] works.
+    const NOTIFIES: bool = false;
+    /// Commit notifications on `channel` (the outbox table's name), on a
+    /// connection of their own.
+    fn listen(&self, channel: &str) -> Result<Box<dyn crate::store::Notifications>> {
+        let _ = channel;
+        Err(Error::Unsupported {
+            what: "commit notifications".into(),
+            why: "only PostgreSQL has them; wake the relay with a RelayWaker".into(),
+        })
+    }
     /// The most connections the pool opens, when it has a bound.
     fn max_size(&self) -> Option<usize> {
         None

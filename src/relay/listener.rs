@@ -1,0 +1,64 @@
+//! The listener: one thread per relay that waits for the commit notifications of
+//! its store (PostgreSQL's `NOTIFY`) and wakes the poller of each event type
+//! named. Its connection lost, it listens again with backoff and wakes every
+//! poller once (what was notified meanwhile is gone); polling stays the safety
+//! net.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Ctx, RelayWaker, Wake};
+use crate::store::ClaimStore;
+
+/// How long one wait for a notification lasts: how soon a stop is seen.
+const WAIT: Duration = Duration::from_millis(250);
+/// The backoff between attempts to listen again.
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+pub(super) struct Listener {
+    pub(super) store: Arc<dyn ClaimStore>,
+    pub(super) waker: RelayWaker,
+    /// The event types whose wake-up is `notify`.
+    pub(super) types: BTreeSet<String>,
+}
+
+impl Listener {
+    pub(super) fn run(self, ctx: &Ctx) {
+        let mut backoff = MIN_BACKOFF;
+        let mut lost = false;
+        while !ctx.stopped() {
+            match self.store.listen() {
+                Ok(mut notifications) => {
+                    if lost {
+                        log::info!("txbox: listening for commits again");
+                        self.waker.wake_all();
+                    }
+                    backoff = MIN_BACKOFF;
+                    loop {
+                        if ctx.stopped() {
+                            return;
+                        }
+                        match notifications.next(WAIT) {
+                            Ok(Some(event_type)) if self.types.contains(&event_type) => {
+                                self.waker.wake(&event_type)
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                log::warn!("txbox: listener lost its connection: {e}");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => log::warn!("txbox: listener cannot listen, next try in {backoff:?}: {e}"),
+            }
+            lost = true;
+            if let Wake::Stop = ctx.sleep(backoff, None) {
+                return;
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
