@@ -11,8 +11,10 @@ use std::time::Duration;
 use super::{Ctx, RelayWaker, Wake};
 use crate::store::ClaimStore;
 
-/// How long one wait for a notification lasts: how soon a stop is seen.
-const WAIT: Duration = Duration::from_millis(250);
+/// How long one wait for a notification lasts: how soon a stop is seen (and so
+/// how long `Relay::shutdown` may wait for the listener). A wait sends nothing
+/// to the database.
+const WAIT: Duration = Duration::from_millis(50);
 /// The backoff between attempts to listen again.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
