@@ -36,6 +36,8 @@ struct Size {
     rate_secs: u64,
     burst: usize,
     idle_single: Duration,
+    /// how many single events after an idle spell are timed
+    idle_samples: usize,
     instances: usize,
     /// `--rounds N`: how many times the relay floor's turns and the brokers' relay
     /// and direct runs repeat; each figure is the median
@@ -965,21 +967,27 @@ impl<S: Sender> Sender for Timed<S> {
     }
 }
 
-fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
-    use txbox::rabbitmq::RabbitSender;
-    use txbox::SenderFactory;
+/// The broker a pick-up latency run sends to: its name in the rows, a factory
+/// of its senders and the destination.
+struct PickUpBroker {
+    name: &'static str,
+    factory: Arc<dyn txbox::SenderFactory>,
+    destination: &'static str,
+    routing_key: &'static str,
+}
+
+fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_latency_";
     let (store, mut c) = fresh(p)?;
     let cfg = config(
         p,
         EventSettings::default()
-            .destination("amq.direct")
-            .routing_key("txbox-bench"),
+            .destination(broker.destination)
+            .routing_key(broker.routing_key),
     );
-    ensure_queue(rabbit)?;
     let outbox = Outbox::new(&cfg)?;
     let acked = Arc::new(Mutex::new(HashMap::new()));
-    let factory = RabbitSender::builder(rabbit).build();
+    let factory = broker.factory;
     let acks = Acks {
         times: Some(acked.clone()),
         ..Acks::default()
@@ -1016,12 +1024,14 @@ fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
             std::thread::sleep(Duration::from_millis(5));
         }
     };
-    // steady 100 events/s
+    // steady 100 events/s: one commit every 10 ms, whatever a commit takes
     let mut committed = Vec::new();
     let start = Instant::now();
+    let mut next = start;
     while start.elapsed() < Duration::from_secs(s.rate_secs) {
         committed.extend(commit(1)?);
-        std::thread::sleep(Duration::from_millis(10));
+        next += Duration::from_millis(10);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
     // p50 and p99 of the latencies in `l`, side by side
     let p50_p99 = |what: String, mut l: Vec<f64>| {
@@ -1033,30 +1043,43 @@ fn pickup_latency(s: &Size, rabbit: &str, out: &mut Vec<Row>) -> Res<()> {
             "-",
         )
     };
+    let name = broker.name;
     let l = latencies(&committed, &acked);
     out.push(p50_p99(
         format!(
-            "pick-up, 100 ev/s, commit->RabbitMQ ack p50 / p99 ({} ev)",
+            "pick-up, 100 ev/s, commit->{name} ack p50 / p99 ({} ev)",
             l.len()
         ),
         l,
     ));
-    // a burst
+    // a burst in one transaction: each event, and the last one
     let committed = commit(s.burst)?;
+    let mut l = latencies(&committed, &acked);
+    let last = l.iter().copied().fold(0.0, f64::max);
     out.push(p50_p99(
-        format!("pick-up, burst of {}, p50 / p99", s.burst),
-        latencies(&committed, &acked),
+        format!("pick-up ({name}), burst of {}, p50 / p99", s.burst),
+        std::mem::take(&mut l),
     ));
-    // idle, then one event
-    std::thread::sleep(s.idle_single);
-    let committed = commit(1)?;
-    let l = latencies(&committed, &acked);
     out.push(row(
-        format!("pick-up, one event after {:?} idle", s.idle_single),
-        format!("{:.1} ms", l.first().copied().unwrap_or(f64::NAN)),
+        format!("pick-up ({name}), burst of {}, the last event", s.burst),
+        format!("{last:.1} ms"),
         "-".into(),
         0.0,
-        "<= polling max (1m)",
+        "<= burst / relay floor rate + 50 ms",
+    ));
+    // idle, then one event, `idle_samples` times
+    let mut after_idle = Vec::new();
+    for _ in 0..s.idle_samples {
+        std::thread::sleep(s.idle_single);
+        let committed = commit(1)?;
+        after_idle.extend(latencies(&committed, &acked));
+    }
+    out.push(p50_p99(
+        format!(
+            "pick-up ({name}), one event after {:?} idle, p50 / p99 ({} samples)",
+            s.idle_single, s.idle_samples
+        ),
+        after_idle,
     ));
     relay.shutdown(Duration::from_secs(10))?;
     Ok(())
@@ -1335,6 +1358,7 @@ fn main() -> Res<()> {
             rate_secs: 30,
             burst: 10_000,
             idle_single: Duration::from_secs(60),
+            idle_samples: 10,
             instances: 100_000,
             rounds: 3,
             in_flight,
@@ -1351,6 +1375,7 @@ fn main() -> Res<()> {
             rate_secs: 3,
             burst: 2_000,
             idle_single: Duration::from_secs(5),
+            idle_samples: 2,
             instances: 20_000,
             rounds: 1,
             in_flight,
@@ -1418,7 +1443,22 @@ fn main() -> Res<()> {
         step("idle cost");
     }
     if part("latency") {
-        pickup_latency(&s, &rabbit, &mut out)?;
+        ensure_queue(&rabbit)?;
+        let rabbitmq = PickUpBroker {
+            name: "RabbitMQ",
+            factory: Arc::new(txbox::rabbitmq::RabbitSender::builder(&rabbit).build()),
+            destination: "amq.direct",
+            routing_key: "txbox-bench",
+        };
+        pickup_latency(&s, rabbitmq, &mut out)?;
+        txbox::kafka::ensure_topic(&brokers, "txbox-bench-latency", 1)?;
+        let kafka = PickUpBroker {
+            name: "Kafka",
+            factory: Arc::new(txbox::kafka::KafkaSender::builder(&brokers).build()?),
+            destination: "txbox-bench-latency",
+            routing_key: "txbox-bench",
+        };
+        pickup_latency(&s, kafka, &mut out)?;
         step("pick-up latency");
     }
     if part("instances") {
