@@ -100,6 +100,12 @@ pub enum Wake {
     /// listener wakes the poller at once. Other databases have no such
     /// notification: there a [`RelayWaker`](crate::RelayWaker) wakes it, and
     /// polling stays the safety net everywhere.
+    ///
+    /// The notification is sent by a trigger on the outbox table for every type.
+    /// PostgreSQL commits the transactions that notify one at a time, cluster-wide:
+    /// where many publishers commit at once and the latency does not matter,
+    /// `ALTER TABLE <outbox table> DISABLE TRIGGER <prefix>outbox_events_notify`
+    /// turns it off at the source ([`Wake::Poll`] only stops listening).
     #[default]
     Notify,
     /// Polling only (and [`RelayWaker`](crate::RelayWaker)): the relay's listener

@@ -4,11 +4,10 @@
 //! poller once (what was notified meanwhile is gone); polling stays the safety
 //! net.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Ctx, RelayWaker, Wake};
+use super::{Ctx, RelayWaker, Slept};
 use crate::store::ClaimStore;
 
 /// How long one wait for a notification lasts: how soon a stop is seen (and so
@@ -21,20 +20,21 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 pub(super) struct Listener {
     pub(super) store: Arc<dyn ClaimStore>,
+    /// Wakes the pollers whose wake-up is `notify` (and ignores other types).
     pub(super) waker: RelayWaker,
-    /// The event types whose wake-up is `notify`.
-    pub(super) types: BTreeSet<String>,
 }
 
 impl Listener {
     pub(super) fn run(self, ctx: &Ctx) {
         let mut backoff = MIN_BACKOFF;
-        let mut lost = false;
+        // the pollers claimed once before the LISTEN was in place: a commit in
+        // between woke nobody, so the first LISTEN wakes them all, as every later one
+        let mut lost = true;
         while !ctx.stopped() {
             match self.store.listen() {
                 Ok(mut notifications) => {
                     if lost {
-                        log::info!("txbox: listening for commits again");
+                        log::info!("txbox: listening for commits");
                         self.waker.wake_all();
                     }
                     backoff = MIN_BACKOFF;
@@ -43,10 +43,8 @@ impl Listener {
                             return;
                         }
                         match notifications.next(WAIT) {
-                            Ok(Some(event_type)) if self.types.contains(&event_type) => {
-                                self.waker.wake(&event_type)
-                            }
-                            Ok(_) => {}
+                            Ok(Some(event_type)) => self.waker.wake(&event_type),
+                            Ok(None) => {}
                             Err(e) => {
                                 log::warn!("txbox: listener lost its connection: {e}");
                                 break;
@@ -57,7 +55,7 @@ impl Listener {
                 Err(e) => log::warn!("txbox: listener cannot listen, next try in {backoff:?}: {e}"),
             }
             lost = true;
-            if let Wake::Stop = ctx.sleep(backoff, None) {
+            if let Slept::Stop = ctx.sleep(backoff, None) {
                 return;
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);

@@ -5,7 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Ctx, Wake};
+use super::{Ctx, Slept};
 use crate::error::Result;
 use crate::metrics::{self, Counter};
 use crate::store::Store;
@@ -56,7 +56,7 @@ impl Periodic {
                 }
                 Err(_) => log::error!("txbox: {what} panicked, will try again in {interval:?}"),
             }
-            if let Wake::Stop = ctx.sleep(interval, None) {
+            if let Slept::Stop = ctx.sleep(interval, None) {
                 return;
             }
         }

@@ -122,7 +122,7 @@ struct Ctx {
     instance: Uuid,
 }
 
-enum Wake {
+enum Slept {
     Stop,
     Go,
 }
@@ -135,14 +135,20 @@ impl Ctx {
         )
     }
 
-    /// Sleeps `d`, or less if stopped or woken.
-    fn sleep(&self, d: Duration, wake: Option<&Receiver<()>>) -> Wake {
+    /// Sleeps `d`, or less if stopped or woken. A stop wins over a wake-up that
+    /// is ready at the same time (`select!` picks among ready ones at random).
+    fn sleep(&self, d: Duration, wake: Option<&Receiver<()>>) -> Slept {
         let never = crossbeam_channel::never();
         let wake = wake.unwrap_or(&never);
-        select! {
-            recv(self.stop) -> _ => Wake::Stop,
-            recv(wake) -> _ => Wake::Go,
-            default(d) => Wake::Go,
+        let slept = select! {
+            recv(self.stop) -> _ => Slept::Stop,
+            recv(wake) -> _ => Slept::Go,
+            default(d) => Slept::Go,
+        };
+        if self.stopped() {
+            Slept::Stop
+        } else {
+            slept
         }
     }
 }
@@ -341,12 +347,16 @@ impl Relay {
                 Box::new(move || poller.run(wake_rx)),
             )?;
         }
-        relay.wakers = RelayWaker(Arc::new(wakers));
         if listens {
+            // it wakes the pollers whose wake-up is `notify`, no others
+            let notified = wakers
+                .iter()
+                .filter(|(t, _)| notify.contains(*t))
+                .map(|(t, w)| (t.clone(), w.clone()))
+                .collect();
             let listener = listener::Listener {
                 store: store.clone(),
-                waker: relay.wakers.clone(),
-                types: notify,
+                waker: RelayWaker(Arc::new(notified)),
             };
             let c = ctx.clone();
             spawn(
@@ -355,6 +365,7 @@ impl Relay {
                 Box::new(move || listener.run(&c)),
             )?;
         }
+        relay.wakers = RelayWaker(Arc::new(wakers));
 
         for job in jobs {
             let c = ctx.clone();
@@ -539,9 +550,22 @@ fn check_connections(
         .filter(|s| s.claim == ClaimMode::Lock)
         .map(|s| s.in_flight)
         .sum();
-    let (Some(pool), true) = (store.max_connections(), held > 0) else {
+    let Some(pool) = store.max_connections() else {
         return Ok(());
     };
+    if listener && pool < 2 {
+        return Err(Error::config(
+            "events.*.wake",
+            format!(
+                "is \"notify\", whose commit listener keeps one of the store's connections \
+                 while the relay runs, and the store's pool has {pool}: give the store a \
+                 larger pool or set wake = \"poll\""
+            ),
+        ));
+    }
+    if held == 0 {
+        return Ok(());
+    }
     let others = config
         .events
         .values()

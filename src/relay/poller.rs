@@ -10,7 +10,7 @@ use crossbeam_channel::Receiver;
 use uuid::Uuid;
 
 use super::retry::outcomes;
-use super::{Ctx, PollState, Relay, Wake};
+use super::{Ctx, PollState, Relay, Slept};
 use crate::config::{ClaimMode, EventSettings};
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -93,6 +93,9 @@ impl Poller {
     pub(super) fn run(mut self, wake: Receiver<()>) {
         let mut state = PollState::new(&self.settings.polling);
         let mut delay = self.settings.polling.initial_delay;
+        // after an error the poller backs off in full: wake-ups (a commit each,
+        // during a broker outage) wait in their channel until it is over
+        let mut backing_off = false;
         loop {
             // a poller sleeps only with nothing in flight, so only a full batch's
             // successor (no delay) finds batches to finish at a stop
@@ -104,11 +107,14 @@ impl Poller {
             } else {
                 // nothing is claimed at once: a stashed batch is finished alone
                 self.flush_stash();
-                if let Wake::Stop = self.ctx.sleep(delay, Some(&wake)) {
+                let wake = (!backing_off).then_some(&wake);
+                if let Slept::Stop = self.ctx.sleep(delay, wake) {
                     return;
                 }
             }
-            let next = match catch_unwind(AssertUnwindSafe(|| self.poll_once())) {
+            let polled = catch_unwind(AssertUnwindSafe(|| self.poll_once()));
+            backing_off = !matches!(polled, Ok(Ok(_)));
+            let next = match polled {
                 Ok(Ok(claimed)) => state.after_batch(claimed, self.settings.batch_size),
                 Ok(Err(e)) => {
                     let d = state.after_error();

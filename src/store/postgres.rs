@@ -298,7 +298,8 @@ impl sql::Backend for PgDialect {
         catalog(tables)
     }
     fn listen(&self, channel: &str) -> Result<Box<dyn crate::store::Notifications>> {
-        let mut conn = self.0.get()?;
+        // not the pool's whole connection timeout: a stop waits for this call
+        let mut conn = self.0.get_timeout(Duration::from_secs(1))?;
         // the channel is the outbox table's name, a checked identifier
         conn.batch_execute(&format!("LISTEN {channel}"))?;
         Ok(Box::new(Listening(conn)))
@@ -347,6 +348,18 @@ impl sql::Backend for PgDialect {
 /// A pooled connection that `LISTEN`s (it stays checked out while the relay runs).
 struct Listening(r2d2::PooledConnection<PostgresConnectionManager<NoTls>>);
 
+/// Back in the pool, the connection listens no more, and what it received is
+/// dropped (else it would pile up in a connection that serves other work).
+impl Drop for Listening {
+    fn drop(&mut self) {
+        use postgres::fallible_iterator::FallibleIterator;
+        if !self.0.is_closed() {
+            let _ = self.0.batch_execute("UNLISTEN *");
+            let _ = self.0.notifications().iter().count();
+        }
+    }
+}
+
 impl crate::store::Notifications for Listening {
     fn next(&mut self, timeout: Duration) -> Result<Option<String>> {
         if self.0.is_closed() {
@@ -393,9 +406,15 @@ impl SqlStore<PgDialect> {
     /// tables of `config`. For another pool size, give your own pool to
     /// [`PgStore::from_pool`].
     pub fn connect(url: &str, config: &crate::Config) -> Result<Self> {
-        let pg: postgres::Config = url
+        let mut pg: postgres::Config = url
             .parse()
             .map_err(|e| Error::InvalidInput(format!("database url: {e}")))?;
+        // a connection dropped without a word (a failover, a NAT's idle timeout)
+        // is found within a minute, not two hours: the commit listener sends
+        // nothing, and would wait on such a connection for good
+        if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+            pg.keepalives_idle(Duration::from_secs(30));
+        }
         let manager = PostgresConnectionManager::new(pg, NoTls);
         let pool = r2d2::Pool::builder()
             .max_size(16)
