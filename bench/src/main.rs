@@ -988,6 +988,36 @@ fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>) -> Res<()>
     let outbox = Outbox::new(&cfg)?;
     let acked = Arc::new(Mutex::new(HashMap::new()));
     let factory = broker.factory;
+    // the broker's own share: one event every 10 ms published directly and its
+    // ack awaited, by the same client, no database and no relay
+    let direct = {
+        let mut sender = factory.create()?;
+        let mut l = Vec::new();
+        let start = Instant::now();
+        let mut next = start;
+        let mut n = 0;
+        while start.elapsed() < Duration::from_secs(s.rate_secs) {
+            let e = Event {
+                id: EventId::new(),
+                event_type: "bench".into(),
+                destination: broker.destination.into(),
+                routing_key: broker.routing_key.into(),
+                key: None,
+                headers: Default::default(),
+                payload: format!("{{\"n\":{n}}}"),
+                attempts: 0,
+            };
+            let t = Instant::now();
+            let r = sender.send(std::slice::from_ref(&e));
+            if r.iter().all(|r| r.is_ok()) {
+                l.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            n += 1;
+            next += Duration::from_millis(10);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        l
+    };
     let acks = Acks {
         times: Some(acked.clone()),
         ..Acks::default()
@@ -1024,6 +1054,10 @@ fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>) -> Res<()>
             std::thread::sleep(Duration::from_millis(5));
         }
     };
+    // the relay's senders connect on their first batch: one event through first,
+    // so the steady rate measures a running relay, not its start
+    let warm = commit(1)?;
+    latencies(&warm, &acked);
     // steady 100 events/s: one commit every 10 ms, whatever a commit takes
     let mut committed = Vec::new();
     let start = Instant::now();
@@ -1051,6 +1085,13 @@ fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>) -> Res<()>
             l.len()
         ),
         l,
+    ));
+    out.push(p50_p99(
+        format!(
+            "  {name}: one event published directly, publish->ack p50 / p99 ({} ev)",
+            direct.len()
+        ),
+        direct,
     ));
     // a burst in one transaction: each event, and the last one
     let committed = commit(s.burst)?;
