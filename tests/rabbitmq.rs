@@ -113,6 +113,51 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     assert_eq!(count(&mut client, p, "PROCESSED"), 50);
 }
 
+/// The sender opens its own socket (to set TCP_NODELAY) and reads the URL itself:
+/// the virtual host, the parameters and the credentials reach the broker.
+#[test]
+fn the_sender_reads_the_url_as_amiquip_does() {
+    if !rabbit_up() {
+        return;
+    }
+    let (exchange, _queue) = direct("k");
+    let base = rabbit_url();
+    let event = txbox::Event {
+        id: txbox::EventId::new(),
+        event_type: "t".into(),
+        destination: exchange,
+        routing_key: "k".into(),
+        key: None,
+        headers: Default::default(),
+        payload: "{}".into(),
+        attempts: 0,
+    };
+    let send = |url: &str| {
+        let mut s = RabbitSender::builder(url)
+            .confirm_timeout(ms(5000))
+            .build()
+            .create()
+            .unwrap();
+        s.send(std::slice::from_ref(&event)).remove(0)
+    };
+    for url in [
+        base.clone(),
+        format!("{base}/"),
+        format!("{base}/%2f"),
+        format!("{base}/%2f?heartbeat=30&connection_timeout=5000&channel_max=8"),
+    ] {
+        assert!(send(&url).is_ok(), "{url}: {:?}", send(&url));
+    }
+    let wrong = base.replace("guest:guest@", "guest:wrong@");
+    assert_ne!(wrong, base, "the test's URL has guest:guest");
+    assert!(send(&wrong).is_err(), "a wrong password was accepted");
+    let vhost = format!("{base}/no-such-vhost");
+    assert!(
+        send(&vhost).is_err(),
+        "an unknown virtual host was accepted"
+    );
+}
+
 #[test]
 fn an_unroutable_message_fails_alone_and_ends_in_the_dlq() {
     if !rabbit_up() {

@@ -904,6 +904,9 @@ struct Acks {
     count: Arc<AtomicU64>,
     /// The time of each event's first ack, when wanted.
     times: Option<Arc<Mutex<HashMap<EventId, Instant>>>>,
+    /// A file to append `<id> <unix time of the ack in µs>` lines to, for the
+    /// relay processes of the many-instances scenarios.
+    log: Option<Arc<Mutex<std::fs::File>>>,
 }
 
 /// Records what the wrapped sender acked, pipelining as the wrapped one does.
@@ -933,8 +936,28 @@ impl<S> Timed<S> {
                 }
             }
         }
+        if let Some(log) = &self.acks.log {
+            let now = unix_micros();
+            let text: String = ids
+                .iter()
+                .zip(results)
+                .filter(|(_, r)| r.is_ok())
+                .map(|(id, _)| format!("{id} {now}\n"))
+                .collect();
+            // a failed write is a failed bench: the parent counts the events as lost
+            let _ = log.lock().unwrap().write_all(text.as_bytes());
+        }
         self.acks.count.fetch_add(ok as u64, Ordering::Relaxed);
     }
+}
+
+/// Wall-clock time in microseconds: the one clock a bench process and its relay
+/// processes share.
+fn unix_micros() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
 }
 
 fn ids(events: &[Event]) -> Vec<EventId> {
@@ -974,6 +997,43 @@ struct PickUpBroker {
     factory: Arc<dyn txbox::SenderFactory>,
     destination: &'static str,
     routing_key: &'static str,
+}
+
+fn rabbit_url() -> String {
+    std::env::var("TXBOX_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into())
+}
+
+fn kafka_brokers() -> String {
+    std::env::var("TXBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// The pick-up runs' broker by name (`rabbitmq` or `kafka`), its queue or topic
+/// made ready.
+fn pickup_broker(name: &str) -> Res<PickUpBroker> {
+    Ok(match name {
+        "rabbitmq" => {
+            let url = rabbit_url();
+            ensure_queue(&url)?;
+            PickUpBroker {
+                name: "RabbitMQ",
+                factory: Arc::new(txbox::rabbitmq::RabbitSender::builder(&url).build()),
+                destination: "amq.direct",
+                routing_key: "txbox-bench",
+            }
+        }
+        "kafka" => {
+            let brokers = kafka_brokers();
+            txbox::kafka::ensure_topic(&brokers, "txbox-bench-latency", 1)?;
+            PickUpBroker {
+                name: "Kafka",
+                factory: Arc::new(txbox::kafka::KafkaSender::builder(&brokers).build()?),
+                destination: "txbox-bench-latency",
+                routing_key: "txbox-bench",
+            }
+        }
+        other => return Err(format!("unknown broker `{other}`").into()),
+    })
 }
 
 fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>) -> Res<()> {
@@ -1146,48 +1206,120 @@ fn ensure_queue(url: &str) -> Res<()> {
     Ok(())
 }
 
-/// A relay process of the many-instances scenario: appends acked ids to a file.
-fn worker(prefix: &str, file: &str) -> Res<()> {
-    struct FileSender(std::fs::File);
-    impl Sender for FileSender {
+/// A relay process of the many-instances scenarios: logs each acked id, with the
+/// time of its ack, to a file. `broker` is `none` (the throughput run: a sender
+/// that acks at once) or `rabbitmq` / `kafka` (the latency run: the real broker,
+/// with the default settings).
+fn worker(prefix: &str, file: &str, broker: &str) -> Res<()> {
+    struct AckAll;
+    impl Sender for AckAll {
         fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
-            let text: String = events.iter().map(|e| format!("{}\n", e.id)).collect();
-            let ok = self.0.write_all(text.as_bytes()).is_ok();
-            events
-                .iter()
-                .map(|_| {
-                    if ok {
-                        Ok(())
-                    } else {
-                        Err(SendError::new("write"))
-                    }
-                })
-                .collect()
+            events.iter().map(|_| Ok(())).collect()
         }
     }
     let store = Arc::new(PgStore::connect(
         &pg_url(),
         &Config::builder().table_prefix(prefix).build()?,
     )?);
-    let cfg = config(
-        prefix,
-        EventSettings::default().batch_size(200).adaptive_polling(
-            Duration::from_millis(20),
-            Duration::from_millis(500),
-            1.5,
-        ),
-    );
-    let path = file.to_string();
-    let _relay = Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
-        let f = std::fs::OpenOptions::new()
+    let log = Arc::new(Mutex::new(
+        std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&path)
-            .map_err(|e| txbox::Error::Sender(e.to_string()))?;
-        Ok(Box::new(FileSender(f)))
-    })?;
+            .open(file)?,
+    ));
+    let acks = Acks {
+        log: Some(log),
+        ..Acks::default()
+    };
+    let _relay = match broker {
+        "none" => {
+            let cfg = config(
+                prefix,
+                EventSettings::default().batch_size(200).adaptive_polling(
+                    Duration::from_millis(20),
+                    Duration::from_millis(500),
+                    1.5,
+                ),
+            );
+            Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
+                Ok(Box::new(Timed::new(AckAll, acks.clone())))
+            })?
+        }
+        _ => {
+            let b = pickup_broker(broker)?;
+            let cfg = config(
+                prefix,
+                EventSettings::default()
+                    .destination(b.destination)
+                    .routing_key(b.routing_key),
+            );
+            let factory = b.factory;
+            Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
+                Ok(Box::new(Timed::new(factory.create()?, acks.clone())))
+            })?
+        }
+    };
     std::thread::sleep(Duration::from_secs(600));
     Ok(())
+}
+
+/// Starts `n` relay processes (see [`worker`]) on the tables of `prefix`, each
+/// logging to its own file; they are killed when the returned guard drops.
+struct Workers {
+    children: Vec<std::process::Child>,
+    files: Vec<std::path::PathBuf>,
+}
+
+impl Workers {
+    fn start(n: usize, prefix: &str, broker: &str) -> Res<Workers> {
+        let mut w = Workers {
+            children: Vec::new(),
+            files: Vec::new(),
+        };
+        for i in 0..n {
+            let f = std::env::temp_dir().join(format!(
+                "txbox-bench-{}-{broker}-{i}.ids",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_file(&f);
+            w.children.push(
+                std::process::Command::new(std::env::current_exe()?)
+                    .args(["--worker", prefix, &f.display().to_string(), broker])
+                    .spawn()?,
+            );
+            w.files.push(f);
+        }
+        Ok(w)
+    }
+
+    /// Every ack logged so far: (id, unix µs), duplicates included.
+    fn acks(&self) -> Vec<(EventId, u128)> {
+        let mut v = Vec::new();
+        for f in &self.files {
+            for l in std::fs::read_to_string(f).unwrap_or_default().lines() {
+                let mut words = l.split(' ');
+                if let (Some(Ok(id)), Some(Ok(t))) = (
+                    words.next().map(str::parse),
+                    words.next().map(str::parse::<u128>),
+                ) {
+                    v.push((id, t));
+                }
+            }
+        }
+        v
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for ch in &mut self.children {
+            let _ = ch.kill();
+            let _ = ch.wait();
+        }
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+        }
+    }
 }
 
 fn many_instances(s: &Size, out: &mut Vec<Row>) -> Res<()> {
@@ -1197,42 +1329,18 @@ fn many_instances(s: &Size, out: &mut Vec<Row>) -> Res<()> {
         let (store, mut c) = fresh(p)?;
         let outbox = Outbox::new(&config(p, EventSettings::default()))?;
         let ids = fill(&mut c, &outbox, s.instances)?;
-        let files: Vec<_> = (0..n)
-            .map(|i| {
-                std::env::temp_dir().join(format!("txbox-bench-{}-{i}.ids", std::process::id()))
-            })
-            .collect();
         let t = Instant::now();
-        let mut children = Vec::new();
-        for f in &files {
-            let _ = std::fs::remove_file(f);
-            children.push(
-                std::process::Command::new(std::env::current_exe()?)
-                    .args(["--worker", p, &f.display().to_string()])
-                    .spawn()?,
-            );
-        }
+        let workers = Workers::start(n, p, "none")?;
         while store.status()?.iter().any(|x| x.pending + x.in_process > 0)
             && t.elapsed() < Duration::from_secs(600)
         {
             std::thread::sleep(Duration::from_millis(10));
         }
         let secs = t.elapsed().as_secs_f64();
-        for mut ch in children {
-            let _ = ch.kill();
-            let _ = ch.wait();
-        }
-        let mut seen: HashSet<EventId> = HashSet::new();
-        let mut lines = 0;
-        for f in &files {
-            for l in std::fs::read_to_string(f).unwrap_or_default().lines() {
-                if let Ok(id) = l.parse() {
-                    lines += 1;
-                    seen.insert(id);
-                }
-            }
-            let _ = std::fs::remove_file(f);
-        }
+        let acks = workers.acks();
+        drop(workers);
+        let lines = acks.len();
+        let seen: HashSet<EventId> = acks.into_iter().map(|(id, _)| id).collect();
         let rate = s.instances as f64 / secs;
         if n == 1 {
             base = rate;
@@ -1250,6 +1358,78 @@ fn many_instances(s: &Size, out: &mut Vec<Row>) -> Res<()> {
             "0 duplicates, 0 lost",
         ));
     }
+    Ok(())
+}
+
+/// 4 relay processes on one table, each with its own connection to the real
+/// broker and the default settings (wake-up on commit), events committed at
+/// 100/s: commit -> ack p50 / p99 over all of them, and the duplicates.
+fn many_latency(s: &Size, broker: &str, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_many_latency_";
+    let (_store, mut c) = fresh(p)?;
+    let outbox = Outbox::new(&config(p, EventSettings::default()))?;
+    let name = pickup_broker(broker)?.name;
+    let workers = Workers::start(4, p, broker)?;
+    let mut commit = || -> Res<(EventId, u128)> {
+        let mut tx = c.transaction()?;
+        let id = outbox.publish(&mut tx, "bench", &serde_json::json!({"n": 1}))?;
+        tx.commit()?;
+        Ok((id, unix_micros()))
+    };
+    // wait until every process's relay has sent once (their senders connect on
+    // the first batch), so the timed window measures running relays
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while workers
+        .files
+        .iter()
+        .any(|f| std::fs::metadata(f).map_or(true, |m| m.len() == 0))
+    {
+        if Instant::now() > deadline {
+            return Err("the relay processes did not all send within 60 s".into());
+        }
+        commit()?;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut committed = Vec::new();
+    let start = Instant::now();
+    let mut next = start;
+    while start.elapsed() < Duration::from_secs(s.rate_secs) {
+        committed.push(commit()?);
+        next += Duration::from_millis(10);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let acks = loop {
+        let acks = workers.acks();
+        let seen: HashSet<EventId> = acks.iter().map(|(id, _)| *id).collect();
+        if committed.iter().all(|(id, _)| seen.contains(id)) || Instant::now() > deadline {
+            break acks;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(workers);
+    let mut first: HashMap<EventId, u128> = HashMap::new();
+    let mut duplicates = 0;
+    for (id, t) in &acks {
+        if first.insert(*id, *t).is_some() {
+            duplicates += 1;
+        }
+    }
+    let mut l: Vec<f64> = committed
+        .iter()
+        .filter_map(|(id, t)| first.get(id).map(|a| a.saturating_sub(*t) as f64 / 1000.0))
+        .collect();
+    let lost = committed.len() - l.len();
+    out.push(row(
+        format!(
+            "4 relay processes, 100 ev/s, commit->{name} ack p50 / p99 ({} ev): duplicates {duplicates} lost {lost}",
+            committed.len()
+        ),
+        format!("{:.1} ms", median(&mut l)),
+        format!("{:.1} ms", pct(&mut l, 0.99)),
+        0.0,
+        "p99 <= 20 ms, 0 duplicates",
+    ));
     Ok(())
 }
 
@@ -1371,9 +1551,9 @@ impl Args {
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let [flag, prefix, file] = args.as_slice() {
+    if let [flag, prefix, file, broker] = args.as_slice() {
         if flag == "--worker" {
-            return worker(prefix, file);
+            return worker(prefix, file, broker);
         }
     }
     let args = match Args::parse(&args) {
@@ -1439,9 +1619,7 @@ fn main() -> Res<()> {
     let _ = env_logger::builder()
         .filter_level(log::LevelFilter::Error)
         .try_init();
-    let rabbit = std::env::var("TXBOX_RABBITMQ_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into());
-    let brokers = std::env::var("TXBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let (rabbit, brokers) = (rabbit_url(), kafka_brokers());
     let mut out = Vec::new();
     let t = Instant::now();
     let step = |what: &str| eprintln!("bench: {what} done at {:.1}s", t.elapsed().as_secs_f64());
@@ -1484,26 +1662,15 @@ fn main() -> Res<()> {
         step("idle cost");
     }
     if part("latency") {
-        ensure_queue(&rabbit)?;
-        let rabbitmq = PickUpBroker {
-            name: "RabbitMQ",
-            factory: Arc::new(txbox::rabbitmq::RabbitSender::builder(&rabbit).build()),
-            destination: "amq.direct",
-            routing_key: "txbox-bench",
-        };
-        pickup_latency(&s, rabbitmq, &mut out)?;
-        txbox::kafka::ensure_topic(&brokers, "txbox-bench-latency", 1)?;
-        let kafka = PickUpBroker {
-            name: "Kafka",
-            factory: Arc::new(txbox::kafka::KafkaSender::builder(&brokers).build()?),
-            destination: "txbox-bench-latency",
-            routing_key: "txbox-bench",
-        };
-        pickup_latency(&s, kafka, &mut out)?;
+        pickup_latency(&s, pickup_broker("rabbitmq")?, &mut out)?;
+        pickup_latency(&s, pickup_broker("kafka")?, &mut out)?;
         step("pick-up latency");
     }
     if part("instances") {
         many_instances(&s, &mut out)?;
+        for broker in ["rabbitmq", "kafka"] {
+            many_latency(&s, broker, &mut out)?;
+        }
         step("many instances");
     }
 

@@ -11,9 +11,8 @@ use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 use crate::event::HEADER_EVENT_ID;
 
-/// Opens a plain-TCP AMQP connection (`amqp://`; TLS is not built in).
 fn open(url: &str) -> std::result::Result<Connection, amiquip::Error> {
-    Connection::insecure_open(url)
+    super::open(url, amiquip::ConnectionTuning::default())
 }
 
 fn text(v: &AmqpValue) -> String {

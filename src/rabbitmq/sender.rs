@@ -25,7 +25,7 @@ const PUBLISH_FRAMES: usize = 1024;
 
 /// Opens a connection for publishing.
 fn open_publisher(url: &str) -> std::result::Result<Connection, amiquip::Error> {
-    Connection::insecure_open_tuned(
+    super::open(
         url,
         amiquip::ConnectionTuning::default().mem_channel_bound(PUBLISH_FRAMES),
     )
