@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::event::EventId;
 use crate::store::DeadLetterStore;
-use crate::store::{DeadLetter, DlqFilter, DlqStatus};
+use crate::store::{BlockedKey, DeadLetter, DlqFilter, DlqStatus};
 
 /// The dead-letter admin API.
 ///
@@ -49,6 +49,36 @@ impl Dlq {
     /// How many dead letters match the filter (paging ignored).
     pub fn count(&self, filter: &DlqFilter) -> Result<u64> {
         self.store.dlq_count(filter)
+    }
+
+    /// The keys of ordered types ([`EventOrder::Key`](crate::EventOrder::Key)
+    /// with [`OnPoison::Block`](crate::OnPoison::Block) in `config`) whose later
+    /// events wait, each with the event that holds it back and how many wait
+    /// behind it; at most [`Dlq::MAX_BATCH_IDS`] keys per type. A key goes on
+    /// when its event is sent by a retry ([`Dlq::retry`]), or its dead letter is
+    /// resolved ([`Dlq::resolve`]) or deleted ([`Dlq::delete`]).
+    ///
+    /// ```no_run
+    /// # fn main() -> txbox::Result<()> {
+    /// let config = txbox::Config::from_toml(r#"
+    ///     [events.order-events]
+    ///     ordering = "key"
+    /// "#)?;
+    /// # let store = std::sync::Arc::new(txbox::PgStore::connect("postgres://postgres@127.0.0.1/test", &config)?);
+    /// let dlq = txbox::Dlq::new(store);
+    /// for k in dlq.blocked_keys(&config)? {
+    ///     println!("{} {}: {} wait behind {} ({})", k.event_type, k.key, k.waiting, k.blocked_by, k.status);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn blocked_keys(&self, config: &crate::Config) -> Result<Vec<BlockedKey>> {
+        let mut out = Vec::new();
+        for (event_type, s) in config.events() {
+            if s.ordering == crate::EventOrder::Key && s.on_poison == crate::OnPoison::Block {
+                out.extend(self.store.blocked_keys(event_type, Self::MAX_BATCH_IDS)?);
+            }
+        }
+        Ok(out)
     }
 
     /// One dead letter.

@@ -147,8 +147,8 @@ mod tables;
 mod transaction;
 
 pub use config::{
-    Backoff, ClaimMode, Config, ConfigBuilder, DlqSettings, EventSettings, InboxSettings,
-    MaintenanceSettings, Polling, PollingStrategy, Wake,
+    Backoff, ClaimMode, Config, ConfigBuilder, DlqSettings, EventOrder, EventSettings,
+    InboxSettings, MaintenanceSettings, OnPoison, Polling, PollingStrategy, Wake,
 };
 pub use consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 pub use dlq::Dlq;
@@ -168,8 +168,9 @@ pub use outbox::{PgPrepared, PgPreparedTx};
 pub use relay::{Relay, RelayProbe, RelayWaker};
 pub use sender::{MemorySender, SendError, SendErrorKind, Sender, SenderFactory, Started};
 pub use store::{
-    ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus, FullStore, HeldBatch,
-    HeldClaim, InboxStore, MaintenanceStore, Notifications, Outcome, Store, Tables, TypeStatus,
+    BlockedKey, ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus,
+    FullStore, HeldBatch, HeldClaim, InboxStore, MaintenanceStore, Notifications, Outcome, Store,
+    Tables, TypeStatus,
 };
 #[cfg(any(
     feature = "postgres",

@@ -34,9 +34,10 @@ pub(crate) enum Counter {
     InboxDuplicates,
     CacheHits,
     CacheMisses,
+    OrderedSkipped,
 }
 
-const COUNTERS: [(Counter, &str, &str); 11] = [
+const COUNTERS: [(Counter, &str, &str); 12] = [
     (
         Counter::Published,
         "txbox_events_published_total",
@@ -91,6 +92,11 @@ const COUNTERS: [(Counter, &str, &str); 11] = [
         Counter::CacheMisses,
         "txbox_inbox_cache_misses_total",
         "Inbox cache look-ups that missed",
+    ),
+    (
+        Counter::OrderedSkipped,
+        "txbox_ordered_skipped_total",
+        "Events of ordered types (on_poison = skip) whose key went on without them",
     ),
 ];
 
@@ -272,6 +278,9 @@ pub struct MetricsSnapshot {
     pub inbox_cache_hits: u64,
     /// Inbox cache misses.
     pub inbox_cache_misses: u64,
+    /// Events of ordered types with `on_poison = "skip"` that used up their
+    /// retries: their key went on without them.
+    pub ordered_skipped: u64,
     /// The outbox per event type, as of the relay's last recovery run (or the last
     /// [`record_status`]).
     pub outbox: Vec<TypeStatus>,
@@ -302,6 +311,7 @@ pub fn snapshot() -> MetricsSnapshot {
         inbox_duplicates: c(Counter::InboxDuplicates),
         inbox_cache_hits: c(Counter::CacheHits),
         inbox_cache_misses: c(Counter::CacheMisses),
+        ordered_skipped: c(Counter::OrderedSkipped),
         dlq_size: outbox.as_ref().map(|o| o.1),
         outbox: outbox.map(|o| o.0).unwrap_or_default(),
         polling_delay_seconds: r

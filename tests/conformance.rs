@@ -15,8 +15,8 @@ use common::backend::{Backend, Fixture};
 use common::wait_until;
 use txbox::Inbox;
 use txbox::{
-    Config, Dlq, DlqFilter, DlqStatus, Error, Event, EventId, MemorySender, Outcome, Relay,
-    SendError, Sender, Started,
+    ClaimArgs, Config, Dlq, DlqFilter, DlqStatus, Error, Event, EventId, MemorySender, Outcome,
+    Relay, SendError, Sender, Started,
 };
 use uuid::Uuid;
 
@@ -101,7 +101,11 @@ fn claims_after_an_id_skip_lower_ones_until_asked_without(b: Backend, p: &str) {
     let lease = Duration::from_secs(60);
     let claim = |after: Option<EventId>, n: usize| -> (Uuid, Vec<EventId>) {
         let t = Uuid::now_v7();
-        let got = fx.store.claim_after("e", after, n, lease, t).unwrap();
+        let args = ClaimArgs {
+            after,
+            ..ClaimArgs::new("e", n, lease)
+        };
+        let got = fx.store.claim_after(&args, t).unwrap();
         (t, got.iter().map(|e| e.id).collect())
     };
     let (t0, first) = claim(None, 3);
@@ -851,6 +855,176 @@ fn ping_answers_without_reading_a_table(b: Backend, p: &str) {
     bare.store.ping().unwrap();
 }
 
+/// `n` events of type `event_type` for each key of `keys` (payload: the key and
+/// its sequence number), published round-robin over the keys so the keys'
+/// events interleave by id.
+fn keyed(event_type: &str, keys: &[&str], n: usize) -> Vec<txbox::NewEvent> {
+    (0..n)
+        .flat_map(|i| {
+            keys.iter().map(move |k| {
+                let e = txbox::NewEvent::new(event_type, &serde_json::json!([k, i])).unwrap();
+                if k.is_empty() {
+                    e
+                } else {
+                    e.key(*k)
+                }
+            })
+        })
+        .collect()
+}
+
+/// An ordered type's claim takes the first waiting event of each key (and every
+/// event without a key): a key's next event only once the one before it is
+/// sent; a retry keeps its place; a failed event holds its key back with
+/// `block` (listed by `blocked_keys`, released by resolving its dead letter)
+/// and not with `skip`.
+fn ordered_claims_take_one_event_per_key_in_order(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.ordering(txbox::EventOrder::Key))
+        .event("s", |e| {
+            e.ordering(txbox::EventOrder::Key)
+                .on_poison(txbox::OnPoison::Skip)
+        })
+        .build()
+        .unwrap();
+    let lease = Duration::from_secs(60);
+    let claim = |t: &str, policy: txbox::OnPoison| -> (Uuid, Vec<EventId>) {
+        let token = Uuid::now_v7();
+        let args = ClaimArgs {
+            ordered: Some(policy),
+            ..ClaimArgs::new(t, 100, lease)
+        };
+        let got = fx.store.claim_after(&args, token).unwrap();
+        (token, got.iter().map(|e| e.id).collect())
+    };
+    let block = txbox::OnPoison::Block;
+    // ids by round: a0 b0 -0, a1 b1 -1, a2 b2 -2 (`-`: no key)
+    let ids = fx.publish_events(&c, keyed("e", &["a", "b", ""], 3));
+    let at = |key: usize, i: usize| ids[i * 3 + key];
+    let (t1, first) = claim("e", block);
+    assert_eq!(
+        first,
+        vec![at(0, 0), at(1, 0), at(2, 0), at(2, 1), at(2, 2)],
+        "each key's first event and every event without a key"
+    );
+    assert_eq!(claim("e", block).1, vec![], "the keys' next events wait");
+    // a0 sent, b0 to be retried: a1 is next; b0 keeps its place before b1
+    let retry = Outcome::Retry {
+        delay: Duration::ZERO,
+        error: "x".into(),
+    };
+    let sent: Vec<(EventId, Outcome)> = [at(0, 0), at(2, 0), at(2, 1), at(2, 2)]
+        .into_iter()
+        .map(|id| (id, Outcome::Sent))
+        .chain([(at(1, 0), retry)])
+        .collect();
+    assert_eq!(fx.store.finish(t1, &sent).unwrap(), 5);
+    let (t2, second) = claim("e", block);
+    assert_eq!(second, vec![at(1, 0), at(0, 1)], "b0 again, before b1; a1");
+    // b0 used up its retries: with `block` b1 waits, in the outbox and as a
+    // dead letter, until the dead letter is resolved
+    let failed = Outcome::Failed {
+        error: "poison".into(),
+    };
+    fx.store
+        .finish(t2, &[(at(0, 1), Outcome::Sent), (at(1, 0), failed.clone())])
+        .unwrap();
+    assert_eq!(
+        claim("e", block).1,
+        vec![at(0, 2)],
+        "b1 waits behind FAILED b0"
+    );
+    let dlq = Dlq::new(fx.store.clone());
+    let blocked = dlq.blocked_keys(&c).unwrap();
+    assert_eq!(blocked.len(), 1, "{blocked:?}");
+    assert_eq!(
+        (
+            blocked[0].key.as_str(),
+            blocked[0].blocked_by,
+            blocked[0].status.as_str(),
+            blocked[0].waiting
+        ),
+        ("b", at(1, 0), "FAILED", 2)
+    );
+    assert_eq!(fx.store.move_failed_to_dlq(10).unwrap(), 1);
+    assert_eq!(claim("e", block).1, vec![], "b1 waits behind dead b0");
+    assert_eq!(dlq.blocked_keys(&c).unwrap()[0].status, "DEAD");
+    dlq.resolve(at(1, 0)).unwrap();
+    assert!(dlq.blocked_keys(&c).unwrap().is_empty());
+    assert_eq!(claim("e", block).1, vec![at(1, 1)], "resolved: b goes on");
+
+    // `skip`: the key goes on past its failed event
+    let skip = txbox::OnPoison::Skip;
+    let ids = fx.publish_events(&c, keyed("s", &["k"], 2));
+    let (t, got) = claim("s", skip);
+    assert_eq!(got, vec![ids[0]]);
+    fx.store.finish(t, &[(ids[0], failed)]).unwrap();
+    assert_eq!(claim("s", skip).1, vec![ids[1]], "skip: k goes on");
+    assert!(
+        dlq.blocked_keys(&c).unwrap().is_empty(),
+        "a skipping type blocks no key"
+    );
+}
+
+/// Four relays on one table, keyed events and a sender that fails 5% of the
+/// sends once: each key's events reach the sender in publish order (a retry may
+/// repeat the key's latest, never go back to an earlier one), none lost.
+fn four_relays_keep_each_keys_order(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| {
+            e.ordering(txbox::EventOrder::Key)
+                .adaptive_polling(ms(10), ms(100), 1.5)
+                .batch_size(50)
+                .max_retries(5)
+                .backoff_delay(ms(20))
+        })
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..40).map(|k| format!("key-{k}")).collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let ids = fx.publish_events(&c, keyed("e", &key_refs, 15));
+    let sender = MemorySender::new();
+    let failed_once = Arc::new(Mutex::new(HashSet::new()));
+    sender.fail_when(move |e| {
+        let unlucky = e.id.as_uuid().as_u128() % 20 == 0;
+        (unlucky && failed_once.lock().unwrap().insert(e.id)).then(|| "refused once".to_string())
+    });
+    let relays: Vec<Relay> = (0..4)
+        .map(|i| {
+            let store = if i == 0 {
+                fx.store.clone()
+            } else {
+                fx.another_store()
+            };
+            Relay::start(store, &c, sender.clone()).unwrap()
+        })
+        .collect();
+    wait_until("every event sent", Duration::from_secs(120), || {
+        fx.counts("e") == txbox::TypeStatus::default()
+    });
+    for r in relays {
+        r.shutdown(Duration::from_secs(10)).unwrap();
+    }
+    let mut last: HashMap<String, i64> = HashMap::new();
+    let mut seen = HashSet::new();
+    for e in sender.sent() {
+        let (k, i): (String, i64) = serde_json::from_str(&e.payload).unwrap();
+        let before = last.insert(k.clone(), i).unwrap_or(-1);
+        assert!(i >= before, "{k}: event {i} arrived after event {before}");
+        assert!(
+            i <= before + 1,
+            "{k}: event {i} arrived before event {}",
+            before + 1
+        );
+        seen.insert(e.id);
+    }
+    assert_eq!(seen, ids.into_iter().collect::<HashSet<_>>(), "none lost");
+}
+
 /// The suite, instantiated per backend; each test gets its own table prefix
 /// (`c<tag>_<short>_`).
 macro_rules! suite {
@@ -874,6 +1048,8 @@ macro_rules! suite {
             pipelined_batches_finish_in_order_and_retry => "pipe",
             a_release_finishes_the_batches_in_flight_before_backing_off => "rel",
             a_wake_after_the_commit_sends_at_once_on_every_dialect => "wake",
+            ordered_claims_take_one_event_per_key_in_order => "ord",
+            four_relays_keep_each_keys_order => "ord4",
             migrate_twice_is_fine => "mig",
             ping_answers_without_reading_a_table => "ping",
         );

@@ -1271,13 +1271,10 @@ impl Store for DefaultHeld {
 impl ClaimStore for DefaultHeld {
     fn claim_after(
         &self,
-        event_type: &str,
-        after: Option<EventId>,
-        limit: usize,
-        lease: Duration,
+        args: &ClaimArgs<'_>,
         token: uuid::Uuid,
     ) -> txbox::Result<Vec<txbox::Event>> {
-        self.pg.claim_after(event_type, after, limit, lease, token)
+        self.pg.claim_after(args, token)
     }
     fn finish(&self, token: uuid::Uuid, outcomes: &[(EventId, Outcome)]) -> txbox::Result<u64> {
         self.pg.finish(token, outcomes)
@@ -1344,6 +1341,13 @@ impl DeadLetterStore for DefaultHeld {
     }
     fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> txbox::Result<Vec<EventId>> {
         self.pg.dlq_delete(ids, from)
+    }
+    fn blocked_keys(
+        &self,
+        event_type: &str,
+        limit: usize,
+    ) -> txbox::Result<Vec<txbox::BlockedKey>> {
+        self.pg.blocked_keys(event_type, limit)
     }
 }
 

@@ -342,7 +342,12 @@ struct HandLoop {
 impl HandLoop {
     fn new(p: &str, s: &Size) -> Res<HandLoop> {
         let store = PgStore::connect(&pg_url(), &Config::builder().table_prefix(p).build()?)?;
-        let sql: HashMap<&str, String> = store.statements().into_iter().collect();
+        // an unordered type: the claims' `{order}` condition is empty
+        let sql: HashMap<&str, String> = store
+            .statements()
+            .into_iter()
+            .map(|(name, sql)| (name, sql.replace("{order}", "")))
+            .collect();
         let get = |name: &str| -> Res<String> {
             sql.get(name)
                 .cloned()
@@ -760,14 +765,11 @@ impl Store for Counting {
 impl ClaimStore for Counting {
     fn claim_after(
         &self,
-        event_type: &str,
-        after: Option<EventId>,
-        limit: usize,
-        lease: Duration,
+        args: &txbox::ClaimArgs<'_>,
         token: uuid::Uuid,
     ) -> txbox::Result<Vec<Event>> {
         self.1.fetch_add(1, Ordering::Relaxed);
-        self.0.claim_after(event_type, after, limit, lease, token)
+        self.0.claim_after(args, token)
     }
     fn finish(
         &self,
@@ -839,6 +841,13 @@ impl DeadLetterStore for Counting {
         from: &[txbox::DlqStatus],
     ) -> txbox::Result<Vec<EventId>> {
         self.0.dlq_delete(ids, from)
+    }
+    fn blocked_keys(
+        &self,
+        event_type: &str,
+        limit: usize,
+    ) -> txbox::Result<Vec<txbox::BlockedKey>> {
+        self.0.blocked_keys(event_type, limit)
     }
 }
 

@@ -20,8 +20,8 @@ mod validate;
 
 pub use builder::ConfigBuilder;
 pub use settings::{
-    Backoff, ClaimMode, DlqSettings, EventSettings, InboxSettings, MaintenanceSettings, Polling,
-    PollingStrategy, Wake,
+    Backoff, ClaimMode, DlqSettings, EventOrder, EventSettings, InboxSettings, MaintenanceSettings,
+    OnPoison, Polling, PollingStrategy, Wake,
 };
 pub(crate) use validate::{plain_name, validate_event, within, within_or_zero};
 pub(crate) use validate::{MAX_INTERVAL, MAX_PAYLOAD_LIMIT, MAX_TTL};

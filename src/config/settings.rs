@@ -125,6 +125,68 @@ impl TryFrom<String> for Wake {
     }
 }
 
+/// Whether one event type's events are sent in order per key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(try_from = "String")]
+pub enum EventOrder {
+    /// The default: events are claimed oldest first, but batches in flight,
+    /// retries with backoff and several relays may send them in any order.
+    #[default]
+    None,
+    /// Events with the same key (`NewEvent::key`) are sent one at a time, in
+    /// id (publish) order, on every relay instance: an event is claimed only
+    /// when no earlier event of its key is waiting, in process, retrying or (with
+    /// [`OnPoison::Block`]) dead. Events without a key are not ordered; different
+    /// keys go in parallel, in the same batches.
+    ///
+    /// The order is the order of publish: two transactions that publish events
+    /// of one key at the same time without serializing on the key's own row
+    /// (as a write to the aggregate does) are in the order of their ids, and an
+    /// event whose commit comes after a later event of its key was sent is sent
+    /// after it.
+    Key,
+}
+
+impl TryFrom<String> for EventOrder {
+    type Error = String;
+    /// `"none"` or `"key"`, as in the TOML configuration.
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "none" => Ok(EventOrder::None),
+            "key" => Ok(EventOrder::Key),
+            other => Err(format!("must be \"none\" or \"key\", not {other:?}")),
+        }
+    }
+}
+
+/// What an ordered type ([`EventOrder::Key`]) does with an event that used up
+/// its retries (a poison event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(try_from = "String")]
+pub enum OnPoison {
+    /// The default: its key waits. The later events of the key stay pending until
+    /// the failed event is sent by a retry, or an operator resolves or deletes its
+    /// dead letter ([`Dlq::blocked_keys`](crate::Dlq::blocked_keys) lists the keys
+    /// that wait, and for which event).
+    #[default]
+    Block,
+    /// The failed event goes to the dead letters and its key goes on without it;
+    /// `txbox_ordered_skipped_total` counts these events.
+    Skip,
+}
+
+impl TryFrom<String> for OnPoison {
+    type Error = String;
+    /// `"block"` or `"skip"`, as in the TOML configuration.
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.as_str() {
+            "block" => Ok(OnPoison::Block),
+            "skip" => Ok(OnPoison::Skip),
+            other => Err(format!("must be \"block\" or \"skip\", not {other:?}")),
+        }
+    }
+}
+
 /// Polling settings of one event type (`[events.x.polling]`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -259,6 +321,11 @@ pub struct EventSettings {
     /// How the poller learns of commits besides polling (default
     /// [`Wake::Notify`]).
     pub wake: Wake,
+    /// Whether events of one key are sent in order (default [`EventOrder::None`]).
+    pub ordering: EventOrder,
+    /// With [`EventOrder::Key`]: what a key does when one of its events used up
+    /// its retries (default [`OnPoison::Block`]).
+    pub on_poison: OnPoison,
 }
 
 impl Default for EventSettings {
@@ -274,6 +341,8 @@ impl Default for EventSettings {
             lease: Duration::from_secs(300),
             claim: ClaimMode::Lease,
             wake: Wake::Notify,
+            ordering: EventOrder::None,
+            on_poison: OnPoison::Block,
         }
     }
 }
@@ -356,6 +425,16 @@ impl EventSettings {
     /// How the poller learns of commits besides polling (see [`Wake`]).
     pub fn wake(mut self, wake: Wake) -> Self {
         self.wake = wake;
+        self
+    }
+    /// Whether events of one key are sent in order (see [`EventOrder`]).
+    pub fn ordering(mut self, ordering: EventOrder) -> Self {
+        self.ordering = ordering;
+        self
+    }
+    /// What an ordered key does with a poison event (see [`OnPoison`]).
+    pub fn on_poison(mut self, on_poison: OnPoison) -> Self {
+        self.on_poison = on_poison;
         self
     }
 }

@@ -115,7 +115,7 @@ impl Poller {
             let polled = catch_unwind(AssertUnwindSafe(|| self.poll_once()));
             backing_off = !matches!(polled, Ok(Ok(_)));
             let next = match polled {
-                Ok(Ok(claimed)) => state.after_batch(claimed, self.settings.batch_size),
+                Ok(Ok(claimed)) => state.after_batch(claimed, self.follow_at()),
                 Ok(Err(e)) => {
                     let d = state.after_error();
                     log::warn!("txbox: poller {}: {e}; next try in {d:?}", self.event_type);
@@ -158,13 +158,7 @@ impl Poller {
         let claim = match self.settings.claim {
             ClaimMode::Lease => self
                 .store
-                .claim_after(
-                    &self.event_type,
-                    after,
-                    self.settings.batch_size,
-                    self.settings.lease,
-                    token,
-                )
+                .claim_after(&self.claim_args(after), token)
                 .map(|events| (events, None)),
             ClaimMode::Lock => self.claim_held(after),
         };
@@ -221,7 +215,7 @@ impl Poller {
         };
         // a full batch is followed by the next claim at once: the last batch
         // finished now waits to go with it
-        let released = self.drain(keep, claimed >= s.batch_size);
+        let released = self.drain(keep, claimed >= self.follow_at());
         if released > 0 {
             // the transport failed: back off before the next claim (and ask the
             // sender whether it is ready) instead of claiming the same rows again;
@@ -237,17 +231,34 @@ impl Poller {
         Ok(claimed)
     }
 
+    /// How many events a claim takes for the next claim to follow at once: a full
+    /// batch (more is waiting); for an ordered type any event, since finishing
+    /// it lets the next event of its key be claimed.
+    fn follow_at(&self) -> usize {
+        match self.settings.ordering {
+            crate::EventOrder::Key => 1,
+            crate::EventOrder::None => self.settings.batch_size,
+        }
+    }
+
+    /// What this poller's claims take, from `after` on.
+    fn claim_args(&self, after: Option<crate::EventId>) -> ClaimArgs<'_> {
+        let s = &self.settings;
+        ClaimArgs {
+            event_type: &self.event_type,
+            after,
+            limit: s.batch_size,
+            lease: s.lease,
+            delete_acked: self.delete_acked,
+            ordered: (s.ordering == crate::EventOrder::Key).then_some(s.on_poison),
+        }
+    }
+
     /// A held claim, on the connection of a stashed batch together with its finish
     /// when there is one.
     fn claim_held(&mut self, after: Option<crate::EventId>) -> Result<HeldClaim> {
         let stash = self.stash.take();
-        let args = ClaimArgs {
-            event_type: &self.event_type,
-            after,
-            limit: self.settings.batch_size,
-            lease: self.settings.lease,
-            delete_acked: self.delete_acked,
-        };
+        let args = self.claim_args(after);
         if let Some(st) = stash {
             match st.held.finish_and_claim(&st.events, &st.outcomes, &args) {
                 Ok((_, Some(claim))) => return Ok(claim),
@@ -308,6 +319,11 @@ impl Poller {
             metrics::add(Counter::Sent, sent);
             metrics::add(Counter::Retried, retried);
             metrics::add(Counter::Failed, failed);
+            if self.settings.ordering == crate::EventOrder::Key
+                && self.settings.on_poison == crate::OnPoison::Skip
+            {
+                metrics::add(Counter::OrderedSkipped, failed);
+            }
             match batch.held {
                 Some(held) if stash && self.stash.is_none() && self.in_flight.len() == keep => {
                     self.stash = Some(Stashed {

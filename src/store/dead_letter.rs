@@ -99,3 +99,22 @@ impl Default for DlqFilter {
         }
     }
 }
+
+/// A key of an ordered type ([`EventOrder::Key`](crate::EventOrder::Key) with
+/// [`OnPoison::Block`](crate::OnPoison::Block)) whose later events wait: see
+/// [`Dlq::blocked_keys`](crate::Dlq::blocked_keys).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BlockedKey {
+    /// The event type.
+    pub event_type: String,
+    /// The key.
+    pub key: String,
+    /// The event that holds the key back: the key's earliest dead letter
+    /// waiting for an operator, or its earliest FAILED outbox event (not moved
+    /// to the dead letters yet).
+    pub blocked_by: EventId,
+    /// `DEAD` or `RETRY` (a dead letter), or `FAILED` (an outbox event).
+    pub status: String,
+    /// The key's pending events behind it.
+    pub waiting: u64,
+}

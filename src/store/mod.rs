@@ -12,7 +12,7 @@ use crate::event::{Event, EventId};
 
 mod dead_letter;
 pub use crate::tables::Tables;
-pub use dead_letter::{DeadLetter, DlqFilter, DlqStatus};
+pub use dead_letter::{BlockedKey, DeadLetter, DlqFilter, DlqStatus};
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "oracle")]
@@ -123,7 +123,8 @@ pub trait HeldBatch: Send {
     }
 }
 
-/// What a held claim takes: the arguments of [`ClaimStore::claim_held`](crate::ClaimStore::claim_held) and
+/// What a claim takes: the arguments of [`ClaimStore::claim_after`](crate::ClaimStore::claim_after),
+/// [`ClaimStore::claim_held`](crate::ClaimStore::claim_held) and
 /// [`HeldBatch::finish_and_claim`].
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimArgs<'a> {
@@ -133,10 +134,15 @@ pub struct ClaimArgs<'a> {
     pub after: Option<EventId>,
     /// At most this many events.
     pub limit: usize,
-    /// How long the transaction may idle before the database ends it.
+    /// The lease of the claimed rows, or (held claims) how long the transaction
+    /// may idle before the database ends it.
     pub lease: Duration,
-    /// Delete the rows in the claim (`processed_ttl` zero).
+    /// Held claims: delete the rows in the claim (`processed_ttl` zero).
     pub delete_acked: bool,
+    /// `Some`: the type is ordered by key ([`EventOrder::Key`](crate::EventOrder::Key)),
+    /// with this poison policy: only events with no earlier event of their key
+    /// still waiting are claimed, so at most one event per key at a time.
+    pub ordered: Option<crate::OnPoison>,
 }
 
 impl<'a> ClaimArgs<'a> {
@@ -149,6 +155,7 @@ impl<'a> ClaimArgs<'a> {
             limit,
             lease,
             delete_acked: false,
+            ordered: None,
         }
     }
 }
@@ -205,23 +212,17 @@ pub trait Store: Send + Sync + 'static {
 
 /// Claiming and finishing batches: what the relay's pollers need.
 pub trait ClaimStore: Store {
-    /// Claims up to `limit` due PENDING events of `event_type` whose id is greater
-    /// than `after` (when given), oldest first, in one statement with `FOR UPDATE
-    /// SKIP LOCKED`: they become IN_PROCESS, stamped with `token` and a lease of
-    /// `lease`. Returned sorted by id (with `destination` empty). While a poller
-    /// drains a backlog it passes the last id of its previous full batch, so each
-    /// claim starts where the last one ended instead of stepping over every row
-    /// already sent.
-    fn claim_after(
-        &self,
-        event_type: &str,
-        after: Option<EventId>,
-        limit: usize,
-        lease: Duration,
-        token: Uuid,
-    ) -> Result<Vec<Event>>;
+    /// Claims up to `args.limit` due PENDING events of `args.event_type` whose id
+    /// is greater than `args.after` (when given), oldest first, in one statement
+    /// with `FOR UPDATE SKIP LOCKED`: they become IN_PROCESS, stamped with `token`
+    /// and a lease of `args.lease`. Returned sorted by id (with `destination`
+    /// empty). While a poller drains a backlog it passes the last id of its
+    /// previous full batch, so each claim starts where the last one ended instead
+    /// of stepping over every row already sent. With `args.ordered`, only the
+    /// first waiting event of each key is claimed.
+    fn claim_after(&self, args: &ClaimArgs<'_>, token: Uuid) -> Result<Vec<Event>>;
 
-    /// [`ClaimStore::claim_after`] from the lowest id.
+    /// [`ClaimStore::claim_after`] from the lowest id, unordered.
     fn claim(
         &self,
         event_type: &str,
@@ -229,7 +230,7 @@ pub trait ClaimStore: Store {
         lease: Duration,
         token: Uuid,
     ) -> Result<Vec<Event>> {
-        self.claim_after(event_type, None, limit, lease, token)
+        self.claim_after(&ClaimArgs::new(event_type, limit, lease), token)
     }
 
     /// Finishes claimed events: only rows still IN_PROCESS under `token` change.
@@ -324,6 +325,13 @@ pub trait DeadLetterStore: Store {
 
     /// Deletes the given dead letters whose status is one of `from`; returns the ids deleted.
     fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> Result<Vec<EventId>>;
+
+    /// The keys of `event_type` held back by a dead letter (DEAD or RETRY) or a
+    /// FAILED outbox event, the earliest such event of each key, at most
+    /// `limit` keys, by key. Whether they are blocked depends on the type's
+    /// settings: [`Dlq::blocked_keys`](crate::Dlq::blocked_keys) asks only for
+    /// ordered types that block.
+    fn blocked_keys(&self, event_type: &str, limit: usize) -> Result<Vec<BlockedKey>>;
 }
 
 /// Consumed ids: what the [`Inbox`](crate::Inbox) and its cleanup need.

@@ -18,6 +18,8 @@ use crate::event::{EventId, NewEvent};
 pub(crate) const SCHEMA: &str = include_str!("../../sql/mysql/001_schema.sql");
 /// Schema version 2: the inbox keyed by (consumer, event id).
 pub(crate) const SCHEMA_2: &str = include_str!("../../sql/mysql/002_inbox_per_consumer.sql");
+/// Schema version 3: the indexes of per-key ordering.
+pub(crate) const SCHEMA_3: &str = include_str!("../../sql/mysql/003_ordered_keys.sql");
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 const TS: &str = "'%Y-%m-%dT%H:%i:%s.%fZ'";
@@ -36,7 +38,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::Question,
         begin: "START TRANSACTION",
-        schema: &[SCHEMA, SCHEMA_2],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3],
         transactional_ddl: false,
         migrate_lock: None,
         // duplicate index, duplicate column, the version recorded already
@@ -48,7 +50,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         hold_claim: None,
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
-             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
+             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
              ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
         ),
         select_expired: format!(

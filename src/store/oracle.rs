@@ -25,6 +25,8 @@ use crate::event::{EventId, NewEvent};
 pub(crate) const SCHEMA: &str = include_str!("../../sql/oracle/001_schema.sql");
 /// Schema version 2: the inbox keyed by (consumer, event id).
 pub(crate) const SCHEMA_2: &str = include_str!("../../sql/oracle/002_inbox_per_consumer.sql");
+/// Schema version 3: the indexes of per-key ordering.
+pub(crate) const SCHEMA_3: &str = include_str!("../../sql/oracle/003_ordered_keys.sql");
 
 const NOW: &str = "SYSTIMESTAMP";
 const TS: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS.FF6\"Z\"'";
@@ -44,7 +46,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::Colon,
         begin: "BEGIN",
-        schema: &[SCHEMA, SCHEMA_2],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3],
         transactional_ddl: false,
         migrate_lock: None,
         // name used, index exists, column exists, no primary key to drop, one
@@ -65,7 +67,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         // no row limit in SQL: the fetch size limits it ($2 is not bound)
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
-             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
+             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
              ORDER BY id FOR UPDATE SKIP LOCKED"
         ),
         select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} FOR UPDATE SKIP LOCKED"),

@@ -21,6 +21,8 @@ pub(crate) const SCHEMA: &str = include_str!("../../sql/postgres/001_schema.sql"
 pub(crate) const SCHEMA_2: &str = include_str!("../../sql/postgres/002_inbox_per_consumer.sql");
 /// Schema version 3: a commit that published events notifies the relay.
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/postgres/003_notify_on_commit.sql");
+/// Schema version 4: the indexes of per-key ordering.
+pub(crate) const SCHEMA_4: &str = include_str!("../../sql/postgres/004_ordered_keys.sql");
 
 /// A connection pool of the `postgres` crate, as [`PgStore`] uses it.
 pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
@@ -43,14 +45,14 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     let due = |after: &str, limit: &str| {
         format!(
             "FROM {o} WHERE event_type = $1 AND id > {after} AND status = 'PENDING' \
-             AND next_attempt_at <= now() ORDER BY id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+             AND next_attempt_at <= now() {{order}} ORDER BY id LIMIT {limit} FOR UPDATE SKIP LOCKED"
         )
     };
     let claimed = "id, event_type, event_key, headers::text, payload, attempts";
     Catalog {
         style: Style::Dollar,
         begin: "BEGIN",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4],
         transactional_ddl: true,
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
         exists_errors: &[],
@@ -77,7 +79,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             open: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {ms}",
             probe: format!(
                 "SELECT 1 FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
-                 AND next_attempt_at <= now() LIMIT 1"
+                 AND next_attempt_at <= now() {{order}} LIMIT 1"
             ),
             literal,
             claim_delete: format!(

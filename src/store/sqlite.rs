@@ -23,6 +23,8 @@ use crate::event::{EventId, NewEvent};
 pub(crate) const SCHEMA: &str = include_str!("../../sql/sqlite/001_schema.sql");
 /// Schema version 2: the inbox keyed by (consumer, event id).
 pub(crate) const SCHEMA_2: &str = include_str!("../../sql/sqlite/002_inbox_per_consumer.sql");
+/// Schema version 3: the indexes of per-key ordering.
+pub(crate) const SCHEMA_3: &str = include_str!("../../sql/sqlite/003_ordered_keys.sql");
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -38,7 +40,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::QuestionNumbered,
         begin: "BEGIN IMMEDIATE",
-        schema: &[SCHEMA, SCHEMA_2],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3],
         transactional_ddl: true,
         migrate_lock: None,
         exists_errors: &[],
@@ -49,7 +51,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         hold_claim: None,
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
-             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} \
+             WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
              ORDER BY id LIMIT $3"
         ),
         select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} LIMIT $1"),

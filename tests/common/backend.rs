@@ -225,6 +225,12 @@ impl Fixture {
         )
     }
 
+    /// Publishes `events` in one committed business transaction of this backend.
+    pub fn publish_events(&self, config: &Config, events: Vec<txbox::NewEvent>) -> Vec<EventId> {
+        let outbox = Outbox::new(config).unwrap();
+        self.in_tx(|tx| outbox.publish_all(tx, events).unwrap(), |_| true)
+    }
+
     /// Runs `f` with the inbox on a business transaction of this backend, and commits
     /// when it returns `Ok`.
     pub fn inbox_tx<T>(

@@ -33,7 +33,8 @@ impl<D: Dialect> SqlStore<D> {
     /// the relay's own SQL by hand (the benchmark's). Placeholders are written
     /// `$1`, `$2`, ...; `{ids}` stands for a list of ids, one placeholder (or, in a
     /// held claim's scripts, one literal) each; `{ms}` in `hold_claim.open` for the
-    /// lease in milliseconds. The store renders them into its driver's style.
+    /// lease in milliseconds; `{order}` in the claims for nothing (an unordered
+    /// type) or `ordered_skip` / `ordered_block` (see [`crate::EventOrder::Key`]). The store renders them into its driver's style.
     ///
     /// ```no_run
     /// # fn main() -> txbox::Result<()> {
@@ -231,17 +232,12 @@ impl<D: Dialect> Store for SqlStore<D> {
 }
 
 impl<D: Dialect> ClaimStore for SqlStore<D> {
-    fn claim_after(
-        &self,
-        event_type: &str,
-        after: Option<EventId>,
-        limit: usize,
-        lease: Duration,
-        token: Uuid,
-    ) -> Result<Vec<Event>> {
+    fn claim_after(&self, args: &ClaimArgs<'_>, token: Uuid) -> Result<Vec<Event>> {
+        let (event_type, limit, lease) = (args.event_type, args.limit, args.lease);
         // no lower bound: the nil id, below every UUIDv7
-        let after = Val::Id(after.map_or(Uuid::nil(), |id| id.as_uuid()));
+        let after = Val::Id(args.after.map_or(Uuid::nil(), |id| id.as_uuid()));
         let d = &self.d;
+        let order = |template: &str| d.common.order(template, args.ordered);
         let mut rows = self.with_retry("claim", || {
             let mut conn = self.pool.get()?;
             if let Some(one) = &d.claim_returning {
@@ -252,13 +248,13 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                     ms(lease),
                     after.clone(),
                 ];
-                return run_query(&mut *conn, d, one, &fixed, &[]);
+                return run_query(&mut *conn, d, &order(one), &fixed, &[]);
             }
             transaction(&mut *conn, d, |c| {
                 let rows = run_query_max(
                     c,
                     d,
-                    &d.claim_select,
+                    &order(&d.claim_select),
                     &[event_type.into(), after.clone(), Val::Int(limit as i64)],
                     limit,
                 )?;
@@ -333,7 +329,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             && run_query(
                 &mut *held.conn,
                 d,
-                &hold.probe,
+                &d.common.order(&hold.probe, args.ordered),
                 &[args.event_type.into()],
                 &[],
             )?
@@ -444,6 +440,42 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
         ];
         let rows = run_query(&mut *conn, &self.d, &self.d.dlq_count, &fixed, &[])?;
         Ok(rows.first().map(|r| r.int(0)).unwrap_or(0).max(0) as u64)
+    }
+
+    fn blocked_keys(&self, event_type: &str, limit: usize) -> Result<Vec<BlockedKey>> {
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        // the rows come by key, then id: the first of each key holds it back
+        let rows = run_query(
+            &mut *conn,
+            d,
+            &d.common.blocked_keys,
+            &[event_type.into()],
+            &[],
+        )?;
+        let mut keys: Vec<BlockedKey> = Vec::new();
+        for r in &rows {
+            let key = r.text(0);
+            if keys.last().is_some_and(|k| k.key == key) {
+                continue;
+            }
+            if keys.len() == limit {
+                break;
+            }
+            keys.push(BlockedKey {
+                event_type: event_type.to_string(),
+                key,
+                blocked_by: r.id(1)?,
+                status: r.text(2),
+                waiting: 0,
+            });
+        }
+        for k in &mut keys {
+            let fixed = [event_type.into(), k.key.as_str().into()];
+            let n = run_query(&mut *conn, d, &d.common.key_waiting, &fixed, &[])?;
+            k.waiting = n.first().map_or(0, |r| r.int(0).max(0) as u64);
+        }
+        Ok(keys)
     }
 
     fn dlq_get(&self, id: EventId) -> Result<Option<DeadLetter>> {

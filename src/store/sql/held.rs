@@ -131,7 +131,12 @@ impl HeldTx {
             "{}; {}",
             hold.open
                 .replace("{ms}", &next.lease.as_millis().to_string()),
-            inline(claim, &params, &[], hold.literal)
+            inline(
+                &self.d.common.order(claim, next.ordered),
+                &params,
+                &[],
+                hold.literal
+            )
         ))
     }
 

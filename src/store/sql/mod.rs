@@ -16,7 +16,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId, NewEvent};
-use crate::store::{DeadLetter, DlqFilter, DlqStatus};
+use crate::store::{BlockedKey, DeadLetter, DlqFilter, DlqStatus};
 
 mod engine;
 mod held;
@@ -54,6 +54,10 @@ impl Catalog {
             ("status", &self.status),
             ("inbox_insert", &self.inbox_insert),
             ("insert_event_row", &self.insert_event_row),
+            ("blocked_keys", &c.blocked_keys),
+            ("key_waiting", &c.key_waiting),
+            ("ordered_skip", &c.ordered_skip),
+            ("ordered_block", &c.ordered_block),
             ("claim_update", &c.claim_update),
             ("recover", &c.recover),
             ("delete_outbox", &c.delete_outbox),

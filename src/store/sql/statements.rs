@@ -70,6 +70,32 @@ pub struct Common {
     pub dlq_set_status: String,
     /// {from} literal list, {ids}
     pub dlq_delete_status: String,
+    /// $1 type -> key, id, status of the dead letters (DEAD, RETRY) and FAILED
+    /// outbox events that hold a key of an ordered type back, by key and id
+    pub blocked_keys: String,
+    /// $1 type, $2 key -> how many events of the key are pending
+    pub key_waiting: String,
+    /// What the claims' `{order}` becomes for an ordered type that skips poison
+    /// events: no earlier event of the candidate's key pending or in process.
+    pub ordered_skip: String,
+    /// ... and for one that blocks on them: no earlier event of the key pending,
+    /// in process or failed, and no earlier dead letter of it waiting.
+    pub ordered_block: String,
+}
+
+impl Common {
+    /// A claim `template` with its `{order}` filled in for `ordered` (`None`: an
+    /// unordered type, no condition).
+    pub(crate) fn order(&self, template: &str, ordered: Option<crate::OnPoison>) -> String {
+        template.replace(
+            "{order}",
+            match ordered {
+                None => "",
+                Some(crate::OnPoison::Skip) => &self.ordered_skip,
+                Some(crate::OnPoison::Block) => &self.ordered_block,
+            },
+        )
+    }
 }
 
 /// `id IN ({ids})`, the way most dialects finish a batch by its ids.
@@ -80,7 +106,31 @@ pub(crate) const IDS_IN: &str = "id IN ({ids})";
 /// (usually [`IDS_IN`]).
 pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String, finish_ids: &str) -> Common {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
+    // a candidate row (the claim's own `{o}`) waits for an earlier row of its key
+    // in `table` with one of `statuses`: one look-up in the key index per row
+    let earlier = |table: &str, statuses: &str| {
+        format!(
+            "AND NOT EXISTS (SELECT 1 FROM {table} k WHERE k.event_type = {o}.event_type \
+               AND k.event_key = {o}.event_key AND k.status IN ({statuses}) AND k.id < {o}.id)"
+        )
+    };
     Common {
+        blocked_keys: format!(
+            "SELECT event_key, id, status FROM {d} WHERE event_type = $1 AND event_key IS NOT NULL \
+               AND status IN ('DEAD', 'RETRY') \
+             UNION ALL SELECT event_key, id, status FROM {o} WHERE event_type = $1 \
+               AND event_key IS NOT NULL AND status = 'FAILED' \
+             ORDER BY 1, 2"
+        ),
+        key_waiting: format!(
+            "SELECT COUNT(*) FROM {o} WHERE event_type = $1 AND event_key = $2 AND status = 'PENDING'"
+        ),
+        ordered_skip: earlier(o, "'PENDING', 'IN_PROCESS'"),
+        ordered_block: format!(
+            "{} {}",
+            earlier(o, "'PENDING', 'IN_PROCESS', 'FAILED'"),
+            earlier(d, "'DEAD', 'RETRY'")
+        ),
         claim_update: format!(
             "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
             plus("$2")
