@@ -75,10 +75,18 @@ impl Dlq {
         let mut out = Vec::new();
         for (event_type, s) in config.events() {
             if s.ordering == crate::EventOrder::Key && s.on_poison == crate::OnPoison::Block {
-                out.extend(self.store.blocked_keys(event_type, Self::MAX_BATCH_IDS)?);
+                out.extend(self.blocked_keys_of(event_type)?);
             }
         }
         Ok(out)
+    }
+
+    /// [`Dlq::blocked_keys`] of one type, which the caller knows to be ordered
+    /// with `on_poison = "block"` (what the CLI and the HTTP route ask, having
+    /// no configuration of the types): the keys with a dead letter waiting for
+    /// an operator or a FAILED event, at most [`Dlq::MAX_BATCH_IDS`].
+    pub fn blocked_keys_of(&self, event_type: &str) -> Result<Vec<BlockedKey>> {
+        self.store.blocked_keys(event_type, Self::MAX_BATCH_IDS)
     }
 
     /// One dead letter.

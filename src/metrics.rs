@@ -148,7 +148,7 @@ impl Histogram {
 }
 
 struct Registry {
-    counters: [AtomicU64; 11],
+    counters: [AtomicU64; COUNTERS.len()],
     polling_delay: Mutex<BTreeMap<String, f64>>,
     outbox: Mutex<Option<(Vec<TypeStatus>, u64)>>,
     send_latency: Histogram,

@@ -1025,6 +1025,77 @@ fn four_relays_keep_each_keys_order(b: Backend, p: &str) {
     assert_eq!(seen, ids.into_iter().collect::<HashSet<_>>(), "none lost");
 }
 
+/// One key's third event always fails. `block`: the key's later events wait,
+/// listed by `blocked_keys`, while every other key drains; resolving the dead
+/// letter releases them, in order. `skip`: the key goes on once the retries are
+/// used up, and the metric counts the skipped event.
+fn a_poison_event_blocks_or_is_skipped(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let ordered = |e: txbox::EventSettings| {
+        e.ordering(txbox::EventOrder::Key)
+            .fixed_polling(ms(20))
+            .max_retries(1)
+            .backoff_delay(ms(20))
+            .backoff_jitter(0.0)
+    };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", ordered)
+        .event("s", |e| ordered(e).on_poison(txbox::OnPoison::Skip))
+        .dlq(true)
+        .dlq_move_interval(ms(50))
+        .build()
+        .unwrap();
+    let keys = ["k0", "k1", "k2", "k3"];
+    let block = fx.publish_events(&c, keyed("e", &keys, 10));
+    let skip = fx.publish_events(&c, keyed("s", &keys, 10));
+    // k1's third event (round 2) of each type
+    let (poison, poison_s) = (block[2 * 4 + 1], skip[2 * 4 + 1]);
+    let sender = MemorySender::new();
+    sender.fail_when(move |e| [poison, poison_s].contains(&e.id).then(|| "poison".to_string()));
+    let skipped_before = txbox::metrics::snapshot().ordered_skipped;
+    let relay = Relay::start(fx.store.clone(), &c, sender.clone()).unwrap();
+    let dlq = Dlq::new(fx.store.clone());
+    let of = |t: &str, key: &str| -> Vec<i64> {
+        sender
+            .sent()
+            .iter()
+            .filter(|e| e.event_type == t)
+            .map(|e| serde_json::from_str::<(String, i64)>(&e.payload).unwrap())
+            .filter(|(k, _)| k == key)
+            .map(|(_, i)| i)
+            .collect()
+    };
+    let k1_blocked = || {
+        dlq.blocked_keys(&c)
+            .unwrap()
+            .iter()
+            .any(|k| k.key == "k1" && k.blocked_by == poison && k.status == "DEAD")
+    };
+    wait_until(
+        "the other keys drained, k1 blocked by its dead letter",
+        Duration::from_secs(30),
+        || ["k0", "k2", "k3"].iter().all(|k| of("e", k).len() == 10) && k1_blocked(),
+    );
+    let blocked = dlq.blocked_keys(&c).unwrap();
+    assert_eq!(blocked.len(), 1, "{blocked:?}");
+    assert_eq!(blocked[0].waiting, 7, "k1's events 3..9 wait");
+    assert_eq!(of("e", "k1"), vec![0, 1], "nothing of k1 after the poison");
+    // the skipping type went on past its poison
+    wait_until("every skip event but the poison", Duration::from_secs(30), || {
+        keys.iter().map(|k| of("s", k).len()).sum::<usize>() == 39
+    });
+    assert_eq!(of("s", "k1"), vec![0, 1, 3, 4, 5, 6, 7, 8, 9]);
+    assert!(txbox::metrics::snapshot().ordered_skipped > skipped_before);
+    // resolving the dead letter releases k1, in order
+    dlq.resolve(poison).unwrap();
+    wait_until("k1 released", Duration::from_secs(30), || {
+        of("e", "k1").len() == 9
+    });
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(of("e", "k1"), vec![0, 1, 3, 4, 5, 6, 7, 8, 9]);
+}
+
 /// The suite, instantiated per backend; each test gets its own table prefix
 /// (`c<tag>_<short>_`).
 macro_rules! suite {
@@ -1050,6 +1121,7 @@ macro_rules! suite {
             a_wake_after_the_commit_sends_at_once_on_every_dialect => "wake",
             ordered_claims_take_one_event_per_key_in_order => "ord",
             four_relays_keep_each_keys_order => "ord4",
+            a_poison_event_blocks_or_is_skipped => "poison",
             migrate_twice_is_fine => "mig",
             ping_answers_without_reading_a_table => "ping",
         );

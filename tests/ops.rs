@@ -870,3 +870,70 @@ fn stalled_clients_filling_every_slot_leave_health_answering() {
     drop(stalled);
     server.shutdown();
 }
+
+/// An ordered type's key held back by a dead letter: the CLI (`dlq blocked`)
+/// and the HTTP route (`GET /dlq/blocked`) name the key, the event that holds
+/// it and how many wait; resolving the dead letter clears it.
+#[test]
+fn the_cli_and_http_show_which_keys_are_blocked_and_by_what() {
+    let p = "t_ops_blocked_";
+    let Some((fx, server)) = guarded_server(p, Duration::from_secs(5)) else {
+        return;
+    };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("order-events", |e| e.ordering(txbox::EventOrder::Key))
+        .build()
+        .unwrap();
+    let events = (0..3)
+        .map(|i| {
+            txbox::NewEvent::new("order-events", &i)
+                .unwrap()
+                .key("order-7")
+        })
+        .collect();
+    let ids = fx.publish_events(&c, events);
+    let t = Uuid::now_v7();
+    let args = txbox::ClaimArgs {
+        ordered: Some(txbox::OnPoison::Block),
+        ..txbox::ClaimArgs::new("order-events", 10, Duration::from_secs(60))
+    };
+    let claimed = fx.store.claim_after(&args, t).unwrap();
+    assert_eq!(claimed.len(), 1, "one event of the key at a time");
+    let error = "poison".to_string();
+    fx.store
+        .finish(t, &[(ids[0], Outcome::Failed { error })])
+        .unwrap();
+    fx.store.move_failed_to_dlq(10).unwrap();
+
+    let (code, out, err) = cli(p, &["dlq", "blocked", "--type", "order-events"]);
+    assert_eq!(code, 0, "{err}");
+    let line = out.lines().nth(1).unwrap_or_default().to_string();
+    for word in ["order-events", "order-7", &ids[0].to_string(), "DEAD", "2"] {
+        assert!(line.contains(word), "{word} not in {out}");
+    }
+    let (agent, base) = http(&server);
+    let r = agent
+        .get(format!("{base}/dlq/blocked?type=order-events"))
+        .header("Authorization", "Bearer s3cret")
+        .call()
+        .unwrap();
+    let (code, text) = body(r);
+    assert_eq!(code, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["keys"][0]["key"], "order-7");
+    assert_eq!(v["keys"][0]["blocked_by"], ids[0].to_string());
+    assert_eq!(v["keys"][0]["waiting"], 2);
+    let (code, _) = body(
+        agent
+            .get(format!("{base}/dlq/blocked"))
+            .header("Authorization", "Bearer s3cret")
+            .call()
+            .unwrap(),
+    );
+    assert_eq!(code, 400, "the type is required");
+
+    Dlq::new(fx.store.clone()).resolve(ids[0]).unwrap();
+    let (code, out, _) = cli(p, &["--json", "dlq", "blocked", "--type", "order-events"]);
+    assert_eq!((code, out.trim()), (0, "[]"));
+}

@@ -250,6 +250,14 @@ fn bad_config_values_name_their_key_path() {
             "[events.a]\nwake = \"sometimes\"",
             "events.a.wake must be \"notify\" or \"poll\", not \"sometimes\"",
         ),
+        (
+            "[events.a]\nordering = \"keys\"",
+            "events.a.ordering must be \"none\" or \"key\", not \"keys\"",
+        ),
+        (
+            "[defaults]\non_poison = \"drop\"",
+            "defaults.on_poison must be \"block\" or \"skip\", not \"drop\"",
+        ),
     ];
     for (toml, want) in cases {
         let err = Config::from_toml(toml).unwrap_err().to_string();
@@ -377,6 +385,8 @@ fn overrides_inherit_from_defaults() {
         in_flight = 1
         claim = "lock"
         wake = "poll"
+        ordering = "key"
+        on_poison = "skip"
         [events.b.polling]
         strategy = "fixed"
         delay = "300ms"
@@ -412,6 +422,15 @@ fn overrides_inherit_from_defaults() {
         (txbox::ClaimMode::Lease, txbox::ClaimMode::Lock)
     );
     assert_eq!((a.wake, b.wake), (txbox::Wake::Notify, txbox::Wake::Poll));
+    assert_eq!(
+        (a.ordering, a.on_poison),
+        (txbox::EventOrder::None, txbox::OnPoison::Block),
+        "the defaults"
+    );
+    assert_eq!(
+        (b.ordering, b.on_poison),
+        (txbox::EventOrder::Key, txbox::OnPoison::Skip)
+    );
     assert_eq!(b.polling.strategy, txbox::PollingStrategy::Fixed);
     assert_eq!(b.polling.delay, Duration::from_millis(300));
     assert_eq!(b.polling.initial_delay, Duration::from_secs(1));

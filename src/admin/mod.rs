@@ -9,6 +9,7 @@
 //! | `GET /dlq/events/{id}` | one dead letter, JSON |
 //! | `PATCH /dlq/events/{id}` `{"status": "RETRY" \| "RESOLVED"}` | mark for retry / resolve |
 //! | `DELETE /dlq/events/{id}` | delete |
+//! | `GET /dlq/blocked?type=T` | the keys of the ordered type `T` (`on_poison = "block"`) waiting behind a dead letter or a FAILED event, `{"keys": [...]}` |
 //! | `POST /dlq/move` | move FAILED outbox events to the dead letters now (with the DLQ off, how they are reached), `{"moved": n}` |
 //!
 //! Every DLQ route, reads included (dead letters hold payloads, keys and headers),
@@ -355,6 +356,7 @@ fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body:
             .and_then(|id| dlq.get(id))
             .map(|d| json(200, &d)),
         ("PATCH", ["dlq", "events", id]) => patch(&dlq, id, body),
+        ("GET", ["dlq", "blocked"]) => blocked(&dlq, &call.url),
         ("POST", ["dlq", "move"]) => dlq
             .move_failed(MOVE_LIMIT)
             .map(|n| json(200, &serde_json::json!({ "moved": n }))),
@@ -365,7 +367,12 @@ fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body:
             .map(|()| reply(204, "")),
         (
             _,
-            ["health"] | ["metrics"] | ["dlq", "events"] | ["dlq", "events", _] | ["dlq", "move"],
+            ["health"]
+            | ["metrics"]
+            | ["dlq", "events"]
+            | ["dlq", "events", _]
+            | ["dlq", "move"]
+            | ["dlq", "blocked"],
         ) => {
             return err(
                 405,
@@ -438,6 +445,25 @@ fn list(dlq: &Dlq, url: &str) -> Result<Resp> {
         200,
         &serde_json::json!({ "total": total, "offset": filter.offset, "events": events }),
     ))
+}
+
+/// `GET /dlq/blocked?type=T`: the blocked keys of the ordered type `T`.
+fn blocked(dlq: &Dlq, url: &str) -> Result<Resp> {
+    let mut event_type = None;
+    for (k, v) in query_params(url) {
+        match k.as_str() {
+            "type" => event_type = Some(v),
+            other => {
+                return Err(Error::InvalidInput(format!(
+                    "unknown query parameter {other:?}"
+                )))
+            }
+        }
+    }
+    let event_type = event_type
+        .ok_or_else(|| Error::InvalidInput("the query parameter type (an ordered event type) is missing".into()))?;
+    let keys = dlq.blocked_keys_of(&event_type)?;
+    Ok(json(200, &serde_json::json!({ "keys": keys })))
 }
 
 #[derive(serde::Deserialize)]

@@ -68,6 +68,13 @@ enum DlqCommand {
         #[arg(long, default_value_t = 50, value_name = "N")]
         limit: u64,
     },
+    /// The keys of an ordered type (ordering = "key", on_poison = "block")
+    /// whose later events wait behind a dead letter or a failed event
+    Blocked {
+        /// The ordered event type
+        #[arg(long = "type", value_name = "T")]
+        event_type: String,
+    },
     /// One dead letter with payload, headers and last error
     Show {
         /// The event id
@@ -274,6 +281,23 @@ fn run(cli: Cli) -> Result<String, Fail> {
                         d.attempts.to_string(),
                         printable(&d.moved_at),
                         printable(&err),
+                    ]
+                },
+            )?
+        }
+        Command::Dlq(DlqCommand::Blocked { event_type }) => {
+            let rows = dlq.blocked_keys_of(&event_type)?;
+            listing(
+                as_json,
+                &rows,
+                &["EVENT TYPE", "KEY", "BLOCKED BY", "STATUS", "WAITING"],
+                |k| {
+                    vec![
+                        printable(&k.event_type),
+                        printable(&k.key),
+                        k.blocked_by.to_string(),
+                        k.status.clone(),
+                        k.waiting.to_string(),
                     ]
                 },
             )?
