@@ -968,8 +968,8 @@ fn ordered_claims_take_one_event_per_key_in_order(b: Backend, p: &str) {
     );
 }
 
-/// Four relays on one table, keyed events and a sender that fails 5% of the
-/// sends once: each key's events reach the sender in publish order (a retry may
+/// Four relays on one table, 200 keys x 50 events and a sender that fails 5%
+/// of the sends once: each key's events reach the sender in publish order (a retry may
 /// repeat the key's latest, never go back to an earlier one), none lost.
 fn four_relays_keep_each_keys_order(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
@@ -984,9 +984,9 @@ fn four_relays_keep_each_keys_order(b: Backend, p: &str) {
         })
         .build()
         .unwrap();
-    let keys: Vec<String> = (0..40).map(|k| format!("key-{k}")).collect();
+    let keys: Vec<String> = (0..200).map(|k| format!("key-{k}")).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let ids = fx.publish_events(&c, keyed("e", &key_refs, 15));
+    let ids = fx.publish_events(&c, keyed("e", &key_refs, 50));
     let sender = MemorySender::new();
     let failed_once = Arc::new(Mutex::new(HashSet::new()));
     sender.fail_when(move |e| {
