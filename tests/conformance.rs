@@ -1052,7 +1052,11 @@ fn a_poison_event_blocks_or_is_skipped(b: Backend, p: &str) {
     // k1's third event (round 2) of each type
     let (poison, poison_s) = (block[2 * 4 + 1], skip[2 * 4 + 1]);
     let sender = MemorySender::new();
-    sender.fail_when(move |e| [poison, poison_s].contains(&e.id).then(|| "poison".to_string()));
+    sender.fail_when(move |e| {
+        [poison, poison_s]
+            .contains(&e.id)
+            .then(|| "poison".to_string())
+    });
     let skipped_before = txbox::metrics::snapshot().ordered_skipped;
     let relay = Relay::start(fx.store.clone(), &c, sender.clone()).unwrap();
     let dlq = Dlq::new(fx.store.clone());
@@ -1082,9 +1086,11 @@ fn a_poison_event_blocks_or_is_skipped(b: Backend, p: &str) {
     assert_eq!(blocked[0].waiting, 7, "k1's events 3..9 wait");
     assert_eq!(of("e", "k1"), vec![0, 1], "nothing of k1 after the poison");
     // the skipping type went on past its poison
-    wait_until("every skip event but the poison", Duration::from_secs(30), || {
-        keys.iter().map(|k| of("s", k).len()).sum::<usize>() == 39
-    });
+    wait_until(
+        "every skip event but the poison",
+        Duration::from_secs(30),
+        || keys.iter().map(|k| of("s", k).len()).sum::<usize>() == 39,
+    );
     assert_eq!(of("s", "k1"), vec![0, 1, 3, 4, 5, 6, 7, 8, 9]);
     assert!(txbox::metrics::snapshot().ordered_skipped > skipped_before);
     // resolving the dead letter releases k1, in order

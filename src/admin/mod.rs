@@ -460,8 +460,9 @@ fn blocked(dlq: &Dlq, url: &str) -> Result<Resp> {
             }
         }
     }
-    let event_type = event_type
-        .ok_or_else(|| Error::InvalidInput("the query parameter type (an ordered event type) is missing".into()))?;
+    let event_type = event_type.ok_or_else(|| {
+        Error::InvalidInput("the query parameter type (an ordered event type) is missing".into())
+    })?;
     let keys = dlq.blocked_keys_of(&event_type)?;
     Ok(json(200, &serde_json::json!({ "keys": keys })))
 }

@@ -61,7 +61,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         ],
         ping: "SELECT 1 FROM DUAL",
         max_ids: 1000,
-        common: sql::common(t, NOW, plus, sql::IDS_IN),
+        common: sql::common(t, NOW, plus, sql::IDS_IN, &sql::PLAIN_LOOKUP),
         claim_returning: None,
         hold_claim: None,
         // no row limit in SQL: the fetch size limits it ($2 is not bound)

@@ -46,7 +46,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         exists_errors: &[],
         ping: "SELECT 1",
         max_ids: 500,
-        common: sql::common(t, NOW, plus, sql::IDS_IN),
+        common: sql::common(t, NOW, plus, sql::IDS_IN, &sql::PLAIN_LOOKUP),
         claim_returning: None,
         hold_claim: None,
         claim_select: format!(

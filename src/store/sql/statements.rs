@@ -98,20 +98,43 @@ impl Common {
     }
 }
 
+/// How a dialect makes an ordered claim's look-up of a candidate's key (one per
+/// candidate row) read the key index, whatever the table's statistics say.
+pub(crate) struct KeyLookup {
+    /// Written after the table of the look-up, given the key index's name.
+    pub hint: fn(&str) -> String,
+    /// Written at the end of the look-up.
+    pub tail: &'static str,
+}
+
+/// No hint: the planner finds the key index on its own (SQLite, Oracle).
+pub(crate) const PLAIN_LOOKUP: KeyLookup = KeyLookup {
+    hint: |_| String::new(),
+    tail: "",
+};
+
 /// `id IN ({ids})`, the way most dialects finish a batch by its ids.
 pub(crate) const IDS_IN: &str = "id IN ({ids})";
 
 /// The statements of [`Common`] for a dialect whose clock is `now`, whose "now + n
-/// ms" is `plus`, and whose finish statements pick their rows with `finish_ids`
-/// (usually [`IDS_IN`]).
-pub(crate) fn common(t: &Tables, now: &str, plus: fn(&str) -> String, finish_ids: &str) -> Common {
+/// ms" is `plus`, whose finish statements pick their rows with `finish_ids`
+/// (usually [`IDS_IN`]) and whose ordered claims look keys up with `lookup`.
+pub(crate) fn common(
+    t: &Tables,
+    now: &str,
+    plus: fn(&str) -> String,
+    finish_ids: &str,
+    lookup: &KeyLookup,
+) -> Common {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     // a candidate row (the claim's own `{o}`) waits for an earlier row of its key
     // in `table` with one of `statuses`: one look-up in the key index per row
     let earlier = |table: &str, statuses: &str| {
+        let hint = (lookup.hint)(&format!("{table}_key_idx"));
         format!(
-            "AND NOT EXISTS (SELECT 1 FROM {table} k WHERE k.event_type = {o}.event_type \
-               AND k.event_key = {o}.event_key AND k.status IN ({statuses}) AND k.id < {o}.id)"
+            "AND NOT EXISTS (SELECT 1 FROM {table} k {hint} WHERE k.event_type = {o}.event_type \
+               AND k.event_key = {o}.event_key AND k.status IN ({statuses}) AND k.id < {o}.id{})",
+            lookup.tail
         )
     };
     Common {
