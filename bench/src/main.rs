@@ -39,6 +39,8 @@ struct Size {
     /// how many single events after an idle spell are timed
     idle_samples: usize,
     instances: usize,
+    /// pending rows under the ordered claim's plan
+    plan_rows: usize,
     /// `--rounds N`: how many times the relay floor's turns and the brokers' relay
     /// and direct runs repeat; each figure is the median
     rounds: usize,
@@ -326,6 +328,142 @@ fn fill(c: &mut postgres::Client, outbox: &Outbox, n: usize) -> Res<Vec<EventId>
         tx.commit()?;
     }
     Ok(ids)
+}
+
+/// `n` events for the ordered runs: keys `k0`..`k{keys - 1}` taking turns (each
+/// key's events spread over the whole table, as a busy aggregate's are), or no
+/// key when `keys` is 0.
+fn fill_keyed(c: &mut postgres::Client, outbox: &Outbox, n: usize, keys: usize) -> Res<()> {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut tx = c.transaction()?;
+        let events = chunk
+            .iter()
+            .map(|i| {
+                let e = txbox::NewEvent::new("bench", &serde_json::json!({"n": i}))?;
+                Ok(if keys == 0 {
+                    e
+                } else {
+                    e.key(format!("k{}", i % keys))
+                })
+            })
+            .collect::<txbox::Result<Vec<_>>>()?;
+        outbox.publish_all(&mut tx, events)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+/// The relay floor (PostgreSQL -> memory) of an ordered type: 1,000 keys against
+/// the same events unordered, in the same run, and 1 key (one event at a time).
+fn ordered_floor(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_ordered_";
+    let drain = |n: usize, keys: usize, ordering: txbox::EventOrder| -> Res<f64> {
+        let cfg = s.relay_config(p, EventSettings::default().ordering(ordering));
+        let (store, mut c) = fresh(p)?;
+        fill_keyed(&mut c, &Outbox::new(&cfg)?, n, keys)?;
+        let sender = MemorySender::new();
+        let t = Instant::now();
+        let relay = Relay::start(store, &cfg, sender.clone())?;
+        if sender.wait_for(n, Duration::from_secs(600)) < n {
+            return Err(format!("ordered floor: {keys} keys: not all {n} sent").into());
+        }
+        relay.shutdown(Duration::from_secs(10))?;
+        // each key's events reached the sender in publish order
+        let mut last: HashMap<String, i64> = HashMap::new();
+        for e in sender.sent() {
+            let i = serde_json::from_str::<serde_json::Value>(&e.payload)?["n"]
+                .as_i64()
+                .unwrap_or(-1);
+            if let Some(k) = &e.key {
+                if ordering == txbox::EventOrder::Key && last.insert(k.clone(), i).is_some_and(|b| b > i) {
+                    return Err(format!("ordered floor: key {k} out of order").into());
+                }
+            }
+        }
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    };
+    let (mut ordered, mut unordered) = (Vec::new(), Vec::new());
+    for _ in 0..s.rounds {
+        unordered.push(drain(s.floor, 1000, txbox::EventOrder::None)?);
+        ordered.push(drain(s.floor, 1000, txbox::EventOrder::Key)?);
+    }
+    let (ordered, unordered) = (median(&mut ordered), median(&mut unordered));
+    out.push(row(
+        format!("ordered relay floor, 1,000 keys, {} events", s.floor),
+        format!("{ordered:.0} ev/s"),
+        format!("{unordered:.0} ev/s (unordered)"),
+        ordered / unordered,
+        ">= 0.7",
+    ));
+    let one = (s.floor / 10).max(500);
+    let rate = drain(one, 1, txbox::EventOrder::Key)?;
+    out.push(row(
+        format!("ordered relay floor, 1 key, {one} events (one event at a time)"),
+        format!("{rate:.0} ev/s"),
+        format!("{unordered:.0} ev/s (unordered)"),
+        rate / unordered,
+        "reported",
+    ));
+    Ok(())
+}
+
+/// The plan of an ordered claim over `s.plan_rows` pending events of 1,000 keys
+/// (the first 10 of each key in process, so the look-ups find their keys busy),
+/// as `EXPLAIN (ANALYZE)` gives it: printed, and a row with its time and whether
+/// every table is read through an index.
+fn ordered_plan(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_plan_";
+    let cfg = config(p, EventSettings::default().ordering(txbox::EventOrder::Key));
+    let (store, mut c) = fresh(p)?;
+    fill_keyed(&mut c, &Outbox::new(&cfg)?, s.plan_rows, 1000)?;
+    c.batch_execute(&format!("VACUUM ANALYZE {p}outbox_events"))?;
+    let token = uuid::Uuid::now_v7();
+    let args = txbox::ClaimArgs {
+        ordered: Some(txbox::OnPoison::Block),
+        ..txbox::ClaimArgs::new("bench", 200, Duration::from_secs(600))
+    };
+    // the keys' heads in process: the next claim finds every key busy
+    for _ in 0..5 {
+        store.claim_after(&args, token)?;
+    }
+    let sql: HashMap<&str, String> = store.statements().into_iter().collect();
+    let claim = sql
+        .get("claim_returning")
+        .ok_or("no claim_returning")?
+        .replace("{order}", &sql["ordered_block"])
+        .replace("$1", "'bench'")
+        .replace("$2", "200")
+        .replace("$3", "gen_random_uuid()")
+        .replace("$4", "600000")
+        .replace("$5", "'00000000-0000-0000-0000-000000000000'::uuid");
+    let mut tx = c.transaction()?;
+    let plan: Vec<String> = tx
+        .query(&format!("EXPLAIN (ANALYZE, BUFFERS) {claim}"), &[])?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    tx.rollback()?;
+    for line in &plan {
+        eprintln!("  {line}");
+    }
+    let seq = plan.iter().any(|l| l.contains("Seq Scan"));
+    let time = plan
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("Execution Time: "))
+        .unwrap_or("?")
+        .to_string();
+    out.push(row(
+        format!(
+            "ordered claim over {} pending events of 1,000 keys, every key busy: {}",
+            s.plan_rows,
+            if seq { "a Seq Scan" } else { "index scans only" }
+        ),
+        time,
+        "-".into(),
+        0.0,
+        "index scans",
+    ));
+    Ok(())
 }
 
 /// The relay's own claim and finish statements, sent by hand in a loop: what
@@ -1442,10 +1580,12 @@ fn many_latency(s: &Size, broker: &str, out: &mut Vec<Row>) -> Res<()> {
     Ok(())
 }
 
-const PARTS: [&str; 7] = [
+const PARTS: [&str; 9] = [
     "publish",
     "batch",
     "floor",
+    "ordered",
+    "plan",
     "brokers",
     "idle",
     "latency",
@@ -1469,8 +1609,10 @@ const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
   --rounds N       how often the relay floor's turns (relay, hand loop, hand loop,
                    relay) and the brokers' runs (relay, direct, database alone)
                    repeat; each figure is their median (quick 1; full 3)
-  --only PARTS     run only these parts: publish, batch, floor, brokers, idle,
-                   latency, instances
+  --only PARTS     run only these parts: publish, batch, floor, ordered, plan,
+                   brokers, idle, latency, instances (ordered: the relay floor
+                   of an ordered type; plan: an ordered claim's EXPLAIN over
+                   100,000 pending rows, 1,000,000 with --full)
   --in-flight N    batches the relay keeps with the broker (1..=16; default: the
                    relay's default, 3)
   --delete-acked   the relay floor and the brokers with processed_ttl zero: acked
@@ -1590,6 +1732,7 @@ fn main() -> Res<()> {
             idle_single: Duration::from_secs(60),
             idle_samples: 10,
             instances: 100_000,
+            plan_rows: 1_000_000,
             rounds: 3,
             in_flight,
             delete_acked: args.delete_acked,
@@ -1607,6 +1750,7 @@ fn main() -> Res<()> {
             idle_single: Duration::from_secs(5),
             idle_samples: 2,
             instances: 20_000,
+            plan_rows: 100_000,
             rounds: 1,
             in_flight,
             delete_acked: args.delete_acked,
@@ -1644,6 +1788,14 @@ fn main() -> Res<()> {
         relay_floor(&s, false, &mut out)?;
         relay_floor(&s, true, &mut out)?;
         step("relay floor");
+    }
+    if part("ordered") {
+        ordered_floor(&s, &mut out)?;
+        step("ordered relay floor");
+    }
+    if part("plan") {
+        ordered_plan(&s, &mut out)?;
+        step("ordered claim plan");
     }
     if part("brokers") {
         ensure_queue(&rabbit)?;
