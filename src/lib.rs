@@ -165,7 +165,7 @@ pub use inbox::{
 pub use outbox::Outbox;
 #[cfg(feature = "postgres")]
 pub use outbox::{PgPrepared, PgPreparedTx};
-pub use relay::{Relay, RelayProbe, RelayWaker};
+pub use relay::{Delivery, Relay, RelayProbe, RelayWaker, TypeDelivery};
 pub use sender::{MemorySender, SendError, SendErrorKind, Sender, SenderFactory, Started};
 pub use store::{
     BlockedKey, ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus,

@@ -1102,6 +1102,45 @@ fn a_poison_event_blocks_or_is_skipped(b: Backend, p: &str) {
     assert_eq!(of("e", "k1"), vec![0, 1, 3, 4, 5, 6, 7, 8, 9]);
 }
 
+/// `Relay::deliver_pending` sends what is due now on the caller's thread and
+/// reports it per type: a refused event is retried later (not twice in one
+/// call), an ordered key's events all go, in order, and a second call finds
+/// nothing.
+fn deliver_pending_sends_what_is_due_and_reports_it(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e)
+        .event("f", |e| e.backoff_delay(Duration::from_secs(3600)))
+        .event("o", |e| e.ordering(txbox::EventOrder::Key).batch_size(10))
+        .build()
+        .unwrap();
+    let e = fx.publish(&c, "e", 3, true);
+    let f = fx.publish(&c, "f", 2, true);
+    let o = fx.publish_events(&c, keyed("o", &["k"], 3));
+    let sender = MemorySender::new();
+    let bad = f[0];
+    sender.fail_when(move |e| (e.id == bad).then(|| "refused".to_string()));
+    let report = Relay::deliver_pending(&*fx.store, &c, &mut sender.clone()).unwrap();
+    let t = |name: &str| report.by_type.get(name).copied().unwrap_or_default();
+    assert_eq!((t("e").sent, t("e").retried), (3, 0));
+    assert_eq!((t("f").sent, t("f").retried, t("f").failed), (1, 1, 0));
+    assert_eq!(t("o").sent, 3, "the key's events, one batch each");
+    assert_eq!((report.sent(), report.not_sent()), (7, 1));
+    let sent: Vec<EventId> = sender.sent().iter().map(|e| e.id).collect();
+    let of_o: Vec<EventId> = sent.iter().copied().filter(|id| o.contains(id)).collect();
+    assert_eq!(of_o, o, "in order");
+    assert!(e.iter().all(|id| sent.contains(id)) && sent.contains(&f[1]));
+    assert!(sender.sent().iter().all(|e| e.destination == e.event_type));
+    assert_eq!(
+        fx.counts("f").pending,
+        1,
+        "the refused one waits for its backoff"
+    );
+    let again = Relay::deliver_pending(&*fx.store, &c, &mut sender.clone()).unwrap();
+    assert_eq!(again, txbox::Delivery::default(), "nothing due");
+}
+
 /// The suite, instantiated per backend; each test gets its own table prefix
 /// (`c<tag>_<short>_`).
 macro_rules! suite {
@@ -1128,6 +1167,7 @@ macro_rules! suite {
             ordered_claims_take_one_event_per_key_in_order => "ord",
             four_relays_keep_each_keys_order => "ord4",
             a_poison_event_blocks_or_is_skipped => "poison",
+            deliver_pending_sends_what_is_due_and_reports_it => "flush",
             migrate_twice_is_fine => "mig",
             ping_answers_without_reading_a_table => "ping",
         );

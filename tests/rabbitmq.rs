@@ -113,6 +113,51 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     assert_eq!(count(&mut client, p, "PROCESSED"), 50);
 }
 
+/// `Relay::deliver_pending` with the real sender: the events are at the broker
+/// when it returns, and their rows are PROCESSED.
+#[test]
+fn deliver_pending_puts_the_events_at_the_broker_before_it_returns() {
+    if !rabbit_up() {
+        return;
+    }
+    let (exchange, queue) = direct("order-created");
+    let p = "t_rabbit_flush_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("order-created", |e| {
+            e.destination(&exchange).routing_key("order-created")
+        })
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = outbox
+        .publish_all(&mut tx, NewEvent::batch("order-created", 0..5).unwrap())
+        .unwrap();
+    tx.commit().unwrap();
+    let mut sender = RabbitSender::builder(&rabbit_url())
+        .build()
+        .create()
+        .unwrap();
+    let report = Relay::deliver_pending(&*store, &config, &mut *sender).unwrap();
+    assert_eq!(report.sent(), 5);
+    assert_eq!(count(&mut client, p, "PROCESSED"), 5);
+    // already at the broker: a plain get finds every one
+    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
+    let ch = conn.open_channel(None).unwrap();
+    let q = ch.queue_declare_passive(&queue).unwrap();
+    let mut got = Vec::new();
+    while let Some(m) = q.get(true).unwrap() {
+        got.push(m.delivery.properties.message_id().clone().unwrap());
+    }
+    let want: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    assert_eq!(got, want);
+    conn.close().unwrap();
+}
+
 /// The sender opens its own socket (to set TCP_NODELAY) and reads the URL itself:
 /// the virtual host, the parameters and the credentials reach the broker.
 #[test]

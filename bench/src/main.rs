@@ -375,7 +375,9 @@ fn ordered_floor(s: &Size, out: &mut Vec<Row>) -> Res<()> {
                 .as_i64()
                 .unwrap_or(-1);
             if let Some(k) = &e.key {
-                if ordering == txbox::EventOrder::Key && last.insert(k.clone(), i).is_some_and(|b| b > i) {
+                if ordering == txbox::EventOrder::Key
+                    && last.insert(k.clone(), i).is_some_and(|b| b > i)
+                {
                     return Err(format!("ordered floor: key {k} out of order").into());
                 }
             }
@@ -456,7 +458,11 @@ fn ordered_plan(s: &Size, out: &mut Vec<Row>) -> Res<()> {
         format!(
             "ordered claim over {} pending events of 1,000 keys, every key busy: {}",
             s.plan_rows,
-            if seq { "a Seq Scan" } else { "index scans only" }
+            if seq {
+                "a Seq Scan"
+            } else {
+                "index scans only"
+            }
         ),
         time,
         "-".into(),

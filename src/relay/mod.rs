@@ -37,6 +37,7 @@ use crate::sender::SenderFactory;
 use crate::store::{FullStore, InboxStore};
 
 mod delay;
+mod flush;
 mod listener;
 mod maintenance;
 mod poller;
@@ -45,6 +46,8 @@ mod retry;
 pub(crate) use delay::PollState;
 use maintenance::{MaintenanceStep, Periodic};
 use poller::Poller;
+
+pub use flush::{Delivery, TypeDelivery};
 
 /// The running relay. Dropping it stops the threads without waiting; call
 /// [`Relay::shutdown`] to let in-flight batches finish.

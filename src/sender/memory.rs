@@ -1,4 +1,5 @@
-//! An in-memory sender: for unit tests of the relay and for the demo.
+//! An in-memory sender: the recording sender for your tests, for unit tests of
+//! the relay and for the demo.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -10,8 +11,14 @@ use crate::event::Event;
 
 type FailFn = dyn Fn(&Event) -> Option<String> + Send + Sync;
 
-/// Keeps every "sent" event in memory. Clones share the same store, so the relay's
-/// threads and the test see the same events.
+/// Keeps every "sent" event in memory, in the order sent: the recording sender
+/// to assert on in your own integration tests, with a relay
+/// ([`Relay::start`](crate::Relay::start); [`MemorySender::wait_for`] waits with
+/// a deadline) or without one ([`Relay::deliver_pending`](crate::Relay::deliver_pending)
+/// sends what is due on the test's thread). Clones share the same store, so the
+/// relay's threads and the test see the same events. [`MemorySender::fail_when`]
+/// makes the "broker" refuse the events you pick, to test your retries and dead
+/// letters.
 ///
 /// ```
 /// let sender = txbox::MemorySender::new();
