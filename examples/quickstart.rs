@@ -1,6 +1,8 @@
 //! txbox in one screen: business transactions publish events into the outbox (some
 //! roll back), a relay delivers the committed ones, and the program checks that none
-//! was lost, none duplicated, and no rolled-back event escaped.
+//! was lost, none duplicated, and no rolled-back event escaped. It tells what it
+//! does as it goes: the configuration, each order's transaction, what the relay
+//! delivered and where the rows are.
 //!
 //! ```text
 //! cargo run --example quickstart                                    # SQLite in a temp file
@@ -26,7 +28,7 @@ struct OrderCreated {
     total_cents: i64,
 }
 
-const ORDERS: i64 = 50;
+const ORDERS: i64 = 10;
 
 fn order(i: i64) -> OrderCreated {
     OrderCreated {
@@ -58,12 +60,20 @@ fn end<T, E: Into<Box<dyn std::error::Error>>>(
     commit: impl FnOnce(T) -> Result<(), E>,
     rollback: impl FnOnce(T) -> Result<(), E>,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let o = order(i);
     if declined(i) {
         rollback(tx).map_err(Into::into)?;
         ids.1.insert(id);
+        println!(
+            "  order {i:>2}: declined, rolled back: the order row and event {id} are gone together"
+        );
     } else {
         commit(tx).map_err(Into::into)?;
         ids.0.insert(id);
+        println!(
+            "  order {i:>2}: committed with event {id} ({} cents for {})",
+            o.total_cents, o.customer
+        );
     }
     Ok(())
 }
@@ -171,8 +181,22 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         Some(u) => return Err(format!("unsupported database url {u:?} (sqlite is the default; postgres://, or mysql:// with --features mysql)").into()),
     };
     store.migrate()?;
+    let where_ = match url.as_deref() {
+        None => format!("SQLite file {} (removed at the end)", tmp.display()),
+        Some(u) => u.split('@').next_back().unwrap_or(u).to_string(),
+    };
+    println!("database: {where_}, schema migrated (tables quickstart_outbox_events, ...)");
+    println!(
+        "config: event type order-created -> destination \"orders\", adaptive polling 50ms..2s, DLQ on"
+    );
     let sender = MemorySender::new();
-    let relay = Relay::start(store, &config, sender.clone())?;
+    let relay = Relay::start(store.clone(), &config, sender.clone())?;
+    let threads = relay.probe().threads().1;
+    println!(
+        "relay: {threads} threads (one poller, recovery, cleanup, three for the DLQ{}), sending to memory",
+        if threads > 6 { ", the commit listener" } else { "" }
+    );
+    println!("publishing {ORDERS} orders, each in its own transaction (every fifth is declined):");
     // PostgreSQL wakes the relay on commit by itself; on SQLite and MySQL the
     // code that commits wakes it, so nothing waits for the next poll
     let waker = relay.waker();
@@ -195,6 +219,21 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         sender.wait_for(sender.len() + 1, Duration::from_millis(200));
     }
     relay.shutdown(Duration::from_secs(10))?;
+    let sent = sender.sent();
+    println!(
+        "relay: delivered {} events to destination {:?}, each acked before its row was marked PROCESSED",
+        sent.len(),
+        sent.first().map(|e| e.destination.as_str()).unwrap_or("orders")
+    );
+    let waiting: u64 = store
+        .status()?
+        .iter()
+        .map(|s| s.pending + s.in_process + s.failed)
+        .sum();
+    println!(
+        "rows: the orders in quickstart_orders, the events in quickstart_outbox_events \
+         ({waiting} still to send; PROCESSED rows are cleaned after processed_ttl)"
+    );
     if url.is_none() {
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", tmp.display()));
