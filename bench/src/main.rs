@@ -41,6 +41,10 @@ struct Size {
     instances: usize,
     /// pending rows under the ordered claim's plan
     plan_rows: usize,
+    /// `--trigger on|off|empty`: the publish overhead with the commit
+    /// notification as shipped, its trigger disabled, or its function emptied
+    /// (the trigger fires and sends nothing): what NOTIFY itself costs
+    trigger: String,
     /// `--rounds N`: how many times the relay floor's turns and the brokers' relay
     /// and direct runs repeat; each figure is the median
     rounds: usize,
@@ -189,6 +193,15 @@ fn publish_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_pub_";
     let (_store, mut c) = fresh(p)?;
     c.batch_execute("DROP TABLE IF EXISTS bench_orders; CREATE TABLE bench_orders (id bigserial PRIMARY KEY, total bigint)")?;
+    match s.trigger.as_str() {
+        "off" => c.batch_execute(&format!(
+            "ALTER TABLE {p}outbox_events DISABLE TRIGGER {p}outbox_events_notify"
+        ))?,
+        "empty" => c.batch_execute(&format!(
+            "CREATE OR REPLACE FUNCTION {p}txbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$"
+        ))?,
+        _ => {}
+    }
     let outbox = Outbox::new(&config(p, EventSettings::default()))?;
     // the least any outbox adds: the same row inserted by hand in the transaction,
     // with a statement prepared once (one round trip)
@@ -1626,6 +1639,9 @@ const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
   --claim lock     the relay floor and the brokers with held claims (claim = \"lock\":
                    rows locked in an open transaction, not stamped; the hand loop
                    too); default lease
+  --trigger T      the publish overhead with PostgreSQL's commit notification
+                   `on` (as shipped), `off` (its trigger disabled) or `empty`
+                   (the trigger fires, its function sends nothing)
   --help           this text";
 
 /// The command line, checked: an unknown flag or a bad value is an error, not a
@@ -1642,6 +1658,7 @@ struct Args {
     idle: Option<u64>,
     rate_secs: Option<u64>,
     rounds: Option<usize>,
+    trigger: String,
 }
 
 impl Args {
@@ -1658,6 +1675,7 @@ impl Args {
             idle: None,
             rate_secs: None,
             rounds: None,
+            trigger: "on".into(),
         };
         fn positive<T: std::str::FromStr + PartialOrd + Default>(
             flag: &str,
@@ -1699,6 +1717,13 @@ impl Args {
                 "--idle" => a.idle = positive(arg, it.next())?,
                 "--rate-secs" => a.rate_secs = positive(arg, it.next())?,
                 "--rounds" => a.rounds = positive(arg, it.next())?,
+                "--trigger" => {
+                    let v = it.next().ok_or("--trigger needs on, off or empty")?;
+                    if !["on", "off", "empty"].contains(&v.as_str()) {
+                        return Err(format!("--trigger: `{v}` is not on, off or empty"));
+                    }
+                    a.trigger = v.clone();
+                }
                 other => return Err(format!("unknown argument `{other}`")),
             }
         }
@@ -1739,6 +1764,7 @@ fn main() -> Res<()> {
             idle_samples: 10,
             instances: 100_000,
             plan_rows: 1_000_000,
+            trigger: String::new(),
             rounds: 3,
             in_flight,
             delete_acked: args.delete_acked,
@@ -1757,6 +1783,7 @@ fn main() -> Res<()> {
             idle_samples: 2,
             instances: 20_000,
             plan_rows: 100_000,
+            trigger: String::new(),
             rounds: 1,
             in_flight,
             delete_acked: args.delete_acked,
@@ -1773,6 +1800,7 @@ fn main() -> Res<()> {
         idle_single: args.idle.map_or(s.idle_single, Duration::from_secs),
         rate_secs: args.rate_secs.unwrap_or(s.rate_secs),
         rounds: args.rounds.unwrap_or(s.rounds),
+        trigger: args.trigger.clone(),
         ..s
     };
     let _ = env_logger::builder()
