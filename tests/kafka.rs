@@ -267,6 +267,53 @@ fn two_batches_in_flight_get_their_own_reports() {
     assert_eq!(order, expected, "one partition keeps the start order");
 }
 
+/// One key's events in eight batches in flight at once, on a topic of four
+/// partitions: the record key is the event key, so they all land in one
+/// partition, and the idempotent producer keeps their start order there.
+#[test]
+fn one_keys_events_in_batches_in_flight_keep_their_order() {
+    use txbox::{Sender, Started};
+    if !kafka_up() {
+        return;
+    }
+    let topic = format!("txbox-keyorder-{}", unique());
+    create_topic(&topic, 4);
+    let mut sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
+    let batches: Vec<Vec<txbox::Event>> = (0..8)
+        .map(|b| {
+            (0..50)
+                .map(|i| {
+                    let mut e = claimed(&topic, "doc", format!("{}", b * 50 + i));
+                    e.key = Some("order-7".into());
+                    e
+                })
+                .collect()
+        })
+        .collect();
+    for b in &batches {
+        assert!(matches!(sender.start(b), Started::InFlight));
+    }
+    for _ in &batches {
+        let r = sender.wait();
+        assert!(r.len() == 50 && r.iter().all(|r| r.is_ok()), "{r:?}");
+    }
+    let got = consume_events(400, |h| consume(&topic, h));
+    let partitions: std::collections::HashSet<i32> = got
+        .iter()
+        .map(|e| match e.position {
+            txbox::Position::Kafka { partition, .. } => partition,
+            _ => -1,
+        })
+        .collect();
+    assert_eq!(
+        partitions.len(),
+        1,
+        "one key, one partition: {partitions:?}"
+    );
+    let order: Vec<u64> = got.iter().map(|e| e.json::<u64>().unwrap()).collect();
+    assert_eq!(order, (0..400).collect::<Vec<_>>(), "the start order");
+}
+
 /// A message to handle again that cannot be rewound (its partition was taken away
 /// while the handler ran, as a rebalance does) stops the loop with an error naming
 /// it, and nothing past it is committed: it is never skipped.
