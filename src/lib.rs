@@ -60,7 +60,10 @@
 //!    a [`PgPrepared`] statement wrapping one).
 //! 4. **Relay**: [`Relay::start`] with a [`SenderFactory`]:
 //!    [`kafka::KafkaSender`], [`rabbitmq::RabbitSender`], or a
-//!    [`MemorySender`] in tests.
+//!    [`MemorySender`] in tests; in a blocking test or a batch job,
+//!    [`Relay::deliver_pending`] does the relay's work once on your thread. An
+//!    event type with [`EventOrder::Key`] sends one key's events one at a time,
+//!    in order, on every relay instance.
 //! 5. **Consume** on the other side: [`kafka::KafkaConsumer`] or
 //!    [`rabbitmq::RabbitConsumer`] hand you [`ReceivedEvent`]s; the [`Inbox`]
 //!    runs the handler once per event id: in your transaction with
@@ -118,6 +121,9 @@
 //!   overwrite what another relay did since. With held claims ([`ClaimMode::Lock`],
 //!   PostgreSQL) the rows stay locked in the claim's open transaction instead, and
 //!   the database ends a session that idles in it past the lease.
+//! - With [`EventOrder::Key`], an event is claimed only when no earlier event
+//!   of its key is waiting, in process, retrying or (with [`OnPoison::Block`])
+//!   dead: a consumer never sees a key's earlier event after a later one.
 //! - Time comes from the database clock.
 
 #![warn(missing_docs)]
