@@ -966,6 +966,11 @@ fn ordered_claims_take_one_event_per_key_in_order(b: Backend, p: &str) {
         dlq.blocked_keys(&c).unwrap().is_empty(),
         "a skipping type blocks no key"
     );
+
+    // keys are compared byte for byte (MySQL's default collation would fold
+    // case, accents and trailing spaces into one key)
+    let ids = fx.publish_events(&c, keyed("s", &["Case", "case", "cáse", "case "], 1));
+    assert_eq!(claim("s", skip).1, ids, "four keys, four heads");
 }
 
 /// Four relays on one table, 200 keys x 50 events and a sender that fails 5%
@@ -986,7 +991,9 @@ fn four_relays_keep_each_keys_order(b: Backend, p: &str) {
         .unwrap();
     let keys: Vec<String> = (0..200).map(|k| format!("key-{k}")).collect();
     let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let ids = fx.publish_events(&c, keyed("e", &key_refs, 50));
+    // rounds 0..25 before the relays start, 25..50 while they run (in
+    // transactions of 200 events, each key's sequence going on)
+    let mut ids = fx.publish_events(&c, keyed("e", &key_refs, 25));
     let sender = MemorySender::new();
     let failed_once = Arc::new(Mutex::new(HashSet::new()));
     sender.fail_when(move |e| {
@@ -1003,6 +1010,17 @@ fn four_relays_keep_each_keys_order(b: Backend, p: &str) {
             Relay::start(store, &c, sender.clone()).unwrap()
         })
         .collect();
+    for round in 25..50 {
+        let events = key_refs
+            .iter()
+            .map(|k| {
+                txbox::NewEvent::new("e", &serde_json::json!([k, round]))
+                    .unwrap()
+                    .key(*k)
+            })
+            .collect();
+        ids.extend(fx.publish_events(&c, events));
+    }
     wait_until("every event sent", Duration::from_secs(120), || {
         fx.counts("e") == txbox::TypeStatus::default()
     });
@@ -1221,5 +1239,5 @@ fn mysql_resumes_an_upgrade_that_stopped_half_way() {
     let versions: Vec<i32> = c
         .query(format!("SELECT version FROM {p}txbox_schema_version"))
         .unwrap();
-    assert_eq!(versions, vec![2]);
+    assert_eq!(versions, vec![2, 3]);
 }

@@ -8,6 +8,6 @@
 --
 -- `migrate` applies this file once, after 002 (an index that is there already
 -- is passed over). By hand: replace `{prefix}` and run it once, after 002.
-CREATE INDEX {prefix}outbox_events_key_idx ON {prefix}outbox_events (event_type, event_key, status, id);
-CREATE INDEX {prefix}outbox_dead_letters_key_idx ON {prefix}outbox_dead_letters (event_type, event_key, status, id);
+CREATE INDEX {prefix}outbox_key_idx ON {prefix}outbox_events (event_type, event_key, status, id);
+CREATE INDEX {prefix}dead_letters_key_idx ON {prefix}outbox_dead_letters (event_type, event_key, status, id);
 INSERT INTO {prefix}txbox_schema_version (version) VALUES (3);

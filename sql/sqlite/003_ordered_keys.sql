@@ -8,10 +8,10 @@
 --
 -- `migrate` applies this file once, after 002, in one transaction. By hand:
 -- replace `{prefix}` and run it once, after 002.
-CREATE INDEX IF NOT EXISTS {prefix}outbox_events_key_idx
+CREATE INDEX IF NOT EXISTS {prefix}outbox_key_idx
     ON {prefix}outbox_events (event_type, event_key, id)
     WHERE event_key IS NOT NULL AND status IN ('PENDING', 'IN_PROCESS', 'FAILED');
-CREATE INDEX IF NOT EXISTS {prefix}outbox_dead_letters_key_idx
+CREATE INDEX IF NOT EXISTS {prefix}dead_letters_key_idx
     ON {prefix}outbox_dead_letters (event_type, event_key, id)
     WHERE event_key IS NOT NULL AND status IN ('DEAD', 'RETRY');
 INSERT INTO {prefix}txbox_schema_version (version) VALUES (3);

@@ -251,13 +251,37 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                 return run_query(&mut *conn, d, &order(one), &fixed, &[]);
             }
             transaction(&mut *conn, d, |c| {
-                let rows = run_query_max(
+                let mut rows = run_query_max(
                     c,
                     d,
                     &order(&d.claim_select),
                     &[event_type.into(), after.clone(), Val::Int(limit as i64)],
                     limit,
                 )?;
+                if args.ordered.is_some() && !rows.is_empty() {
+                    // MySQL's locking read sees rows committed while it scans,
+                    // its look-up of earlier rows does not: a key's two events
+                    // committed meanwhile could both pass. Asked again in a
+                    // statement of its own, after the locks are taken, the
+                    // look-up sees every committed row.
+                    let kept: std::collections::HashSet<EventId> = run_query(
+                        c,
+                        d,
+                        &order(&d.common.order_recheck),
+                        &[event_type.into()],
+                        &id_vals(&rows)?,
+                    )?
+                    .iter()
+                    .map(|r| r.id(0))
+                    .collect::<Result<_>>()?;
+                    let mut checked = Vec::with_capacity(rows.len());
+                    for r in rows {
+                        if kept.contains(&r.id(0)?) {
+                            checked.push(r);
+                        }
+                    }
+                    rows = checked;
+                }
                 if !rows.is_empty() {
                     let ids = id_vals(&rows)?;
                     run_execute(

@@ -55,6 +55,7 @@ impl Catalog {
             ("inbox_insert", &self.inbox_insert),
             ("insert_event_row", &self.insert_event_row),
             ("blocked_keys", &c.blocked_keys),
+            ("order_recheck", &c.order_recheck),
             ("key_waiting", &c.key_waiting),
             ("ordered_skip", &c.ordered_skip),
             ("ordered_block", &c.ordered_block),

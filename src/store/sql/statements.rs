@@ -70,6 +70,9 @@ pub struct Common {
     pub dlq_set_status: String,
     /// {from} literal list, {ids}
     pub dlq_delete_status: String,
+    /// $1 type, {ids} -> the ids of those rows that pass the claims' `{order}`
+    /// (asked again after a locking claim on a dialect without RETURNING)
+    pub order_recheck: String,
     /// $1 type -> key, id, status of the dead letters (DEAD, RETRY) and FAILED
     /// outbox events that hold a key of an ordered type back, by key and id
     pub blocked_keys: String,
@@ -130,7 +133,13 @@ pub(crate) fn common(
     // a candidate row (the claim's own `{o}`) waits for an earlier row of its key
     // in `table` with one of `statuses`: one look-up in the key index per row
     let earlier = |table: &str, statuses: &str| {
-        let hint = (lookup.hint)(&format!("{table}_key_idx"));
+        // the key indexes of schema 4 (PostgreSQL) / 3 (the others)
+        let index = if table == o.as_str() {
+            "outbox_key_idx"
+        } else {
+            "dead_letters_key_idx"
+        };
+        let hint = (lookup.hint)(&format!("{}{index}", t.prefix));
         format!(
             "AND NOT EXISTS (SELECT 1 FROM {table} k {hint} WHERE k.event_type = {o}.event_type \
                AND k.event_key = {o}.event_key AND k.status IN ({statuses}) AND k.id < {o}.id{})",
@@ -138,6 +147,7 @@ pub(crate) fn common(
         )
     };
     Common {
+        order_recheck: format!("SELECT id FROM {o} WHERE event_type = $1 AND id IN ({{ids}}) {{order}}"),
         blocked_keys: format!(
             "SELECT event_key, id, status FROM {d} WHERE event_type = $1 AND event_key IS NOT NULL \
                AND status IN ('DEAD', 'RETRY') \
