@@ -44,20 +44,52 @@ pub(crate) fn open(
     url: &str,
     tuning: amiquip::ConnectionTuning,
 ) -> std::result::Result<amiquip::Connection, amiquip::Error> {
-    match nodelay_stream(url) {
-        Some((stream, options)) => {
-            amiquip::Connection::insecure_open_stream(stream, options, tuning)
-        }
+    let Some((addrs, options)) = nodelay_target(url) else {
+        return amiquip::Connection::insecure_open_tuned(url, tuning);
+    };
+    match open_first(&addrs, &options, &tuning) {
+        Some(result) => result,
         None => amiquip::Connection::insecure_open_tuned(url, tuning),
     }
 }
 
-/// The socket (connecting, `TCP_NODELAY` on) and the options of an `amqp://`
-/// URL; `None` for any URL amiquip should read itself.
-fn nodelay_stream(
+/// Opens a connection to the first of `addrs` that takes it, each in turn as
+/// amiquip does: the socket connects in the background, so a refused address
+/// shows in the handshake. The last error when none did; `None` with no address.
+fn open_first(
+    addrs: &[std::net::SocketAddr],
+    options: &amiquip::ConnectionOptions<amiquip::Auth>,
+    tuning: &amiquip::ConnectionTuning,
+) -> Option<std::result::Result<amiquip::Connection, amiquip::Error>> {
+    let mut last = None;
+    for addr in addrs {
+        let attempt = nodelay_socket(addr).and_then(|stream| {
+            amiquip::Connection::insecure_open_stream(stream, options.clone(), tuning.clone())
+        });
+        match attempt {
+            Ok(c) => return Some(Ok(c)),
+            Err(e) => last = Some(Err(e)),
+        }
+    }
+    last
+}
+
+/// A connecting socket to `addr` with `TCP_NODELAY` set.
+fn nodelay_socket(
+    addr: &std::net::SocketAddr,
+) -> std::result::Result<mio::net::TcpStream, amiquip::Error> {
+    let io = |source| amiquip::Error::IoErrorWritingSocket { source };
+    let stream = mio::net::TcpStream::connect(addr).map_err(io)?;
+    stream.set_nodelay(true).map_err(io)?;
+    Ok(stream)
+}
+
+/// The addresses and the options of an `amqp://` URL; `None` for any URL
+/// amiquip should read itself.
+fn nodelay_target(
     url: &str,
 ) -> Option<(
-    mio::net::TcpStream,
+    Vec<std::net::SocketAddr>,
     amiquip::ConnectionOptions<amiquip::Auth>,
 )> {
     use amiquip::{Auth, ConnectionOptions};
@@ -101,16 +133,15 @@ fn nodelay_stream(
             _ => return None,
         };
     }
-    let host = match url.host_str() {
-        None | Some("") => "localhost",
-        Some(h) => h,
+    // `socket_addrs` takes an IPv6 host out of its brackets; no host is localhost
+    let addrs: Vec<std::net::SocketAddr> = if url.host_str().is_none_or(str::is_empty) {
+        std::net::ToSocketAddrs::to_socket_addrs(&("localhost", url.port().unwrap_or(5672)))
+            .ok()?
+            .collect()
+    } else {
+        url.socket_addrs(|| Some(5672)).ok()?
     };
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host, url.port().unwrap_or(5672)))
-        .ok()?
-        .next()?;
-    let stream = mio::net::TcpStream::connect(&addr).ok()?;
-    stream.set_nodelay(true).ok()?;
-    Some((stream, options))
+    (!addrs.is_empty()).then_some((addrs, options))
 }
 
 /// Shortest and longest wait before a lost connection is opened again.
@@ -119,21 +150,52 @@ pub(crate) const MAX_RECONNECT: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {
-    use super::nodelay_stream;
+    use super::{nodelay_socket, nodelay_target};
 
     /// Connecting needs no broker: the socket is non-blocking and still connecting.
     #[test]
     fn the_url_forms_in_use_get_a_socket_with_nodelay() {
-        for url in [
-            "amqp://guest:guest@127.0.0.1:5672",
-            "amqp://guest:guest@127.0.0.1:5672/",
-            "amqp://guest:guest@127.0.0.1:5672/%2f",
-            "amqp://us%40er:p%3Ass@127.0.0.1:5672/vhost?heartbeat=30&connection_timeout=5000",
-            "amqp://127.0.0.1?channel_max=16",
+        for (url, port) in [
+            ("amqp://guest:guest@127.0.0.1:5672", 5672),
+            ("amqp://guest:guest@127.0.0.1:5673/", 5673),
+            ("amqp://guest:guest@127.0.0.1/%2f", 5672),
+            (
+                "amqp://us%40er:p%3Ass@127.0.0.1:5672/vhost?heartbeat=30&connection_timeout=5000",
+                5672,
+            ),
+            ("amqp://127.0.0.1?channel_max=16", 5672),
+            ("amqp://[::1]:5672", 5672),
+            ("amqp://localhost", 5672),
         ] {
-            let (stream, _) = nodelay_stream(url).unwrap_or_else(|| panic!("{url} not read"));
+            let (addrs, _) = nodelay_target(url).unwrap_or_else(|| panic!("{url} not read"));
+            assert!(addrs.iter().all(|a| a.port() == port), "{url}: {addrs:?}");
+            let stream = nodelay_socket(&addrs[0]).unwrap();
             assert!(stream.nodelay().unwrap(), "{url}: TCP_NODELAY not set");
         }
+    }
+
+    /// A refused first address: the next one takes the connection (against
+    /// the local RabbitMQ; `CI=true` makes its absence a failure).
+    #[test]
+    fn a_refused_address_falls_over_to_the_next() {
+        let broker: std::net::SocketAddr = "127.0.0.1:5672".parse().unwrap();
+        if std::net::TcpStream::connect_timeout(&broker, std::time::Duration::from_secs(2)).is_err()
+        {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "RabbitMQ is down"
+            );
+            eprintln!("SKIPPED: no RabbitMQ on {broker}");
+            return;
+        }
+        let (_, options) = nodelay_target("amqp://guest:guest@127.0.0.1:5672").unwrap();
+        let refused: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let tuning = amiquip::ConnectionTuning::default();
+        let conn = super::open_first(&[refused, broker], &options, &tuning).unwrap();
+        conn.unwrap().close().unwrap();
+        let alone = super::open_first(&[refused], &options, &tuning).unwrap();
+        assert!(alone.is_err(), "nothing listens on port 1");
+        assert!(super::open_first(&[], &options, &tuning).is_none());
     }
 
     /// What this does not read, amiquip reads (and refuses, with its own error).
@@ -147,7 +209,7 @@ mod tests {
             "amqp://127.0.0.1?frame_max=1",
             "not a url",
         ] {
-            assert!(nodelay_stream(url).is_none(), "{url} read");
+            assert!(nodelay_target(url).is_none(), "{url} read");
         }
     }
 }
