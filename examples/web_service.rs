@@ -91,7 +91,9 @@ fn sender(broker: Broker) -> Result<Arc<dyn SenderFactory>, Failure> {
     Ok(match broker {
         Broker::RabbitMq => {
             use amiquip::{ExchangeDeclareOptions, ExchangeType, FieldTable, QueueDeclareOptions};
-            let mut conn = amiquip::Connection::insecure_open(&rabbit_url())?;
+            // amiquip's connection errors quote the URL, password included
+            let mut conn = amiquip::Connection::insecure_open(&rabbit_url())
+                .map_err(|e| e.to_string().replace(&rabbit_url(), "TXBOX_RABBITMQ_URL"))?;
             let ch = conn.open_channel(None)?;
             let durable = || ExchangeDeclareOptions {
                 durable: true,

@@ -1130,21 +1130,35 @@ fn deliver_pending_sends_what_is_due_and_reports_it(b: Backend, p: &str) {
         .table_prefix(p)
         .event("e", |e| e)
         .event("f", |e| e.backoff_delay(Duration::from_secs(3600)))
-        .event("o", |e| e.ordering(txbox::EventOrder::Key).batch_size(10))
+        .event("o", |e| {
+            e.ordering(txbox::EventOrder::Key)
+                .batch_size(10)
+                .backoff_delay(Duration::from_secs(3600))
+        })
         .build()
         .unwrap();
     let e = fx.publish(&c, "e", 3, true);
     let f = fx.publish(&c, "f", 2, true);
     let o = fx.publish_events(&c, keyed("o", &["k"], 3));
+    // key j's first event is refused: its second waits (the order is kept)
+    let j = fx.publish_events(&c, keyed("o", &["j"], 2));
     let sender = MemorySender::new();
-    let bad = f[0];
-    sender.fail_when(move |e| (e.id == bad).then(|| "refused".to_string()));
+    let bad = [f[0], j[0]];
+    sender.fail_when(move |e| bad.contains(&e.id).then(|| "refused".to_string()));
     let report = Relay::deliver_pending(&*fx.store, &c, &mut sender.clone()).unwrap();
     let t = |name: &str| report.by_type.get(name).copied().unwrap_or_default();
     assert_eq!((t("e").sent, t("e").retried), (3, 0));
     assert_eq!((t("f").sent, t("f").retried, t("f").failed), (1, 1, 0));
-    assert_eq!(t("o").sent, 3, "the key's events, one batch each");
-    assert_eq!((report.sent(), report.not_sent()), (7, 1));
+    assert_eq!(
+        (t("o").sent, t("o").retried),
+        (3, 1),
+        "k's three; j's first refused"
+    );
+    assert_eq!((report.sent(), report.not_sent()), (7, 2));
+    assert!(
+        !sender.sent().iter().any(|e| e.id == j[1]),
+        "j's second waits behind its refused first"
+    );
     let sent: Vec<EventId> = sender.sent().iter().map(|e| e.id).collect();
     let of_o: Vec<EventId> = sent.iter().copied().filter(|id| o.contains(id)).collect();
     assert_eq!(of_o, o, "in order");

@@ -6,19 +6,22 @@ use std::collections::BTreeMap;
 
 use uuid::Uuid;
 
-use super::retry::outcomes;
+use super::retry::{outcomes, record};
 use super::Relay;
 use crate::config::{Config, EventOrder};
 use crate::error::Result;
+use crate::event::EventId;
 use crate::sender::Sender;
-use crate::store::{ClaimArgs, ClaimStore, Outcome};
+use crate::store::{ClaimArgs, ClaimStore};
 
 /// What [`Relay::deliver_pending`] did with one event type's events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TypeDelivery {
     /// Acked by the sender: PROCESSED (or deleted with `processed_ttl` zero).
     pub sent: u64,
-    /// Refused with retries left: PENDING again, due after their backoff.
+    /// Sends refused with retries left (the event PENDING again, due after its
+    /// backoff; one whose backoff ends within the call is sent again, and
+    /// counted again).
     pub retried: u64,
     /// Refused with no retry left: FAILED (the DLQ's to move).
     pub failed: u64,
@@ -58,13 +61,16 @@ impl Relay {
     ///
     /// Each type is claimed, sent and finished in batches as a poller does it
     /// (its batch size, retries, backoff, ordering and the configuration's
-    /// `processed_ttl`), until a claim finds nothing due. Events refused with
-    /// retries left are due again only after their backoff, so they are not
-    /// sent twice in one call; a second call after the backoff sends them. An
-    /// ordered type sends one event per key per batch, so a key's events go
-    /// out one batch after another, in order. Relays running on the same table
-    /// meanwhile take their share (`SKIP LOCKED`), which this call does not
-    /// report.
+    /// `processed_ttl`; the metrics count them as the relay's), until a claim
+    /// finds nothing due, or finds only events published after the call began
+    /// (so a steady stream of publishes cannot keep it going). An event
+    /// refused with retries left is due again after its backoff: within the
+    /// call when the backoff is shorter, else at a later call. An ordered type
+    /// sends one event per key per batch, so a key's events go out one batch
+    /// after another, in order. Relays running on the same table meanwhile
+    /// take their share (`SKIP LOCKED`), which this call does not report. An
+    /// error (the database) ends the call; the batch it was finishing is
+    /// claimed again after its lease.
     ///
     /// ```
     /// # fn main() -> txbox::Result<()> {
@@ -99,6 +105,8 @@ impl Relay {
         sender: &mut dyn Sender,
     ) -> Result<Delivery> {
         let delete_acked = config.maintenance.processed_ttl.is_zero();
+        // UUIDv7: every event published from now on has a greater id
+        let began = EventId::new();
         let mut delivery = Delivery::default();
         for (event_type, s) in config.events() {
             let args = ClaimArgs {
@@ -120,18 +128,16 @@ impl Relay {
                 let results = sender.send(&events);
                 let outcomes = outcomes(&events, results, s, delete_acked);
                 store.finish(token, &outcomes)?;
+                let done = record(&outcomes, s);
                 let t = delivery.by_type.entry(event_type.to_string()).or_default();
-                for (_, o) in &outcomes {
-                    match o {
-                        Outcome::Sent | Outcome::SentDelete => t.sent += 1,
-                        Outcome::Retry { .. } => t.retried += 1,
-                        Outcome::Failed { .. } => t.failed += 1,
-                        Outcome::Release { .. } => t.released += 1,
-                    }
-                }
+                t.sent += done.sent;
+                t.retried += done.retried;
+                t.failed += done.failed;
+                t.released += done.released;
                 // a transport failure: the broker is away, and the released
-                // events are due at once: claiming them again would loop
-                if t.released > 0 {
+                // events are due at once: claiming them again would loop; and
+                // a batch of only new events: what was due at the call is out
+                if done.released > 0 || events.iter().all(|e| e.id > began) {
                     break;
                 }
             }

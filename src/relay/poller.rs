@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use uuid::Uuid;
 
-use super::retry::outcomes;
+use super::retry::{outcomes, record};
 use super::{Ctx, PollState, Relay, Slept};
 use crate::config::{ClaimMode, EventSettings};
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::metrics::{self, Counter};
+use crate::metrics;
 use crate::sender::{SendError, Sender, SenderFactory, Started};
 use crate::store::{ClaimArgs, ClaimStore, HeldBatch, HeldClaim, Outcome};
 
@@ -302,28 +302,7 @@ impl Poller {
             };
             metrics::send_latency(batch.started.elapsed());
             let outcomes = outcomes(&batch.events, results, &self.settings, self.delete_acked);
-            let (mut sent, mut retried, mut failed) = (0, 0, 0);
-            for (_, o) in &outcomes {
-                match o {
-                    Outcome::Sent | Outcome::SentDelete => sent += 1,
-                    Outcome::Retry { .. } => retried += 1,
-                    Outcome::Failed { .. } => failed += 1,
-                    Outcome::Release { .. } => released += 1,
-                }
-            }
-            metrics::acked(
-                outcomes
-                    .iter()
-                    .filter_map(|(id, o)| o.is_sent().then_some(*id)),
-            );
-            metrics::add(Counter::Sent, sent);
-            metrics::add(Counter::Retried, retried);
-            metrics::add(Counter::Failed, failed);
-            if self.settings.ordering == crate::EventOrder::Key
-                && self.settings.on_poison == crate::OnPoison::Skip
-            {
-                metrics::add(Counter::OrderedSkipped, failed);
-            }
+            released += record(&outcomes, &self.settings).released as usize;
             match batch.held {
                 Some(held) if stash && self.stash.is_none() && self.in_flight.len() == keep => {
                     self.stash = Some(Stashed {

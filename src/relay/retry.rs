@@ -2,8 +2,10 @@
 //! back to pending, retried after its backoff, or failed), and how its error is
 //! stored.
 
-use crate::config::EventSettings;
+use super::TypeDelivery;
+use crate::config::{EventOrder, EventSettings, OnPoison};
 use crate::event::Event;
+use crate::metrics::{self, Counter};
 use crate::sender::SendError;
 use crate::store::Outcome;
 
@@ -52,6 +54,32 @@ pub(super) fn outcomes(
             (e.id, outcome)
         })
         .collect()
+}
+
+/// Counts what became of a batch's events and records it in the metrics (sent,
+/// retried, failed, and a skipped poison event of an ordered type).
+pub(super) fn record(outcomes: &[(crate::EventId, Outcome)], s: &EventSettings) -> TypeDelivery {
+    let mut t = TypeDelivery::default();
+    for (_, o) in outcomes {
+        match o {
+            Outcome::Sent | Outcome::SentDelete => t.sent += 1,
+            Outcome::Retry { .. } => t.retried += 1,
+            Outcome::Failed { .. } => t.failed += 1,
+            Outcome::Release { .. } => t.released += 1,
+        }
+    }
+    metrics::acked(
+        outcomes
+            .iter()
+            .filter_map(|(id, o)| o.is_sent().then_some(*id)),
+    );
+    metrics::add(Counter::Sent, t.sent);
+    metrics::add(Counter::Retried, t.retried);
+    metrics::add(Counter::Failed, t.failed);
+    if s.ordering == EventOrder::Key && s.on_poison == OnPoison::Skip {
+        metrics::add(Counter::OrderedSkipped, t.failed);
+    }
+    t
 }
 
 /// An error text as it can be stored: NUL bytes (which PostgreSQL's text refuses,

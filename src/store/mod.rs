@@ -327,8 +327,9 @@ pub trait DeadLetterStore: Store {
     fn dlq_delete(&self, ids: &[EventId], from: &[DlqStatus]) -> Result<Vec<EventId>>;
 
     /// The keys of `event_type` held back by a dead letter (DEAD or RETRY) or a
-    /// FAILED outbox event, the earliest such event of each key, at most
-    /// `limit` keys, by key. Whether they are blocked depends on the type's
+    /// FAILED outbox event, the earliest such event of each key and the key's
+    /// pending events after it, by key: at most `limit` keys, read from at most
+    /// `4 * limit` such events. Whether they are blocked depends on the type's
     /// settings: [`Dlq::blocked_keys`](crate::Dlq::blocked_keys) asks only for
     /// ordered types that block.
     fn blocked_keys(&self, event_type: &str, limit: usize) -> Result<Vec<BlockedKey>>;

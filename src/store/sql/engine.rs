@@ -469,13 +469,14 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
     fn blocked_keys(&self, event_type: &str, limit: usize) -> Result<Vec<BlockedKey>> {
         let d = &self.d;
         let mut conn = self.pool.get()?;
-        // the rows come by key, then id: the first of each key holds it back
-        let rows = run_query(
+        // the rows come by key, then id: the first of each key holds it back;
+        // a few per key at most are read (a key rarely has more than one)
+        let rows = run_query_max(
             &mut *conn,
             d,
             &d.common.blocked_keys,
             &[event_type.into()],
-            &[],
+            limit.saturating_mul(4),
         )?;
         let mut keys: Vec<BlockedKey> = Vec::new();
         for r in &rows {
@@ -495,7 +496,11 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
             });
         }
         for k in &mut keys {
-            let fixed = [event_type.into(), k.key.as_str().into()];
+            let fixed = [
+                event_type.into(),
+                k.key.as_str().into(),
+                Val::Id(k.blocked_by.as_uuid()),
+            ];
             let n = run_query(&mut *conn, d, &d.common.key_waiting, &fixed, &[])?;
             k.waiting = n.first().map_or(0, |r| r.int(0).max(0) as u64);
         }

@@ -76,7 +76,8 @@ pub struct Common {
     /// $1 type -> key, id, status of the dead letters (DEAD, RETRY) and FAILED
     /// outbox events that hold a key of an ordered type back, by key and id
     pub blocked_keys: String,
-    /// $1 type, $2 key -> how many events of the key are pending
+    /// $1 type, $2 key, $3 id -> how many events of the key are pending after
+    /// that id
     pub key_waiting: String,
     /// What the claims' `{order}` becomes for an ordered type that skips poison
     /// events: no earlier event of the candidate's key pending or in process.
@@ -156,7 +157,8 @@ pub(crate) fn common(
              ORDER BY 1, 2"
         ),
         key_waiting: format!(
-            "SELECT COUNT(*) FROM {o} WHERE event_type = $1 AND event_key = $2 AND status = 'PENDING'"
+            "SELECT COUNT(*) FROM {o} WHERE event_type = $1 AND event_key = $2 AND status = 'PENDING' \
+             AND id > $3"
         ),
         ordered_skip: earlier(o, "'PENDING', 'IN_PROCESS'"),
         ordered_block: format!(
