@@ -126,6 +126,22 @@ impl TryFrom<String> for Wake {
 }
 
 /// Whether one event type's events are sent in order per key.
+///
+/// ```
+/// use txbox::{Config, EventOrder, NewEvent, OnPoison};
+/// let config = Config::from_toml(r#"
+///     [events.order-events]
+///     ordering = "key"
+///     on_poison = "block"
+/// "#)?;
+/// let s = config.event("order-events").unwrap();
+/// assert_eq!((s.ordering, s.on_poison), (EventOrder::Key, OnPoison::Block));
+/// // an order's created, paid and shipped share its id as their key, so they
+/// // reach the consumers in this order
+/// let created = NewEvent::new("order-events", &serde_json::json!({"created": 42}))?.key("order-42");
+/// # let _ = created;
+/// # Ok::<(), txbox::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(try_from = "String")]
 pub enum EventOrder {
