@@ -155,42 +155,10 @@ struct Run {
 /// Kills relay processes sending to `broker` while a producer writes orders and
 /// their events; then drains with one last relay.
 fn kill_relays_under_load(p: &str, broker: &str, destination: &str, held: bool) -> Option<Run> {
-    let (_store, mut client) = fresh(p)?;
-    client
-        .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {p}orders; \
-             CREATE TABLE {p}orders (id bigserial PRIMARY KEY, event_id uuid NOT NULL)"
-        ))
-        .unwrap();
     let config = config(p, destination, held);
-    let stop = Arc::new(AtomicBool::new(false));
-    let rolled_back = Arc::new(Mutex::new(HashSet::new()));
-    let producer = {
-        let (stop, rolled_back, config) = (stop.clone(), rolled_back.clone(), config.clone());
-        let insert = format!("INSERT INTO {p}orders (event_id) VALUES ($1)");
-        std::thread::spawn(move || {
-            let mut client = common::client().unwrap();
-            let outbox = Outbox::new(&config).unwrap();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                for _ in 0..10 {
-                    let mut tx = client.transaction().unwrap();
-                    let id = outbox
-                        .publish(&mut tx, "order-placed", &serde_json::json!({ "order": n }))
-                        .unwrap();
-                    tx.execute(&insert, &[&id.as_uuid()]).unwrap();
-                    if n % 5 == 4 {
-                        tx.rollback().unwrap();
-                        rolled_back.lock().unwrap().insert(id);
-                    } else {
-                        tx.commit().unwrap();
-                    }
-                    n += 1;
-                }
-                std::thread::sleep(ms(10));
-            }
-        })
-    };
+    let (mut client, load) = Load::start(p, &config, 5, |n| {
+        txbox::NewEvent::new("order-placed", &serde_json::json!({ "order": n })).unwrap()
+    })?;
     let mut kills = 0;
     let mut kills_mid_batch = 0;
     // the claims the relays killed before left behind (lease claims)
@@ -227,42 +195,136 @@ fn kill_relays_under_load(p: &str, broker: &str, destination: &str, held: bool) 
             .map(|r| r.get(0))
             .collect();
     }
-    stop.store(true, Ordering::Relaxed);
-    producer.join().unwrap();
+    let rolled_back = load.stop();
 
-    // what the killed relays got through: committed, no longer waiting
-    let waiting = |c: &mut postgres::Client| waiting(c, p);
+    // one last relay drains what is left, including what the dead ones held
+    let kills = Kills {
+        kills,
+        kills_mid_batch,
+        held,
+        wanted: KILLS,
+    };
+    Some(drain(&mut client, p, rolled_back, kills, || {
+        vec![spawn_worker(p, broker, destination, held)]
+    }))
+}
+
+/// A producer thread writing orders and their events in one transaction each
+/// (every `rollback_every`-th rolled back) until stopped.
+struct Load {
+    stop: Arc<AtomicBool>,
+    rolled_back: Arc<Mutex<HashSet<EventId>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Load {
+    /// Fresh tables of `p` (the outbox and `{p}orders`), and the producer of
+    /// `event(n)` for the n-th order.
+    fn start(
+        p: &str,
+        config: &Config,
+        rollback_every: u64,
+        event: fn(u64) -> txbox::NewEvent,
+    ) -> Option<(postgres::Client, Load)> {
+        let (_store, mut client) = fresh(p)?;
+        client
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {p}orders; \
+                 CREATE TABLE {p}orders (id bigserial PRIMARY KEY, event_id uuid NOT NULL)"
+            ))
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let rolled_back = Arc::new(Mutex::new(HashSet::new()));
+        let (s, r, config) = (stop.clone(), rolled_back.clone(), config.clone());
+        let insert = format!("INSERT INTO {p}orders (event_id) VALUES ($1)");
+        let thread = std::thread::spawn(move || {
+            let mut client = common::client().unwrap();
+            let outbox = Outbox::new(&config).unwrap();
+            let mut n = 0u64;
+            while !s.load(Ordering::Relaxed) {
+                let mut tx = client.transaction().unwrap();
+                let id = outbox.publish_all(&mut tx, [event(n)]).unwrap()[0];
+                tx.execute(&insert, &[&id.as_uuid()]).unwrap();
+                if n % rollback_every == rollback_every - 1 {
+                    tx.rollback().unwrap();
+                    r.lock().unwrap().insert(id);
+                } else {
+                    tx.commit().unwrap();
+                }
+                n += 1;
+                if n % 10 == 0 {
+                    std::thread::sleep(ms(2));
+                }
+            }
+        });
+        Some((
+            client,
+            Load {
+                stop,
+                rolled_back,
+                thread,
+            },
+        ))
+    }
+
+    /// Stops the producer; the ids it rolled back.
+    fn stop(self) -> HashSet<EventId> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        let r = self.rolled_back.lock().unwrap();
+        r.clone()
+    }
+}
+
+/// How a scenario's kills went.
+struct Kills {
+    kills: usize,
+    kills_mid_batch: usize,
+    held: bool,
+    /// How many kills the scenario makes.
+    wanted: usize,
+}
+
+/// After the kills: counts what the killed relays got through (committed, no
+/// longer waiting), lets the relay processes `drainers` gives send the rest
+/// (and what the dead ones held, after its lease), stops them, and reads the
+/// committed events.
+fn drain(
+    client: &mut postgres::Client,
+    p: &str,
+    rolled_back: HashSet<EventId>,
+    k: Kills,
+    drainers: impl FnOnce() -> Vec<std::process::Child>,
+) -> Run {
     let orders: i64 = client
         .query_one(&format!("SELECT count(*) FROM {p}orders"), &[])
         .unwrap()
         .get(0);
-    let finished_while_killing = orders - waiting(&mut client);
-
-    // one last relay drains what is left, including what the dead ones held
-    let mut last = spawn_worker(p, broker, destination, held);
-    wait_until("the outbox drained", Duration::from_secs(120), || {
-        waiting(&mut client) == 0
+    let finished_while_killing = orders - waiting(client, p);
+    let relays = drainers();
+    wait_until("the outbox drained", Duration::from_secs(180), || {
+        waiting(client, p) == 0
     });
-    last.kill().unwrap();
-    last.wait().unwrap();
-    assert_eq!(count(&mut client, p, "FAILED"), 0, "no event failed");
-
+    for mut r in relays {
+        r.kill().unwrap();
+        r.wait().unwrap();
+    }
+    assert_eq!(count(client, p, "FAILED"), 0, "no event failed");
     let committed: HashSet<EventId> = client
         .query(&format!("SELECT event_id FROM {p}orders"), &[])
         .unwrap()
         .iter()
         .map(|r| EventId::from_uuid(r.get(0)))
         .collect();
-    let rolled_back = rolled_back.lock().unwrap().clone();
-    Some(Run {
+    Run {
         committed,
         rolled_back,
-        kills,
+        kills: k.kills,
         finished_while_killing,
-        kills_mid_batch,
-        held,
-        wanted_kills: KILLS,
-    })
+        kills_mid_batch: k.kills_mid_batch,
+        held: k.held,
+        wanted_kills: k.wanted,
+    }
 }
 
 /// What the running relay has claimed and not finished: with lease claims its
@@ -485,42 +547,14 @@ const ORDERED_KILLS: usize = 10;
 /// publish order (a re-sent event may repeat the key's latest, never go back
 /// to an earlier one), none lost, none invented.
 fn ordered_relays_killed(p: &str, broker: &str, destination: &str) -> Option<Run> {
-    let (_store, mut client) = fresh(p)?;
-    client
-        .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {p}orders; \
-             CREATE TABLE {p}orders (id bigserial PRIMARY KEY, event_id uuid NOT NULL)"
-        ))
-        .unwrap();
     let config = config_ordered(p, destination, false, true);
-    let stop = Arc::new(AtomicBool::new(false));
-    let rolled_back = Arc::new(Mutex::new(HashSet::new()));
-    let producer = {
-        let (stop, rolled_back, config) = (stop.clone(), rolled_back.clone(), config.clone());
-        let insert = format!("INSERT INTO {p}orders (event_id) VALUES ($1)");
-        std::thread::spawn(move || {
-            let mut client = common::client().unwrap();
-            let outbox = Outbox::new(&config).unwrap();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let mut tx = client.transaction().unwrap();
-                // each key's sequence number: n / keys (the keys take turns)
-                let (key, seq) = (n % ORDERED_KEYS, n / ORDERED_KEYS);
-                let event = txbox::NewEvent::new("order-placed", &(key, seq))
-                    .unwrap()
-                    .key(format!("order-{key}"));
-                let id = outbox.publish_all(&mut tx, [event]).unwrap()[0];
-                tx.execute(&insert, &[&id.as_uuid()]).unwrap();
-                if n % 17 == 16 {
-                    tx.rollback().unwrap();
-                    rolled_back.lock().unwrap().insert(id);
-                } else {
-                    tx.commit().unwrap();
-                }
-                n += 1;
-            }
-        })
-    };
+    let (mut client, load) = Load::start(p, &config, 17, |n| {
+        // each key's sequence number: n / keys (the keys take turns)
+        let (key, seq) = (n % ORDERED_KEYS, n / ORDERED_KEYS);
+        txbox::NewEvent::new("order-placed", &(key, seq))
+            .unwrap()
+            .key(format!("order-{key}"))
+    })?;
     let spawn = || spawn_worker_ordered(p, broker, destination, false, true);
     let mut workers: Vec<std::process::Child> = (0..ORDERED_RELAYS).map(|_| spawn()).collect();
     let mut kills = 0;
@@ -542,39 +576,15 @@ fn ordered_relays_killed(p: &str, broker: &str, destination: &str) -> Option<Run
         workers[victim].wait().unwrap();
         workers[victim] = spawn();
     }
-    stop.store(true, Ordering::Relaxed);
-    producer.join().unwrap();
-    let waiting = |c: &mut postgres::Client| waiting(c, p);
-    let orders: i64 = client
-        .query_one(&format!("SELECT count(*) FROM {p}orders"), &[])
-        .unwrap()
-        .get(0);
-    let finished_while_killing = orders - waiting(&mut client);
+    let rolled_back = load.stop();
     // the survivors drain the rest, and the killed relays' claims after their lease
-    wait_until("the outbox drained", Duration::from_secs(180), || {
-        waiting(&mut client) == 0
-    });
-    for mut w in workers {
-        w.kill().unwrap();
-        w.wait().unwrap();
-    }
-    assert_eq!(count(&mut client, p, "FAILED"), 0, "no event failed");
-    let committed: HashSet<EventId> = client
-        .query(&format!("SELECT event_id FROM {p}orders"), &[])
-        .unwrap()
-        .iter()
-        .map(|r| EventId::from_uuid(r.get(0)))
-        .collect();
-    let rolled_back = rolled_back.lock().unwrap().clone();
-    Some(Run {
-        committed,
-        rolled_back,
+    let kills = Kills {
         kills,
-        finished_while_killing,
         kills_mid_batch,
         held: false,
-        wanted_kills: ORDERED_KILLS,
-    })
+        wanted: ORDERED_KILLS,
+    };
+    Some(drain(&mut client, p, rolled_back, kills, || workers))
 }
 
 /// Each key's sequence numbers in arrival order never go back.
