@@ -1599,7 +1599,50 @@ fn many_latency(s: &Size, broker: &str, out: &mut Vec<Row>) -> Res<()> {
     Ok(())
 }
 
-const PARTS: [&str; 9] = [
+/// The broker's own share of the pick-up after idle: one event published
+/// directly (no database, no relay) on a connection that has been quiet for
+/// the idle time, its ack awaited, `idle_samples` times per broker.
+fn idle_direct(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    for name in ["rabbitmq", "kafka"] {
+        let broker = pickup_broker(name)?;
+        let mut sender = broker.factory.create()?;
+        let event = |n: usize| Event {
+            id: EventId::new(),
+            event_type: "bench".into(),
+            destination: broker.destination.into(),
+            routing_key: broker.routing_key.into(),
+            key: None,
+            headers: Default::default(),
+            payload: format!("{{\"n\":{n}}}"),
+            attempts: 0,
+        };
+        // the connection opened and used once, as a running relay's is
+        let _ = sender.send(&[event(0)]);
+        let mut l = Vec::new();
+        for n in 0..s.idle_samples {
+            std::thread::sleep(s.idle_single);
+            let t = Instant::now();
+            if sender.send(&[event(n + 1)]).iter().all(|r| r.is_ok()) {
+                l.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        out.push(row(
+            format!(
+                "  {}: one event published directly after {:?} idle, p50 / p99 ({} samples)",
+                broker.name,
+                s.idle_single,
+                l.len()
+            ),
+            format!("{:.1} ms", median(&mut l.clone())),
+            format!("{:.1} ms", pct(&mut l, 0.99)),
+            0.0,
+            "-",
+        ));
+    }
+    Ok(())
+}
+
+const PARTS: [&str; 10] = [
     "publish",
     "batch",
     "floor",
@@ -1608,6 +1651,7 @@ const PARTS: [&str; 9] = [
     "brokers",
     "idle",
     "latency",
+    "idle-direct",
     "instances",
 ];
 
@@ -1629,7 +1673,9 @@ const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
                    relay) and the brokers' runs (relay, direct, database alone)
                    repeat; each figure is their median (quick 1; full 3)
   --only PARTS     run only these parts: publish, batch, floor, ordered, plan,
-                   brokers, idle, latency, instances (ordered: the relay floor
+                   brokers, idle, latency, idle-direct, instances
+                   (idle-direct: the broker's share of the pick-up after
+                   idle, one event published directly; ordered: the relay floor
                    of an ordered type; plan: an ordered claim's EXPLAIN over
                    100,000 pending rows, 1,000,000 with --full)
   --in-flight N    batches the relay keeps with the broker (1..=16; default: the
@@ -1860,6 +1906,10 @@ fn main() -> Res<()> {
         pickup_latency(&s, pickup_broker("rabbitmq")?, &mut out)?;
         pickup_latency(&s, pickup_broker("kafka")?, &mut out)?;
         step("pick-up latency");
+    }
+    if part("idle-direct") {
+        idle_direct(&s, &mut out)?;
+        step("direct publish after idle");
     }
     if part("instances") {
         many_instances(&s, &mut out)?;
