@@ -1202,6 +1202,22 @@ fn pickup_broker(name: &str) -> Res<PickUpBroker> {
     })
 }
 
+impl PickUpBroker {
+    /// Event `n` as the relay hands it to this broker's sender.
+    fn event(&self, n: usize) -> Event {
+        Event {
+            id: EventId::new(),
+            event_type: "bench".into(),
+            destination: self.destination.into(),
+            routing_key: self.routing_key.into(),
+            key: None,
+            headers: Default::default(),
+            payload: format!("{{\"n\":{n}}}"),
+            attempts: 0,
+        }
+    }
+}
+
 fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_latency_";
     let (store, mut c) = fresh(p)?;
@@ -1213,7 +1229,7 @@ fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>) -> Res<()>
     );
     let outbox = Outbox::new(&cfg)?;
     let acked = Arc::new(Mutex::new(HashMap::new()));
-    let factory = broker.factory;
+    let factory = broker.factory.clone();
     // the broker's own share: one event every 10 ms published directly and its
     // ack awaited, by the same client, no database and no relay
     let direct = {
@@ -1223,16 +1239,7 @@ fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>) -> Res<()>
         let mut next = start;
         let mut n = 0;
         while start.elapsed() < Duration::from_secs(s.rate_secs) {
-            let e = Event {
-                id: EventId::new(),
-                event_type: "bench".into(),
-                destination: broker.destination.into(),
-                routing_key: broker.routing_key.into(),
-                key: None,
-                headers: Default::default(),
-                payload: format!("{{\"n\":{n}}}"),
-                attempts: 0,
-            };
+            let e = broker.event(n);
             let t = Instant::now();
             let r = sender.send(std::slice::from_ref(&e));
             if r.iter().all(|r| r.is_ok()) {
@@ -1612,16 +1619,7 @@ fn idle_direct(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     for name in ["rabbitmq", "kafka"] {
         let broker = pickup_broker(name)?;
         let mut sender = broker.factory.create()?;
-        let event = |n: usize| Event {
-            id: EventId::new(),
-            event_type: "bench".into(),
-            destination: broker.destination.into(),
-            routing_key: broker.routing_key.into(),
-            key: None,
-            headers: Default::default(),
-            payload: format!("{{\"n\":{n}}}"),
-            attempts: 0,
-        };
+        let event = |n: usize| broker.event(n);
         // the connection opened and used, as a running relay's is, and the
         // queue as full as the latency part leaves it (nothing consumes it)
         let burst: Vec<Event> = (0..s.burst).map(event).collect();
