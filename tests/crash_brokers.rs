@@ -453,7 +453,6 @@ fn a_relay_holding_and_deleting_its_claims_sending_to_rabbitmq_killed_again_and_
 }
 
 fn rabbitmq_killed(p: &str, held: bool) {
-    use amiquip::{Connection, ConsumerMessage, ConsumerOptions};
     if !service_up("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
@@ -464,31 +463,45 @@ fn rabbitmq_killed(p: &str, held: bool) {
     let Some(run) = kill_relays_under_load(p, "rabbitmq", &exchange, held) else {
         return;
     };
+    let received = read_rabbitmq(&exchange, &queue, &run.committed, |_| {});
+    check("RabbitMQ", &run, &received);
+}
+
+/// Reads every message of `queue` until the ids of `want` arrived and it is
+/// quiet (`read_all`), handing each body to `body`; then deletes the queue and
+/// `exchange`. The message ids in arrival order.
+fn read_rabbitmq(
+    exchange: &str,
+    queue: &str,
+    want: &HashSet<EventId>,
+    mut body: impl FnMut(&[u8]),
+) -> Vec<EventId> {
+    use amiquip::{Connection, ConsumerMessage, ConsumerOptions};
     let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
     let ch = conn.open_channel(None).unwrap();
     let consumer = ch
         .basic_consume(
-            &queue,
+            queue,
             ConsumerOptions {
                 no_ack: true,
                 ..Default::default()
             },
         )
         .unwrap();
-    let received = read_all(&run.committed, || {
-        match consumer.receiver().recv_timeout(ms(200)) {
-            Ok(ConsumerMessage::Delivery(d)) => d
-                .properties
+    let received = read_all(want, || match consumer.receiver().recv_timeout(ms(200)) {
+        Ok(ConsumerMessage::Delivery(d)) => {
+            body(&d.body);
+            d.properties
                 .message_id()
                 .as_deref()
-                .and_then(|m| m.parse().ok()),
-            _ => None,
+                .and_then(|m| m.parse().ok())
         }
+        _ => None,
     });
-    check("RabbitMQ", &run, &received);
     let _ = ch.queue_delete(queue, Default::default());
     let _ = ch.exchange_delete(exchange, false);
     let _ = conn.close();
+    received
 }
 
 #[test]
@@ -616,7 +629,6 @@ fn check_ordered(broker: &str, run: &Run, received: &[EventId], arrivals: &[(u64
 
 #[test]
 fn four_ordered_relays_sending_to_rabbitmq_killed_keep_each_keys_order() {
-    use amiquip::{Connection, ConsumerMessage, ConsumerOptions};
     if !service_up("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
@@ -627,34 +639,11 @@ fn four_ordered_relays_sending_to_rabbitmq_killed_keep_each_keys_order() {
     let Some(run) = ordered_relays_killed("t_crash_ord_rabbit_", "rabbitmq", &exchange) else {
         return;
     };
-    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
-    let ch = conn.open_channel(None).unwrap();
-    let consumer = ch
-        .basic_consume(
-            &queue,
-            ConsumerOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
     let mut arrivals = Vec::new();
-    let received = read_all(&run.committed, || {
-        match consumer.receiver().recv_timeout(ms(200)) {
-            Ok(ConsumerMessage::Delivery(d)) => {
-                arrivals.push(serde_json::from_slice(&d.body).unwrap());
-                d.properties
-                    .message_id()
-                    .as_deref()
-                    .and_then(|m| m.parse().ok())
-            }
-            _ => None,
-        }
+    let received = read_rabbitmq(&exchange, &queue, &run.committed, |body| {
+        arrivals.push(serde_json::from_slice(body).unwrap());
     });
     check_ordered("RabbitMQ", &run, &received, &arrivals);
-    let _ = ch.queue_delete(queue, Default::default());
-    let _ = ch.exchange_delete(exchange, false);
-    let _ = conn.close();
 }
 
 #[test]
