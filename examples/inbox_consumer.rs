@@ -91,7 +91,8 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
             routing_key: "order-created".into(),
             key: None,
             headers: Default::default(),
-            payload: serde_json::json!({"amount_cents": 100 + i}).to_string(),
+            payload: serde_json::json!({"amount_cents": 100 + i}).to_string().into_bytes(),
+            content_type: None,
             attempts: 0,
         })
         .collect();

@@ -10,7 +10,8 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
 use crate::event::{
-    EventId, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE, RESERVED_HEADER_PREFIX,
+    EventId, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE,
+    RESERVED_HEADER_PREFIX,
 };
 
 /// Where a received message came from.
@@ -69,15 +70,21 @@ pub struct ReceivedEvent {
     pub key: Option<String>,
     /// The user's headers (txbox's own `txbox-*` headers are in the fields above).
     pub headers: BTreeMap<String, String>,
-    /// The payload bytes (JSON when published through txbox).
+    /// The payload bytes, unchanged: the JSON text, or the bytes of an event
+    /// published as bytes ([`NewEvent::bytes`](crate::NewEvent::bytes)).
     pub payload: Vec<u8>,
+    /// The content type the message names: the [`HEADER_CONTENT_TYPE`] header
+    /// (Kafka) or the `content_type` property (RabbitMQ, `application/json` for
+    /// JSON events). `None` when it names none, as txbox's JSON events on Kafka.
+    pub content_type: Option<String>,
     /// Where it came from.
     pub position: Position,
 }
 
 impl ReceivedEvent {
     /// Builds one from a message's raw headers: picks out txbox's headers
-    /// (`txbox-event-id`, `txbox-event-type`, `txbox-event-key`) and keeps the rest.
+    /// (`txbox-event-id`, `txbox-event-type`, `txbox-event-key`) and the
+    /// `content-type` header, and keeps the rest.
     /// For consumer loops of your own.
     pub fn from_parts(
         raw_headers: impl IntoIterator<Item = (String, String)>,
@@ -86,8 +93,11 @@ impl ReceivedEvent {
         position: Position,
     ) -> Self {
         let (mut id, mut event_type, mut headers, mut key) = (None, None, BTreeMap::new(), key);
+        let mut content_type = None;
         for (k, v) in raw_headers {
-            if k == HEADER_EVENT_KEY {
+            if k.eq_ignore_ascii_case(HEADER_CONTENT_TYPE) {
+                content_type = Some(v);
+            } else if k == HEADER_EVENT_KEY {
                 key = Some(v);
             } else if k == HEADER_EVENT_ID {
                 id = v.parse().ok();
@@ -103,6 +113,7 @@ impl ReceivedEvent {
             key,
             headers,
             payload,
+            content_type,
             position,
         }
     }

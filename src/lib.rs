@@ -160,7 +160,8 @@ pub use consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 pub use dlq::Dlq;
 pub use error::{DatabaseErrorKind, Error, Result};
 pub use event::{
-    Event, NewEvent, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE, RESERVED_HEADER_PREFIX,
+    Event, NewEvent, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE,
+    JSON_CONTENT_TYPE, RESERVED_HEADER_PREFIX,
 };
 pub use id::{EventId, ParseEventIdError};
 #[cfg(feature = "redis")]

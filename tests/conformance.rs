@@ -53,7 +53,7 @@ fn publish_commits_and_rollback_leaves_nothing(b: Backend, p: &str) {
         ids,
         "all of them, oldest first"
     );
-    assert_eq!(claimed[7].payload, "7");
+    assert_eq!(claimed[7].payload_str(), Some("7"));
     assert_eq!(claimed[0].attempts, 0);
 }
 
@@ -330,7 +330,7 @@ fn dead_letters_move_list_retry_resolve_and_clean(b: Backend, p: &str) {
     );
     let d0 = &all[0];
     assert_eq!(
-        (d0.attempts, d0.last_error.as_deref(), d0.payload.as_str()),
+        (d0.attempts, d0.last_error.as_deref(), d0.payload_str().unwrap()),
         (1, Some("gone"), "0")
     );
     assert_eq!(d0.status, DlqStatus::Dead);
@@ -392,6 +392,85 @@ fn dead_letters_move_list_retry_resolve_and_clean(b: Backend, p: &str) {
     std::thread::sleep(ms(30));
     assert_eq!(fx.store.delete_resolved_dlq(ms(10), 10).unwrap(), 1);
     assert_eq!(dlq.count(&DlqFilter::default()).unwrap(), 0);
+}
+
+/// Bytes no text column could hold: invalid UTF-8, NULs, and what PostgreSQL
+/// writes a `bytea` as in text (`\\x...`).
+const RAW: &[u8] = &[0xff, 0x00, 0xfe, b'\\', b'x', b'4', b'1', 0x80, 0x00, 0xc3];
+
+fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = config(p);
+    let big: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+    // a chunk of JSON and bytes together, then bytes alone, then JSON alone
+    let ids = fx.publish_events(
+        &c,
+        vec![
+            txbox::NewEvent::new("e", &7).unwrap(),
+            txbox::NewEvent::bytes("e", RAW, "application/x-protobuf").key("k"),
+            txbox::NewEvent::bytes("e", Vec::new(), "application/octet-stream"),
+        ],
+    );
+    let more = fx.publish_events(&c, vec![txbox::NewEvent::bytes("e", big.clone(), "application/avro")]);
+    fx.publish(&c, "e", 1, true);
+    let token = Uuid::now_v7();
+    let got = fx.store.claim("e", 10, Duration::from_secs(60), token).unwrap();
+    let seen: Vec<(Vec<u8>, Option<&str>)> = got
+        .iter()
+        .map(|e| (e.payload.clone(), e.content_type.as_deref()))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (b"7".to_vec(), None),
+            (RAW.to_vec(), Some("application/x-protobuf")),
+            (Vec::new(), Some("application/octet-stream")),
+            (big.clone(), Some("application/avro")),
+            (b"0".to_vec(), None),
+        ]
+    );
+    assert_eq!(got[1].key.as_deref(), Some("k"));
+    assert_eq!(got[4].content_type(), txbox::JSON_CONTENT_TYPE);
+
+    // failed, dead-lettered, listed, retried: the bytes stay as they were
+    let dying = [ids[1], more[0]];
+    let outcomes = got
+        .iter()
+        .map(|e| {
+            let o = if dying.contains(&e.id) {
+                Outcome::Failed { error: "no".into() }
+            } else {
+                Outcome::Sent
+            };
+            (e.id, o)
+        })
+        .collect::<Vec<_>>();
+    fx.store.finish(token, &outcomes).unwrap();
+    assert_eq!(fx.store.move_failed_to_dlq(10).unwrap(), 2);
+    let dlq = Dlq::new(fx.store.clone());
+    let dead = dlq.get(ids[1]).unwrap();
+    assert_eq!(
+        (dead.payload.as_slice(), dead.content_type.as_deref()),
+        (RAW, Some("application/x-protobuf"))
+    );
+    let json = serde_json::to_value(&dead).unwrap();
+    assert_eq!(json["payload"], "/wD+XHg0MYAAww==", "base64 in JSON");
+    assert_eq!(dlq.get(more[0]).unwrap().payload, big);
+    dlq.retry_many(&[ids[1], more[0]]).unwrap();
+    assert_eq!(fx.store.requeue_dlq_retries(10).unwrap(), 2);
+    let back = fx
+        .store
+        .claim("e", 10, Duration::from_secs(60), Uuid::now_v7())
+        .unwrap();
+    assert_eq!(
+        back.iter()
+            .map(|e| (e.payload.clone(), e.content_type.clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (RAW.to_vec(), Some("application/x-protobuf".into())),
+            (big, Some("application/avro".into()))
+        ]
+    );
 }
 
 fn cleanup_deletes_old_processed_rows_in_bounded_batches(b: Backend, p: &str) {
@@ -1047,7 +1126,7 @@ fn four_relays_keep_each_keys_order(b: Backend, p: &str) {
     let mut last: HashMap<String, i64> = HashMap::new();
     let mut seen = HashSet::new();
     for e in sender.sent() {
-        let (k, i): (String, i64) = serde_json::from_str(&e.payload).unwrap();
+        let (k, i): (String, i64) = serde_json::from_slice(&e.payload).unwrap();
         let before = last.insert(k.clone(), i).unwrap_or(-1);
         assert!(i >= before, "{k}: event {i} arrived after event {before}");
         assert!(
@@ -1100,7 +1179,7 @@ fn a_poison_event_blocks_or_is_skipped(b: Backend, p: &str) {
             .sent()
             .iter()
             .filter(|e| e.event_type == t)
-            .map(|e| serde_json::from_str::<(String, i64)>(&e.payload).unwrap())
+            .map(|e| serde_json::from_slice::<(String, i64)>(&e.payload).unwrap())
             .filter(|(k, _)| k == key)
             .map(|(_, i)| i)
             .collect()
@@ -1202,6 +1281,7 @@ macro_rules! suite {
             acked_rows_are_deleted_under_the_token_when_none_are_kept => "del",
             retries_wait_for_their_backoff_then_fail => "retry",
             dead_letters_move_list_retry_resolve_and_clean => "dlq",
+            binary_payloads_come_back_unchanged_through_the_dead_letters => "bin",
             cleanup_deletes_old_processed_rows_in_bounded_batches => "clean",
             lease_locks_have_one_holder => "lock",
             inbox_inserts_if_absent => "inbox",
@@ -1270,5 +1350,5 @@ fn mysql_resumes_an_upgrade_that_stopped_half_way() {
     let versions: Vec<i32> = c
         .query(format!("SELECT version FROM {p}txbox_schema_version"))
         .unwrap();
-    assert_eq!(versions, vec![2, 3]);
+    assert_eq!(versions, vec![2, 3, 4]);
 }

@@ -32,6 +32,7 @@ fn event(id: Option<EventId>) -> ReceivedEvent {
         key: None,
         headers: Default::default(),
         payload: b"{}".to_vec(),
+        content_type: None,
         position: Position::Kafka {
             topic: "t".into(),
             partition: 0,

@@ -78,7 +78,8 @@ fn kafka_a_duplicate_resent_raw_is_handled_once() {
         routing_key: "paid".into(),
         key: None,
         headers: Default::default(),
-        payload: "7".into(),
+        payload: b"7".to_vec(),
+        content_type: None,
         attempts: 0,
     };
     assert!(raw.send(&[dup])[0].is_ok());

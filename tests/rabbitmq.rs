@@ -174,7 +174,8 @@ fn the_sender_reads_the_url_as_amiquip_does() {
         routing_key: "k".into(),
         key: None,
         headers: Default::default(),
-        payload: "{}".into(),
+        payload: b"{}".to_vec(),
+        content_type: None,
         attempts: 0,
     };
     let send = |url: &str| {

@@ -113,7 +113,8 @@ fn errors_that_name_a_url_redact_its_password() {
         routing_key: "e".into(),
         key: None,
         headers: Default::default(),
-        payload: "{}".into(),
+        payload: b"{}".to_vec(),
+        content_type: None,
         attempts: 0,
     };
     // until the reconnect backoff is over and a send tries to connect again

@@ -384,7 +384,7 @@ fn ordered_floor(s: &Size, out: &mut Vec<Row>) -> Res<()> {
         // each key's events reached the sender in publish order
         let mut last: HashMap<String, i64> = HashMap::new();
         for e in sender.sent() {
-            let i = serde_json::from_str::<serde_json::Value>(&e.payload)?["n"]
+            let i = serde_json::from_slice::<serde_json::Value>(&e.payload)?["n"]
                 .as_i64()
                 .unwrap_or(-1);
             if let Some(k) = &e.key {
@@ -564,7 +564,8 @@ impl HandLoop {
                 routing_key: "bench".into(),
                 key,
                 headers: Default::default(),
-                payload,
+                payload: payload.into_bytes(),
+                content_type: None,
                 attempts: 0,
             };
         while done < n {
@@ -722,7 +723,8 @@ fn broker_throughput(
         routing_key: "txbox-bench".into(),
         key: None,
         headers: Default::default(),
-        payload,
+        payload: payload.into_bytes(),
+        content_type: None,
         attempts: 0,
     };
     // warm up: connections and metadata are not what is measured
@@ -1217,7 +1219,8 @@ impl PickUpBroker {
             routing_key: self.routing_key.into(),
             key: None,
             headers: Default::default(),
-            payload: format!("{{\"n\":{n}}}"),
+            payload: format!("{{\"n\":{n}}}").into_bytes(),
+            content_type: None,
             attempts: 0,
         }
     }

@@ -135,6 +135,22 @@ fn utf8_args() -> Result<Vec<String>, Fail> {
 /// `s` safe to print on a terminal: control characters (escape sequences,
 /// newlines, NUL) and bidirectional overrides written as escapes, so a payload,
 /// an error text or an event type cannot rewrite the screen or forge lines.
+/// A dead letter's payload for a terminal: its JSON text, or an event
+/// published as bytes in base64 (as the JSON output has it).
+fn shown_payload(d: &txbox::DeadLetter) -> String {
+    match (&d.content_type, d.payload_str()) {
+        (None, Some(json)) => printable(json),
+        _ => {
+            use base64::Engine as _;
+            format!(
+                "{} (base64, {} bytes)",
+                base64::engine::general_purpose::STANDARD.encode(&d.payload),
+                d.payload.len()
+            )
+        }
+    }
+}
+
 fn printable(s: &str) -> String {
     s.chars()
         .map(|c| {
@@ -308,7 +324,7 @@ fn run(cli: Cli) -> Result<String, Fail> {
                 json(&d)?
             } else {
                 format!(
-                    "id:         {}\nevent type: {}\nstatus:     {}\nkey:        {}\nattempts:   {}\ncreated at: {}\nmoved at:   {}\nlast error: {}\nheaders:    {}\npayload:    {}",
+                    "id:         {}\nevent type: {}\nstatus:     {}\nkey:        {}\nattempts:   {}\ncreated at: {}\nmoved at:   {}\nlast error: {}\nheaders:    {}\ncontent:    {}\npayload:    {}",
                     d.id,
                     printable(&d.event_type),
                     d.status,
@@ -318,7 +334,8 @@ fn run(cli: Cli) -> Result<String, Fail> {
                     printable(&d.moved_at),
                     printable(d.last_error.as_deref().unwrap_or("-")),
                     printable(&serde_json::to_string(&d.headers).unwrap_or_default()),
-                    printable(&d.payload)
+                    printable(d.content_type.as_deref().unwrap_or(txbox::JSON_CONTENT_TYPE)),
+                    shown_payload(&d)
                 )
             }
         }

@@ -14,7 +14,7 @@ use rdkafka::ClientContext;
 
 use super::{client_config, creation_err, DEFAULT_MESSAGE_TIMEOUT, MAX_MESSAGE_TIMEOUT_MS};
 use crate::error::{Error, Result};
-use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
+use crate::event::{Event, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
 use crate::sender::{SendError, Sender, SenderFactory};
 
 /// Errors after which the idempotent producer cannot go on (a broker that forgot
@@ -337,9 +337,16 @@ impl KafkaSender {
                 value: Some(v.as_bytes()),
             });
         }
+        // JSON events go without it: their path costs what it did
+        if let Some(content_type) = &e.content_type {
+            headers = headers.insert(Header {
+                key: HEADER_CONTENT_TYPE,
+                value: Some(content_type.as_bytes()),
+            });
+        }
         let mut record =
             BaseRecord::with_opaque_to(&e.destination, Box::new((batch.clone(), index)))
-                .payload(e.payload.as_bytes())
+                .payload(&e.payload)
                 .headers(headers);
         if let Some(k) = &e.key {
             record = record.key(k.as_bytes());

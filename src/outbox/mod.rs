@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::event::{EventId, NewEvent, RESERVED_HEADER_PREFIX};
+use crate::event::{EventId, NewEvent, HEADER_CONTENT_TYPE, RESERVED_HEADER_PREFIX};
 use crate::tables::Tables;
 use crate::transaction::Transaction;
 
@@ -79,6 +79,42 @@ impl Outbox {
         Ok(id)
     }
 
+    /// Inserts one event whose payload is `bytes` as they are (protobuf, Avro,
+    /// ...) into `tx`, sent with `content_type`: [`NewEvent::bytes`] in one call.
+    /// Returns its id. The bytes go to a binary column and reach the broker, and
+    /// consumers, unchanged.
+    ///
+    /// Errors: as [`Outbox::publish`], and [`Error::InvalidInput`] for a content
+    /// type that is not 1 to 255 printable ASCII characters.
+    ///
+    /// ```no_run
+    /// # fn main() -> txbox::Result<()> {
+    /// # let config = txbox::Config::builder().event("order-created", |e| e).build()?;
+    /// let outbox = txbox::Outbox::new(&config)?;
+    /// let mut client = postgres::Client::connect("postgres://postgres@127.0.0.1/test", postgres::NoTls)?;
+    /// let mut tx = client.transaction()?;
+    /// let encoded: Vec<u8> = vec![0x08, 0x96, 0x01]; // e.g. a protobuf message's bytes
+    /// outbox.publish_bytes(&mut tx, "order-created", &encoded, "application/x-protobuf")?;
+    /// tx.commit()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn publish_bytes<T>(
+        &self,
+        tx: &mut T,
+        event_type: &str,
+        bytes: &[u8],
+        content_type: &str,
+    ) -> Result<EventId>
+    where
+        T: Transaction + ?Sized,
+    {
+        self.check_type(event_type)?;
+        let event = NewEvent::bytes(event_type, bytes, content_type);
+        let id = event.id;
+        self.publish_all(tx, [event])?;
+        Ok(id)
+    }
+
     /// Inserts events built with [`NewEvent`] (any known types, keys, headers;
     /// [`NewEvent::batch`] for many payloads of one type) in one statement, one
     /// round trip. Returns their ids in order. Nothing is written when one of them
@@ -138,6 +174,23 @@ impl Outbox {
                 size: e.payload.len(),
                 max: self.inner.max_payload_bytes,
             });
+        }
+        if let Some(ct) = e.content_type() {
+            // an AMQP short string; a header value every broker and client keeps as is
+            if ct.is_empty() || ct.len() > 255 || !ct.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+                return Err(Error::InvalidInput(format!(
+                    "content type {:?} of event type {:?}: must be 1 to 255 printable ASCII characters",
+                    ct.escape_debug().to_string(),
+                    e.event_type
+                )));
+            }
+            if let Some(name) = e.headers.keys().find(|n| n.eq_ignore_ascii_case(HEADER_CONTENT_TYPE)) {
+                return Err(Error::InvalidInput(format!(
+                    "header {name:?} of event type {:?}: an event published as bytes sends its content type \
+                     in that header itself",
+                    e.event_type
+                )));
+            }
         }
         if let Some(k) = &e.key {
             if k.len() > 255 {

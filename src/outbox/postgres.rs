@@ -137,12 +137,12 @@ impl crate::Outbox {
 
     /// The dialect's `INSERT` of one event into this outbox's table.
     fn insert_one(&self) -> String {
-        sql::insert_events_sql(&<PgDialect as sql::Backend>::cached(self.tables()), 1)
+        sql::insert_events_sql(&<PgDialect as sql::Backend>::cached(self.tables()), 1, false)
     }
 }
 
 /// The parameter types of the one-event `INSERT`, as [`typed`] passes
-/// [`sql::event_values`]: id, type, key, headers, payload.
+/// [`sql::push_event_values`] without bytes: id, type, key, headers, payload.
 const INSERT_ONE_TYPES: [Type; 5] = [Type::UUID, Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT];
 
 impl PgPrepared {
@@ -178,12 +178,14 @@ impl crate::transaction::Transaction for PgPreparedTx<'_, '_, '_> {
 
     fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
         // several events go as one statement; another outbox's table has no
-        // statement prepared here
-        let ([e], true) = (events, tables.outbox == self.prepared.table) else {
+        // statement prepared here; the prepared one writes JSON payloads only
+        let ([e], true, None) = (events, tables.outbox == self.prepared.table, events.first().and_then(NewEvent::content_type)) else {
             return self.tx.insert_events(tables, events);
         };
+        let mut values = Vec::with_capacity(5);
+        sql::push_event_values(e, false, &mut values);
         // the driver's error as it is (inside Ok), to tell a statement unknown here
-        let executed = typed(&sql::event_values(e), |p| {
+        let executed = typed(&values, |p| {
             let params: Vec<&(dyn ToSql + Sync)> = p.iter().map(|(v, _)| *v).collect();
             Ok(self.tx.execute(&self.prepared.insert.statement, &params))
         })?;

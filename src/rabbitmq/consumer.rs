@@ -9,7 +9,7 @@ use crossbeam_channel::select;
 use super::{MAX_RECONNECT, MIN_RECONNECT};
 use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
-use crate::event::HEADER_EVENT_ID;
+use crate::event::{HEADER_CONTENT_TYPE, HEADER_EVENT_ID};
 
 fn open(url: &str) -> std::result::Result<Connection, amiquip::Error> {
     super::open(url, amiquip::ConnectionTuning::default())
@@ -188,6 +188,11 @@ impl RabbitConsumer {
                 if let Some(id) = delivery.properties.message_id() {
                     raw.push((HEADER_EVENT_ID.to_string(), id.clone()));
                 }
+            }
+            // the property, read as Kafka's header is
+            if let Some(content_type) = delivery.properties.content_type() {
+                raw.retain(|(k, _)| !k.eq_ignore_ascii_case(HEADER_CONTENT_TYPE));
+                raw.push((HEADER_CONTENT_TYPE.to_string(), content_type.clone()));
             }
             let event = ReceivedEvent::from_parts(
                 raw,

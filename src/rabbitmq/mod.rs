@@ -4,7 +4,9 @@
 //! ## Message contract
 //! - exchange: the event type's `destination`; routing key: its `routing_key`
 //!   (default: the event type);
-//! - body: the JSON payload; `content_type` `application/json`; `type` the event type;
+//! - body: the payload (the JSON text, or the bytes of an event published as
+//!   bytes); `content_type` `application/json` or the bytes' content type; `type`
+//!   the event type;
 //! - `message_id` and the header `txbox-event-id`: the event id; header
 //!   `txbox-event-type`: the event type; `txbox-event-key`: the event's key, when
 //!   it has one; then the user's headers (string values);

@@ -247,7 +247,7 @@ fn properties(e: &Event) -> AmqpProperties {
     AmqpProperties::default()
         .with_message_id(id)
         .with_type_(e.event_type.clone())
-        .with_content_type("application/json".to_string())
+        .with_content_type(e.content_type().to_string())
         .with_delivery_mode(2)
         .with_headers(headers)
 }
@@ -342,7 +342,7 @@ impl RabbitChannel {
         batch.first = open.next_tag;
         for e in events {
             let mut publish = Publish::with_properties(
-                e.payload.as_bytes(),
+                &e.payload,
                 e.routing_key.clone(),
                 properties(e),
             );

@@ -96,7 +96,7 @@ impl Relay {
     /// assert_eq!(report.sent(), 1);
     /// assert_eq!(report.by_type["order-created"].sent, 1);
     /// assert_eq!(sender.sent()[0].id, id);
-    /// assert_eq!(sender.sent()[0].payload, r#"{"id":7}"#);
+    /// assert_eq!(sender.sent()[0].payload_str(), Some(r#"{"id":7}"#));
     /// # Ok(()) }
     /// ```
     pub fn deliver_pending<S: ClaimStore + ?Sized>(

@@ -114,7 +114,8 @@ mod tests {
             routing_key: "t".into(),
             key: None,
             headers: Default::default(),
-            payload: "{}".into(),
+            payload: b"{}".to_vec(),
+            content_type: None,
             attempts,
         }
     }

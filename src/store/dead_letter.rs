@@ -52,7 +52,10 @@ impl FromStr for DlqStatus {
 }
 
 /// A dead-lettered event.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+///
+/// Serialized (the HTTP admin's JSON) with `payload` as text for a JSON event
+/// and as standard base64 for one published as bytes (`content_type` not null).
+#[derive(Debug, Clone, PartialEq)]
 pub struct DeadLetter {
     /// The event id.
     pub id: EventId,
@@ -62,8 +65,11 @@ pub struct DeadLetter {
     pub key: Option<String>,
     /// The user's headers.
     pub headers: BTreeMap<String, String>,
-    /// The payload as published.
-    pub payload: String,
+    /// The payload as published: JSON text, or the bytes of an event published
+    /// as bytes.
+    pub payload: Vec<u8>,
+    /// The content type of an event published as bytes; `None` for JSON.
+    pub content_type: Option<String>,
     /// Failed send attempts.
     pub attempts: u32,
     /// Why the last send failed.
@@ -74,6 +80,37 @@ pub struct DeadLetter {
     pub created_at: String,
     /// When it became a dead letter (RFC 3339).
     pub moved_at: String,
+}
+
+impl DeadLetter {
+    /// The payload as text, when it is UTF-8 (always for a JSON event).
+    pub fn payload_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.payload).ok()
+    }
+}
+
+impl serde::Serialize for DeadLetter {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use base64::Engine as _;
+        use serde::ser::SerializeStruct as _;
+        let payload = match (&self.content_type, self.payload_str()) {
+            (None, Some(json)) => json.to_owned(),
+            _ => base64::engine::general_purpose::STANDARD.encode(&self.payload),
+        };
+        let mut st = s.serialize_struct("DeadLetter", 11)?;
+        st.serialize_field("id", &self.id)?;
+        st.serialize_field("event_type", &self.event_type)?;
+        st.serialize_field("key", &self.key)?;
+        st.serialize_field("headers", &self.headers)?;
+        st.serialize_field("payload", &payload)?;
+        st.serialize_field("content_type", &self.content_type)?;
+        st.serialize_field("attempts", &self.attempts)?;
+        st.serialize_field("last_error", &self.last_error)?;
+        st.serialize_field("status", &self.status)?;
+        st.serialize_field("created_at", &self.created_at)?;
+        st.serialize_field("moved_at", &self.moved_at)?;
+        st.end()
+    }
 }
 
 /// Filters and paging for [`Dlq::list`](crate::Dlq::list).

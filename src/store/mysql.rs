@@ -20,6 +20,7 @@ pub(crate) const SCHEMA: &str = include_str!("../../sql/mysql/001_schema.sql");
 pub(crate) const SCHEMA_2: &str = include_str!("../../sql/mysql/002_inbox_per_consumer.sql");
 /// Schema version 3: the indexes of per-key ordering.
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/mysql/003_ordered_keys.sql");
+pub(crate) const SCHEMA_4: &str = include_str!("../../sql/mysql/004_binary_payloads.sql");
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 const TS: &str = "'%Y-%m-%dT%H:%i:%s.%fZ'";
@@ -32,13 +33,13 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
         "id, event_type, event_key, headers, payload, attempts, last_error, status, \
-         DATE_FORMAT(created_at, {TS}), DATE_FORMAT(moved_at, {TS})"
+         DATE_FORMAT(created_at, {TS}), DATE_FORMAT(moved_at, {TS}), payload_bytes, content_type"
     );
     let filter = "($1 IS NULL OR event_type = $1) AND ($2 IS NULL OR status = $2)";
     Catalog {
         style: Style::Question,
         begin: "START TRANSACTION",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4],
         transactional_ddl: false,
         migrate_lock: None,
         // duplicate index, duplicate column, the version recorded already
@@ -61,7 +62,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         claim_returning: None,
         hold_claim: None,
         claim_select: format!(
-            "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
+            "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
              ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
         ),
@@ -100,9 +101,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
              WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2)"
         ),
         insert_events: format!(
-            "INSERT INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) VALUES "
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) VALUES "
         ),
-        insert_event_row: "($1, $2, $3, $4, $5, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))".into(),
+        insert_event_row: "($1, $2, $3, $4, $5{bytes_values}, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))".into(),
+        insert_bytes_values: ", $6, $7",
         insert_events_sep: ", ",
         insert_events_suffix: "",
     }

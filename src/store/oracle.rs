@@ -27,6 +27,7 @@ pub(crate) const SCHEMA: &str = include_str!("../../sql/oracle/001_schema.sql");
 pub(crate) const SCHEMA_2: &str = include_str!("../../sql/oracle/002_inbox_per_consumer.sql");
 /// Schema version 3: the indexes of per-key ordering.
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/oracle/003_ordered_keys.sql");
+pub(crate) const SCHEMA_4: &str = include_str!("../../sql/oracle/004_binary_payloads.sql");
 
 const NOW: &str = "SYSTIMESTAMP";
 const TS: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS.FF6\"Z\"'";
@@ -39,22 +40,24 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
         "id, event_type, event_key, headers, payload, attempts, last_error, status, \
-         TO_CHAR(SYS_EXTRACT_UTC(created_at), {TS}), TO_CHAR(SYS_EXTRACT_UTC(moved_at), {TS})"
+         TO_CHAR(SYS_EXTRACT_UTC(created_at), {TS}), TO_CHAR(SYS_EXTRACT_UTC(moved_at), {TS}), payload_bytes, content_type"
     );
     let filter = "($1 IS NULL OR event_type = $1) AND ($2 IS NULL OR status = $2)";
     let count = |s: &str| format!("SUM(CASE WHEN status = '{s}' THEN 1 ELSE 0 END)");
     Catalog {
         style: Style::Colon,
         begin: "BEGIN",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4],
         transactional_ddl: false,
         migrate_lock: None,
-        // name used, index exists, column exists, no primary key to drop, one
-        // primary key only, the version recorded already
+        // name used, index exists, column exists, column allows NULL already,
+        // no primary key to drop, one primary key only, the version recorded
+        // already
         exists_errors: &[
             "ORA-00955",
             "ORA-01408",
             "ORA-01430",
+            "ORA-01451",
             "ORA-02441",
             "ORA-02260",
             "ORA-00001",
@@ -66,7 +69,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         hold_claim: None,
         // no row limit in SQL: the fetch size limits it ($2 is not bound)
         claim_select: format!(
-            "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
+            "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
              ORDER BY id FOR UPDATE SKIP LOCKED"
         ),
@@ -109,9 +112,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         ),
         insert_events: "INSERT ALL ".into(),
         insert_event_row: format!(
-            "INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) \
-             VALUES ($1, $2, $3, $4, $5, {NOW}, {NOW})"
+            "INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) \
+             VALUES ($1, $2, $3, $4, $5{{bytes_values}}, {NOW}, {NOW})"
         ),
+        insert_bytes_values: ", $6, $7",
         insert_events_sep: " ",
         insert_events_suffix: " SELECT 1 FROM dual",
     }
@@ -148,7 +152,7 @@ fn row(r: &oracle::Row) -> Result<Row> {
                 return Ok(Val::Null);
             }
             Ok(match v.oracle_type().map_err(err)? {
-                OracleType::Raw(_) => Val::Bytes(v.get::<Vec<u8>>().map_err(err)?),
+                OracleType::Raw(_) | OracleType::BLOB => Val::Bytes(v.get::<Vec<u8>>().map_err(err)?),
                 // numbers and text alike: Row reads numbers from their text
                 _ => Val::Text(v.get::<String>().map_err(err)?),
             })

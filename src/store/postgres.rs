@@ -23,6 +23,7 @@ pub(crate) const SCHEMA_2: &str = include_str!("../../sql/postgres/002_inbox_per
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/postgres/003_notify_on_commit.sql");
 /// Schema version 4: the indexes of per-key ordering.
 pub(crate) const SCHEMA_4: &str = include_str!("../../sql/postgres/004_ordered_keys.sql");
+pub(crate) const SCHEMA_5: &str = include_str!("../../sql/postgres/005_binary_payloads.sql");
 
 /// A connection pool of the `postgres` crate, as [`PgStore`] uses it.
 pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
@@ -37,7 +38,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     let dlq_columns = format!(
         "id, event_type, event_key, headers::text, payload, attempts, last_error, status, \
-         to_char(created_at AT TIME ZONE 'UTC', {TS}), to_char(moved_at AT TIME ZONE 'UTC', {TS})"
+         to_char(created_at AT TIME ZONE 'UTC', {TS}), to_char(moved_at AT TIME ZONE 'UTC', {TS}), payload_bytes, content_type"
     );
     let filter = "($1::text IS NULL OR event_type = $1) AND ($2::text IS NULL OR status = $2)";
     // what every claim takes: due PENDING rows of type $1 above an id, oldest first,
@@ -48,11 +49,11 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
              AND next_attempt_at <= now() {{order}} ORDER BY id LIMIT {limit} FOR UPDATE SKIP LOCKED"
         )
     };
-    let claimed = "id, event_type, event_key, headers::text, payload, attempts";
+    let claimed = "id, event_type, event_key, headers::text, payload, attempts, payload_bytes, content_type";
     Catalog {
         style: Style::Dollar,
         begin: "BEGIN",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: true,
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
         exists_errors: &[],
@@ -97,8 +98,8 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             ),
             restore: format!(
                 "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, \
-                   next_attempt_at, last_error, created_at) \
-                 VALUES ($4, $5, $6, $7::jsonb, $8, $1, $9, {}, $3, $10::timestamptz)",
+                   next_attempt_at, last_error, created_at, payload_bytes, content_type) \
+                 VALUES ($4, $5, $6, $7::jsonb, $8, $1, $9, {}, $3, $10::timestamptz, $11::bytea, $12)",
                 plus("$2")
             ),
         }),
@@ -145,8 +146,11 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
              WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2) \
              ON CONFLICT (consumer, event_id) DO NOTHING"
         ),
-        insert_events: format!("INSERT INTO {o} (id, event_type, event_key, headers, payload) VALUES "),
-        insert_event_row: "($1, $2, $3, $4::jsonb, $5)".into(),
+        insert_events: format!(
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}) VALUES "
+        ),
+        insert_event_row: "($1, $2, $3, $4::jsonb, $5{bytes_values})".into(),
+        insert_bytes_values: ", $6::bytea, $7",
         insert_events_sep: ", ",
         insert_events_suffix: "",
     }

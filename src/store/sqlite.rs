@@ -25,6 +25,7 @@ pub(crate) const SCHEMA: &str = include_str!("../../sql/sqlite/001_schema.sql");
 pub(crate) const SCHEMA_2: &str = include_str!("../../sql/sqlite/002_inbox_per_consumer.sql");
 /// Schema version 3: the indexes of per-key ordering.
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/sqlite/003_ordered_keys.sql");
+pub(crate) const SCHEMA_4: &str = include_str!("../../sql/sqlite/004_binary_payloads.sql");
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -35,12 +36,14 @@ fn plus(ms_param: &str) -> String {
 
 pub(crate) fn catalog(t: &Tables) -> Catalog {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
-    let dlq_columns = "id, event_type, event_key, headers, payload, attempts, last_error, status, created_at, moved_at";
+    let dlq_columns =
+        "id, event_type, event_key, headers, payload, attempts, last_error, status, created_at, moved_at, \
+         payload_bytes, content_type";
     let filter = "($1 IS NULL OR event_type = $1) AND ($2 IS NULL OR status = $2)";
     Catalog {
         style: Style::QuestionNumbered,
         begin: "BEGIN IMMEDIATE",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4],
         transactional_ddl: true,
         migrate_lock: None,
         exists_errors: &[],
@@ -50,7 +53,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         claim_returning: None,
         hold_claim: None,
         claim_select: format!(
-            "SELECT id, event_type, event_key, headers, payload, attempts FROM {o} \
+            "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
              ORDER BY id LIMIT $3"
         ),
@@ -84,9 +87,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
              WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2)"
         ),
         insert_events: format!(
-            "INSERT INTO {o} (id, event_type, event_key, headers, payload, next_attempt_at, created_at) VALUES "
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) VALUES "
         ),
-        insert_event_row: "($1, $2, $3, $4, $5, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))".into(),
+        insert_event_row: "($1, $2, $3, $4, $5{bytes_values}, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))".into(),
+        insert_bytes_values: ", $6, $7",
         insert_events_sep: ", ",
         insert_events_suffix: "",
     }

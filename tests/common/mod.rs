@@ -166,7 +166,8 @@ pub fn claimed(destination: &str, routing_key: &str, payload: String) -> txbox::
         routing_key: routing_key.into(),
         key: None,
         headers: Default::default(),
-        payload,
+        payload: payload.into_bytes(),
+        content_type: None,
         attempts: 0,
     }
 }

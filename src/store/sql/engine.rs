@@ -451,7 +451,7 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
             Val::Int(f.offset as i64),
         ];
         run_query(&mut *conn, &self.d, &self.d.dlq_list, &fixed, &[])?
-            .iter()
+            .iter_mut()
             .map(dead_letter)
             .collect()
     }
@@ -509,14 +509,14 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
 
     fn dlq_get(&self, id: EventId) -> Result<Option<DeadLetter>> {
         let mut conn = self.pool.get()?;
-        let rows = run_query(
+        let mut rows = run_query(
             &mut *conn,
             &self.d,
             &self.d.dlq_get,
             &[Val::Id(id.as_uuid())],
             &[],
         )?;
-        rows.first().map(dead_letter).transpose()
+        rows.first_mut().map(dead_letter).transpose()
     }
 
     fn dlq_set_status(

@@ -160,7 +160,7 @@ impl HeldTx {
                 .map(|mut r| Deleted {
                     id: r.id(0).unwrap_or_default(),
                     headers: r.take_text(3).unwrap_or_default(),
-                    created_at: r.take_text(6).unwrap_or_default(),
+                    created_at: r.take_text(8).unwrap_or_default(),
                 })
                 .collect()
         });
@@ -238,13 +238,26 @@ pub(crate) fn restore_steps<'a>(
             e.event_type.as_str().into(),
             e.key.as_deref().into(),
             row.headers.as_str().into(),
-            e.payload.as_str().into(),
+            payload_text(e),
             Val::Int(i64::from(e.attempts) + i64::from(counted)),
             row.created_at.as_str().into(),
+            e.content_type
+                .as_ref()
+                .map_or(Val::Null, |_| Val::Bytes(e.payload.clone())),
+            e.content_type.as_deref().into(),
         ];
         steps.push((restore, fixed, Vec::new()));
     }
     Ok(steps)
+}
+
+/// The text payload column of a claimed event: its JSON, or empty for one
+/// published as bytes (whose bytes go to the binary column).
+fn payload_text(e: &Event) -> Val {
+    match (&e.content_type, e.payload_str()) {
+        (None, Some(json)) => json.into(),
+        _ => Val::Text(String::new()),
+    }
 }
 
 impl Drop for HeldTx {

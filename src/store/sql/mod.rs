@@ -15,7 +15,7 @@ use super::{
     Outcome, Store, Tables, TypeStatus,
 };
 use crate::error::{Error, Result};
-use crate::event::{Event, EventId, NewEvent};
+use crate::event::{Body, Event, EventId, NewEvent};
 use crate::store::{BlockedKey, DeadLetter, DlqFilter, DlqStatus};
 
 mod engine;

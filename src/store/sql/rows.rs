@@ -46,8 +46,8 @@ pub(crate) fn headers_json(h: &BTreeMap<String, String>) -> String {
     serde_json::to_string(h).unwrap_or_else(|_| "{}".into())
 }
 
-/// The event of a claimed row (id, type, key, headers, payload, attempts), its
-/// text moved out of the row.
+/// The event of a claimed row (id, type, key, headers, payload, attempts,
+/// payload bytes, content type), its text moved out of the row.
 pub(crate) fn event_row(r: &mut Row) -> Result<Event> {
     let id = r.id(0)?;
     // parsed once: later reads of the id find it as such
@@ -56,6 +56,7 @@ pub(crate) fn event_row(r: &mut Row) -> Result<Event> {
         Val::Text(text) => parse_headers(text),
         _ => parse_headers(&r.text(3)),
     };
+    let (payload, content_type) = body(r, 4, 6)?;
     Ok(Event {
         id,
         event_type: r.take_text(1).unwrap_or_default(),
@@ -63,8 +64,19 @@ pub(crate) fn event_row(r: &mut Row) -> Result<Event> {
         routing_key: String::new(),
         key: r.take_text(2),
         headers,
-        payload: r.take_text(4).unwrap_or_default(),
+        payload,
+        content_type,
         attempts: r.int(5).max(0) as u32,
+    })
+}
+
+/// The payload of a row whose text payload is column `text` and whose payload
+/// bytes and content type follow from column `bytes` on: the bytes when it has a
+/// content type (published as bytes), else the JSON text.
+fn body(r: &mut Row, text: usize, bytes: usize) -> Result<(Vec<u8>, Option<String>)> {
+    Ok(match r.take_text(bytes + 1) {
+        Some(content_type) => (r.take_blob(bytes)?.unwrap_or_default(), Some(content_type)),
+        None => (r.take_bytes(text).unwrap_or_default(), None),
     })
 }
 
@@ -75,13 +87,15 @@ pub(crate) fn claimed_events(rows: &mut [Row]) -> Result<Vec<Event>> {
     Ok(events)
 }
 
-pub(crate) fn dead_letter(r: &Row) -> Result<DeadLetter> {
+pub(crate) fn dead_letter(r: &mut Row) -> Result<DeadLetter> {
+    let (payload, content_type) = body(r, 4, 10)?;
     Ok(DeadLetter {
         id: r.id(0)?,
         event_type: r.text(1),
         key: r.opt_text(2),
         headers: parse_headers(&r.text(3)),
-        payload: r.text(4),
+        payload,
+        content_type,
         attempts: r.int(5).max(0) as u32,
         last_error: r.opt_text(6),
         status: r.text(7).parse().unwrap_or(DlqStatus::Dead),
@@ -115,37 +129,68 @@ pub(crate) fn split_statements(sql: &str) -> Vec<String> {
     out
 }
 
-/// Inserts new events: one multi-row `INSERT` (one round trip) per chunk.
+/// Inserts new events: one multi-row `INSERT` (one round trip) per chunk. A
+/// chunk without an event published as bytes writes only the JSON columns.
 pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent]) -> Result<()> {
-    for chunk in events.chunks((d.max_ids / 5).max(1)) {
-        let params: Vec<Val> = chunk.iter().flat_map(event_values).collect();
-        run_execute(conn, d, &insert_events_sql(d, chunk.len()), &params, &[])?;
+    for chunk in events.chunks((d.max_ids / 7).max(1)) {
+        let bytes = chunk.iter().any(|e| e.content_type().is_some());
+        let mut params = Vec::with_capacity(chunk.len() * 7);
+        for e in chunk {
+            push_event_values(e, bytes, &mut params);
+        }
+        run_execute(conn, d, &insert_events_sql(d, chunk.len(), bytes), &params, &[])?;
     }
     Ok(())
 }
 
-/// The dialect's `INSERT` of `rows` events, [`event_values`] of each in turn.
-pub(crate) fn insert_events_sql(d: &Catalog, rows: usize) -> String {
-    let mut template = d.insert_events.clone();
+/// The dialect's `INSERT` of `rows` events, [`push_event_values`] of each in
+/// turn; with `bytes`, the binary payload columns too.
+pub(crate) fn insert_events_sql(d: &Catalog, rows: usize, bytes: bool) -> String {
+    let (columns, values, width) = if bytes {
+        (", payload_bytes, content_type", d.insert_bytes_values, 7)
+    } else {
+        ("", "", 5)
+    };
+    let fill = |t: &str| t.replace("{bytes_columns}", columns).replace("{bytes_values}", values);
+    let row = fill(&d.insert_event_row);
+    let mut template = fill(&d.insert_events);
     for i in 0..rows {
         if i > 0 {
             template.push_str(d.insert_events_sep);
         }
-        template.push_str(&shift(&d.insert_event_row, i * 5));
+        template.push_str(&shift(&row, i * width));
     }
     template.push_str(d.insert_events_suffix);
     template
 }
 
-/// What [`insert_events_sql`] writes of one event: id, type, key, headers, payload.
-pub(crate) fn event_values(e: &NewEvent) -> [Val; 5] {
-    [
+/// The stored payload of an event: its JSON text, or (published as bytes) an
+/// empty text, the bytes and the content type.
+pub(crate) fn stored_payload(payload: &Body) -> [Val; 3] {
+    match payload {
+        Body::Json(s) => [Val::Text(s.clone()), Val::Null, Val::Null],
+        Body::Bytes { bytes, content_type } => [
+            Val::Text(String::new()),
+            Val::Bytes(bytes.clone()),
+            Val::Text(content_type.clone()),
+        ],
+    }
+}
+
+/// What [`insert_events_sql`] writes of one event: id, type, key, headers,
+/// payload, and with `bytes` the payload bytes and content type.
+pub(crate) fn push_event_values(e: &NewEvent, bytes: bool, out: &mut Vec<Val>) {
+    let [text, blob, content_type] = stored_payload(&e.payload);
+    out.extend([
         Val::Id(e.id.as_uuid()),
         Val::Text(e.event_type.clone()),
         e.key.as_deref().into(),
         Val::Text(headers_json(&e.headers)),
-        Val::Text(e.payload.clone()),
-    ]
+        text,
+    ]);
+    if bytes {
+        out.extend([blob, content_type]);
+    }
 }
 
 /// Records ids; returns the new ones. The unique key decides: a conflicting insert

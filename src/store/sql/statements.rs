@@ -185,16 +185,16 @@ pub(crate) fn common(
         delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
         delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
         copy_to_dlq: format!(
-            "INSERT INTO {d} (id, event_type, event_key, headers, payload, attempts, last_error, status, \
-               created_at, moved_at, updated_at) \
-             SELECT id, event_type, event_key, headers, payload, attempts, last_error, 'DEAD', created_at, \
-               {now}, {now} FROM {o} WHERE id IN ({{ids}})"
+            "INSERT INTO {d} (id, event_type, event_key, headers, payload, payload_bytes, content_type, \
+               attempts, last_error, status, created_at, moved_at, updated_at) \
+             SELECT id, event_type, event_key, headers, payload, payload_bytes, content_type, attempts, \
+               last_error, 'DEAD', created_at, {now}, {now} FROM {o} WHERE id IN ({{ids}})"
         ),
         copy_to_outbox: format!(
-            "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, next_attempt_at, \
-               last_error, created_at) \
-             SELECT id, event_type, event_key, headers, payload, 'PENDING', 0, {now}, last_error, created_at \
-             FROM {d} WHERE id IN ({{ids}})"
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload, payload_bytes, content_type, \
+               status, attempts, next_attempt_at, last_error, created_at) \
+             SELECT id, event_type, event_key, headers, payload, payload_bytes, content_type, 'PENDING', 0, \
+               {now}, last_error, created_at FROM {d} WHERE id IN ({{ids}})"
         ),
         // an event's row of each consumer expires on its own
         delete_inbox: format!(
@@ -226,13 +226,15 @@ pub struct HoldClaim {
     /// script each (one round trip), their values written into the SQL.
     pub literal: fn(&Val) -> String,
     /// The claim when acked rows are deleted: `claim_select`'s rows deleted in the
-    /// held transaction, returning its columns and then `created_at` as text
+    /// held transaction, returning its columns (payload bytes and content type
+    /// included) and then `created_at` as text
     /// ($1 type, $2 after, $3 limit).
     pub claim_delete: String,
     /// Writes back a row that such a claim deleted and the broker did not ack:
     /// $1 status, $2 delay ms, $3 error, $4 id (as [`Finish::failed`]), then the
     /// claimed row's $5 type, $6 key, $7 headers, $8 payload, $9 attempts (this
-    /// one included when it counts), $10 created_at.
+    /// one included when it counts), $10 created_at, $11 payload bytes, $12
+    /// content type.
     pub restore: String,
 }
 
@@ -271,7 +273,7 @@ pub struct Catalog {
     /// dialect cannot hold claims.
     pub hold_claim: Option<HoldClaim>,
     /// $1 type, $2 only ids above this one, $3 limit (Oracle limits by fetching)
-    /// -> id, type, key, headers, payload, attempts
+    /// -> id, type, key, headers, payload, attempts, payload bytes, content type
     pub claim_select: String,
     /// $1 limit (and $2 TTL in ms for the cleanups) -> id, for each maintenance selection
     pub select_expired: String,
@@ -295,10 +297,14 @@ pub struct Catalog {
     /// $1 consumer, $2 id -> affected rows 1 when new (for this consumer, and
     /// not recorded before the per-consumer key by the consumer `'*'`)
     pub inbox_insert: String,
-    /// `INSERT INTO outbox (id, event_type, event_key, headers, payload) VALUES `
+    /// `INSERT INTO outbox (id, event_type, event_key, headers, payload{bytes_columns}) VALUES `
+    /// (`{bytes_columns}` is filled in by [`insert_events_sql`])
     pub insert_events: String,
-    /// one row of `insert_events`, with `$1`..`$5`
+    /// one row of `insert_events`, with `$1`..`$5{bytes_values}`
     pub insert_event_row: String,
+    /// What `{bytes_values}` becomes in a statement that writes binary payloads:
+    /// `$6` the bytes, `$7` the content type.
+    pub insert_bytes_values: &'static str,
     /// between rows (", "; Oracle's INSERT ALL: " ")
     pub insert_events_sep: &'static str,
     /// after the last row ("" ; Oracle: " SELECT 1 FROM dual")

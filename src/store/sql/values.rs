@@ -75,6 +75,33 @@ impl Row {
         }
     }
 
+    /// Column `i` as bytes, moved out of the row (text as its UTF-8).
+    pub(crate) fn take_bytes(&mut self, i: usize) -> Option<Vec<u8>> {
+        match self.0.get_mut(i) {
+            Some(Val::Bytes(b)) => Some(std::mem::take(b)),
+            Some(Val::Text(s)) => Some(std::mem::take(s).into_bytes()),
+            _ => self.opt_text(i).map(String::into_bytes),
+        }
+    }
+
+    /// Binary column `i`, moved out of the row. Read as text (PostgreSQL's
+    /// scripts return every value as text) a `bytea` is `\x` and its hex digits.
+    pub(crate) fn take_blob(&mut self, i: usize) -> Result<Option<Vec<u8>>> {
+        if let Some(Val::Text(s)) = self.0.get(i) {
+            if let Some(hex) = s.strip_prefix("\\x") {
+                let byte = |k: usize| u8::from_str_radix(hex.get(2 * k..2 * k + 2)?, 16).ok();
+                return match (0..hex.len() / 2).map(byte).collect::<Option<Vec<u8>>>() {
+                    Some(b) if hex.len() % 2 == 0 => Ok(Some(b)),
+                    _ => Err(Error::database(
+                        crate::error::DatabaseErrorKind::Other,
+                        format!("column {i}: not a bytea in hex format"),
+                    )),
+                };
+            }
+        }
+        Ok(self.take_bytes(i))
+    }
+
     pub(crate) fn int(&self, i: usize) -> i64 {
         match self.get(i) {
             Val::Int(n) => *n,
