@@ -91,7 +91,9 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
             routing_key: "order-created".into(),
             key: None,
             headers: Default::default(),
-            payload: serde_json::json!({"amount_cents": 100 + i}).to_string().into_bytes(),
+            payload: serde_json::json!({"amount_cents": 100 + i})
+                .to_string()
+                .into_bytes(),
             content_type: None,
             attempts: 0,
         })

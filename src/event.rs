@@ -68,7 +68,10 @@ impl Event {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Body {
     Json(String),
-    Bytes { bytes: Vec<u8>, content_type: String },
+    Bytes {
+        bytes: Vec<u8>,
+        content_type: String,
+    },
 }
 
 impl Body {

@@ -330,7 +330,11 @@ fn dead_letters_move_list_retry_resolve_and_clean(b: Backend, p: &str) {
     );
     let d0 = &all[0];
     assert_eq!(
-        (d0.attempts, d0.last_error.as_deref(), d0.payload_str().unwrap()),
+        (
+            d0.attempts,
+            d0.last_error.as_deref(),
+            d0.payload_str().unwrap()
+        ),
         (1, Some("gone"), "0")
     );
     assert_eq!(d0.status, DlqStatus::Dead);
@@ -411,10 +415,16 @@ fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &
             txbox::NewEvent::bytes("e", Vec::new(), "application/octet-stream"),
         ],
     );
-    let more = fx.publish_events(&c, vec![txbox::NewEvent::bytes("e", big.clone(), "application/avro")]);
+    let more = fx.publish_events(
+        &c,
+        vec![txbox::NewEvent::bytes("e", big.clone(), "application/avro")],
+    );
     fx.publish(&c, "e", 1, true);
     let token = Uuid::now_v7();
-    let got = fx.store.claim("e", 10, Duration::from_secs(60), token).unwrap();
+    let got = fx
+        .store
+        .claim("e", 10, Duration::from_secs(60), token)
+        .unwrap();
     let seen: Vec<(Vec<u8>, Option<&str>)> = got
         .iter()
         .map(|e| (e.payload.clone(), e.content_type.as_deref()))

@@ -109,6 +109,26 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     assert_eq!(count(&mut client, p, "PROCESSED"), 50);
 }
 
+/// Events published as bytes reach the consumer unchanged, with the
+/// `content-type` header; JSON events go without one, as before.
+#[test]
+fn binary_payloads_arrive_unchanged_with_their_content_type() {
+    let Some((topic, relay, _)) = relayed("bytes", 1, 0) else {
+        return;
+    };
+    let p = "t_kafka_bytes_";
+    let mut client = client().unwrap();
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let ids = publish_bytes_and_json(&Outbox::new(&config).unwrap(), &mut client, "e");
+    let got = consume_events(2, |h| consume(&topic, h));
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    check_bytes_and_json(&got, ids, None);
+}
+
 #[test]
 fn an_oversized_message_fails_alone_and_ends_in_the_dlq() {
     if !kafka_up() {

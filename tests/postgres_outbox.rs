@@ -171,6 +171,48 @@ fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
         );
     }
 
+    // bytes: a content type a broker header cannot carry, a second content
+    // type in the headers, more bytes than allowed, an unknown type
+    for ct in ["", "a\nb", "caf\u{e9}", &"x".repeat(256)] {
+        let err = outbox
+            .publish_bytes(&mut tx, "order-created", b"\xff", ct)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidInput(_))
+                && err
+                    .to_string()
+                    .contains("1 to 255 printable ASCII characters"),
+            "{ct:?}: {err}"
+        );
+    }
+    let twice = NewEvent::bytes("order-created", vec![0xff], "application/x-protobuf")
+        .header("Content-Type", "text/plain");
+    let err = outbox.publish_all(&mut tx, [twice]).unwrap_err();
+    assert!(err.to_string().contains("\"Content-Type\""), "{err}");
+    let err = outbox
+        .publish_bytes(
+            &mut tx,
+            "order-created",
+            &[0u8; 1001],
+            "application/octet-stream",
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::PayloadTooLarge {
+                size: 1001,
+                max: 1000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = outbox
+        .publish_bytes(&mut tx, "order-shipped", &[1], "application/octet-stream")
+        .unwrap_err();
+    assert!(matches!(err, Error::UnknownEventType(_)), "{err}");
+
     // none of that touched the transaction: it still works and commits one event
     outbox
         .publish(&mut tx, "order-created", &json!({"ok": true}))

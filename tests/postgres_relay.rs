@@ -1904,3 +1904,69 @@ fn commits_do_not_cut_short_the_backoff_of_a_poller_whose_broker_is_down() {
     assert!(asked <= 2, "20 commits asked the broker {asked} times");
     relay.shutdown(Duration::from_secs(5)).unwrap();
 }
+
+/// Bytes published on PostgreSQL, through the prepared statement's transaction
+/// too, claimed with held claims whose acked rows are deleted: a refused send
+/// writes the row back, bytes and content type included, and the retry sends
+/// them unchanged.
+#[test]
+fn binary_payloads_survive_a_held_claims_write_back() {
+    let p = "t_rel_bytes_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .processed_ttl(Duration::ZERO)
+        .defaults(|e: EventSettings| {
+            fast(e)
+                .claim(ClaimMode::Lock)
+                .max_retries(3)
+                .backoff_delay(ms(10))
+        })
+        .event("b", |e| e)
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let raw: &[u8] = &[0xff, 0x00, b'\\', b'x', 0x9f, 0x00];
+    let prepared = outbox.prepare_pg(&mut client).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let id = outbox
+        .publish_bytes(
+            &mut prepared.on(&mut tx),
+            "b",
+            raw,
+            "application/x-protobuf",
+        )
+        .unwrap();
+    let json = outbox.publish(&mut tx, "b", &json!({"n": 1})).unwrap();
+    tx.commit().unwrap();
+    let sender = MemorySender::new();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let r = refused.clone();
+    sender.fail_when(move |e| {
+        (e.content_type.is_some() && r.fetch_add(1, Ordering::SeqCst) == 0)
+            .then(|| "refused once".to_string())
+    });
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    wait_until("both sent", Duration::from_secs(20), || {
+        sender.sent().iter().any(|e| e.id == id) && sender.sent().iter().any(|e| e.id == json)
+    });
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    assert_eq!(refused.load(Ordering::SeqCst), 2, "refused once, then sent");
+    let sent = sender.sent();
+    let bytes = sent.iter().find(|e| e.id == id).unwrap();
+    assert_eq!(
+        (
+            bytes.payload.as_slice(),
+            bytes.content_type.as_deref(),
+            bytes.attempts
+        ),
+        (raw, Some("application/x-protobuf"), 1)
+    );
+    let j = sent.iter().find(|e| e.id == json).unwrap();
+    assert_eq!(
+        (j.payload_str(), j.content_type.as_deref()),
+        (Some(r#"{"n":1}"#), None)
+    );
+}

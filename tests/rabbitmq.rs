@@ -115,6 +115,32 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
 
 /// `Relay::deliver_pending` with the real sender: the events are at the broker
 /// when it returns, and their rows are PROCESSED.
+/// Events published as bytes reach the consumer unchanged, with their
+/// `content_type` property; JSON events keep `application/json`.
+#[test]
+fn binary_payloads_arrive_unchanged_with_their_content_type() {
+    if !rabbit_up() {
+        return;
+    }
+    let (exchange, queue) = direct("bytes");
+    let p = "t_rabbit_bytes_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(|e| e.adaptive_polling(ms(20), ms(200), 1.5))
+        .event("e", |e| e.destination(&exchange).routing_key("bytes"))
+        .build()
+        .unwrap();
+    let sender = RabbitSender::builder(&rabbit_url()).build();
+    let relay = Relay::start(store, &config, sender).unwrap();
+    let ids = publish_bytes_and_json(&Outbox::new(&config).unwrap(), &mut client, "e");
+    let got = consume_events(2, |h| consume(&queue, h));
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    check_bytes_and_json(&got, ids, Some("application/json"));
+}
+
 #[test]
 fn deliver_pending_puts_the_events_at_the_broker_before_it_returns() {
     if !rabbit_up() {

@@ -177,14 +177,21 @@ impl Outbox {
         }
         if let Some(ct) = e.content_type() {
             // an AMQP short string; a header value every broker and client keeps as is
-            if ct.is_empty() || ct.len() > 255 || !ct.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+            if ct.is_empty()
+                || ct.len() > 255
+                || !ct.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+            {
                 return Err(Error::InvalidInput(format!(
                     "content type {:?} of event type {:?}: must be 1 to 255 printable ASCII characters",
                     ct.escape_debug().to_string(),
                     e.event_type
                 )));
             }
-            if let Some(name) = e.headers.keys().find(|n| n.eq_ignore_ascii_case(HEADER_CONTENT_TYPE)) {
+            if let Some(name) = e
+                .headers
+                .keys()
+                .find(|n| n.eq_ignore_ascii_case(HEADER_CONTENT_TYPE))
+            {
                 return Err(Error::InvalidInput(format!(
                     "header {name:?} of event type {:?}: an event published as bytes sends its content type \
                      in that header itself",

@@ -137,7 +137,11 @@ impl crate::Outbox {
 
     /// The dialect's `INSERT` of one event into this outbox's table.
     fn insert_one(&self) -> String {
-        sql::insert_events_sql(&<PgDialect as sql::Backend>::cached(self.tables()), 1, false)
+        sql::insert_events_sql(
+            &<PgDialect as sql::Backend>::cached(self.tables()),
+            1,
+            false,
+        )
     }
 }
 
@@ -179,7 +183,11 @@ impl crate::transaction::Transaction for PgPreparedTx<'_, '_, '_> {
     fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
         // several events go as one statement; another outbox's table has no
         // statement prepared here; the prepared one writes JSON payloads only
-        let ([e], true, None) = (events, tables.outbox == self.prepared.table, events.first().and_then(NewEvent::content_type)) else {
+        let ([e], true, None) = (
+            events,
+            tables.outbox == self.prepared.table,
+            events.first().and_then(NewEvent::content_type),
+        ) else {
             return self.tx.insert_events(tables, events);
         };
         let mut values = Vec::with_capacity(5);

@@ -341,11 +341,8 @@ impl RabbitChannel {
         };
         batch.first = open.next_tag;
         for e in events {
-            let mut publish = Publish::with_properties(
-                &e.payload,
-                e.routing_key.clone(),
-                properties(e),
-            );
+            let mut publish =
+                Publish::with_properties(&e.payload, e.routing_key.clone(), properties(e));
             publish.mandatory = true;
             if let Err(err) = open.channel.basic_publish(e.destination.clone(), publish) {
                 let why = classify(

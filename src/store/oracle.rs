@@ -152,7 +152,9 @@ fn row(r: &oracle::Row) -> Result<Row> {
                 return Ok(Val::Null);
             }
             Ok(match v.oracle_type().map_err(err)? {
-                OracleType::Raw(_) | OracleType::BLOB => Val::Bytes(v.get::<Vec<u8>>().map_err(err)?),
+                OracleType::Raw(_) | OracleType::BLOB => {
+                    Val::Bytes(v.get::<Vec<u8>>().map_err(err)?)
+                }
                 // numbers and text alike: Row reads numbers from their text
                 _ => Val::Text(v.get::<String>().map_err(err)?),
             })

@@ -49,7 +49,8 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
              AND next_attempt_at <= now() {{order}} ORDER BY id LIMIT {limit} FOR UPDATE SKIP LOCKED"
         )
     };
-    let claimed = "id, event_type, event_key, headers::text, payload, attempts, payload_bytes, content_type";
+    let claimed =
+        "id, event_type, event_key, headers::text, payload, attempts, payload_bytes, content_type";
     Catalog {
         style: Style::Dollar,
         begin: "BEGIN",

@@ -427,3 +427,52 @@ pub fn prefix_config(prefix: &str) -> txbox::Config {
         .build()
         .expect("table prefix")
 }
+
+/// Bytes no text could carry: invalid UTF-8 and NULs.
+pub const RAW_BYTES: &[u8] = &[0xff, 0x00, 0xfe, b'\\', b'x', 0x80, 0x00, 0xc3, 0x28];
+
+/// Publishes, in one committed transaction of `client`, an event of
+/// `event_type` as [`RAW_BYTES`] (content type `application/x-protobuf`, a
+/// header) and a JSON one; returns their ids.
+pub fn publish_bytes_and_json(
+    outbox: &txbox::Outbox,
+    client: &mut postgres::Client,
+    event_type: &str,
+) -> (txbox::EventId, txbox::EventId) {
+    let mut tx = client.transaction().unwrap();
+    let bytes = txbox::NewEvent::bytes(event_type, RAW_BYTES, "application/x-protobuf")
+        .header("schema", "order.v1");
+    let bytes = outbox.publish_all(&mut tx, [bytes]).unwrap()[0];
+    let json = outbox
+        .publish(&mut tx, event_type, &serde_json::json!({"n": 1}))
+        .unwrap();
+    tx.commit().unwrap();
+    (bytes, json)
+}
+
+/// Checks what a consumer got of [`publish_bytes_and_json`]: the bytes
+/// unchanged with their content type and header, and the JSON with
+/// `json_content_type` (what the broker's message names for it).
+pub fn check_bytes_and_json(
+    got: &[txbox::ReceivedEvent],
+    (bytes, json): (txbox::EventId, txbox::EventId),
+    json_content_type: Option<&str>,
+) {
+    let of = |id| got.iter().find(|e| e.id == Some(id)).expect("consumed");
+    let b = of(bytes);
+    assert_eq!(
+        (b.payload.as_slice(), b.content_type.as_deref()),
+        (RAW_BYTES, Some("application/x-protobuf"))
+    );
+    assert_eq!(
+        b.headers,
+        std::collections::BTreeMap::from([("schema".to_string(), "order.v1".to_string())]),
+        "the content type is not among the user's headers"
+    );
+    let j = of(json);
+    assert_eq!(
+        (j.payload.as_slice(), j.content_type.as_deref()),
+        (&br#"{"n":1}"#[..], json_content_type)
+    );
+    assert!(j.headers.is_empty());
+}

@@ -138,7 +138,13 @@ pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent
         for e in chunk {
             push_event_values(e, bytes, &mut params);
         }
-        run_execute(conn, d, &insert_events_sql(d, chunk.len(), bytes), &params, &[])?;
+        run_execute(
+            conn,
+            d,
+            &insert_events_sql(d, chunk.len(), bytes),
+            &params,
+            &[],
+        )?;
     }
     Ok(())
 }
@@ -151,7 +157,10 @@ pub(crate) fn insert_events_sql(d: &Catalog, rows: usize, bytes: bool) -> String
     } else {
         ("", "", 5)
     };
-    let fill = |t: &str| t.replace("{bytes_columns}", columns).replace("{bytes_values}", values);
+    let fill = |t: &str| {
+        t.replace("{bytes_columns}", columns)
+            .replace("{bytes_values}", values)
+    };
     let row = fill(&d.insert_event_row);
     let mut template = fill(&d.insert_events);
     for i in 0..rows {
@@ -169,7 +178,10 @@ pub(crate) fn insert_events_sql(d: &Catalog, rows: usize, bytes: bool) -> String
 pub(crate) fn stored_payload(payload: &Body) -> [Val; 3] {
     match payload {
         Body::Json(s) => [Val::Text(s.clone()), Val::Null, Val::Null],
-        Body::Bytes { bytes, content_type } => [
+        Body::Bytes {
+            bytes,
+            content_type,
+        } => [
             Val::Text(String::new()),
             Val::Bytes(bytes.clone()),
             Val::Text(content_type.clone()),
