@@ -52,6 +52,29 @@ pub struct Event {
 
 impl Event {
     /// The payload as text, when it is UTF-8 (always for a JSON event).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use txbox::{ClaimStore, Config, Outbox, Store};
+    /// # let path = std::env::temp_dir().join(format!("txbox-doc-event-{}.db", std::process::id()));
+    /// # let _ = std::fs::remove_file(&path);
+    /// let config = Config::builder().event("order-created", |e| e).build()?;
+    /// let store = config.connect(&format!("sqlite:{}", path.display()))?;
+    /// store.migrate()?;
+    /// let outbox = Outbox::new(&config)?;
+    /// let mut conn = rusqlite::Connection::open(&path)?;
+    /// let mut tx = conn.transaction()?;
+    /// outbox.publish(&mut tx, "order-created", &7)?;
+    /// outbox.publish_bytes(&mut tx, "order-created", &[0xff, 0x00], "application/x-protobuf")?;
+    /// tx.commit()?;
+    /// let claimed = store.claim("order-created", 10, Duration::from_secs(60), uuid::Uuid::now_v7())?;
+    /// assert_eq!(claimed[0].payload_str(), Some("7"));
+    /// assert_eq!(claimed[0].content_type(), "application/json");
+    /// assert_eq!(claimed[1].payload, [0xff, 0x00]);
+    /// assert_eq!(claimed[1].content_type(), "application/x-protobuf");
+    /// # Ok(()) }
+    /// ```
     pub fn payload_str(&self) -> Option<&str> {
         std::str::from_utf8(&self.payload).ok()
     }

@@ -10,6 +10,9 @@
 //! then marks the row PROCESSED. Delivery is at-least-once: no committed event is
 //! lost, a rolled-back one is never sent.
 //!
+//! Payloads are JSON by default (serde); [`Outbox::publish_bytes`] publishes raw
+//! bytes (protobuf, Avro) with a content type, delivered unchanged.
+//!
 //! ## Example
 //!
 //! ```no_run
