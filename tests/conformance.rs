@@ -978,6 +978,57 @@ fn keyed(event_type: &str, keys: &[&str], n: usize) -> Vec<txbox::NewEvent> {
         .collect()
 }
 
+/// An ordered claim walks the keys in order from the cursor it is given,
+/// past the keys whose head is in process, and takes the events without a key
+/// among the oldest; from the first key again when given none.
+fn ordered_claims_walk_the_keys_from_a_cursor(b: Backend, p: &str) {
+    if !b.walks_keys() {
+        eprintln!("SKIPPED: {b:?}'s ordered claims read due events in id order (no key walk)");
+        return;
+    }
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.ordering(txbox::EventOrder::Key))
+        .build()
+        .unwrap();
+    let names: Vec<String> = (0..30).map(|k| format!("k{k:02}")).collect();
+    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+    // ids by round: k00 .. k29 three times, then two without a key
+    let ids = fx.publish_events(&c, keyed("e", &keys, 3));
+    let keyless = fx.publish_events(&c, keyed("e", &[""], 2));
+    let head = |k: usize| ids[k];
+    let claim = |from_key: Option<&str>, limit: usize| -> Vec<EventId> {
+        let args = ClaimArgs {
+            ordered: Some(txbox::OnPoison::Block),
+            from_key,
+            ..ClaimArgs::new("e", limit, Duration::from_secs(60))
+        };
+        let got = fx.store.claim_after(&args, Uuid::now_v7()).unwrap();
+        got.iter().map(|e| e.id).collect()
+    };
+    assert_eq!(claim(None, 10), (0..10).map(head).collect::<Vec<_>>());
+    assert_eq!(
+        claim(None, 10),
+        (10..20).map(head).collect::<Vec<_>>(),
+        "past the ten keys in process"
+    );
+    let mut from_k25: Vec<EventId> = (25..30).map(head).collect();
+    from_k25.extend(&keyless);
+    assert_eq!(
+        claim(Some("k25"), 10),
+        from_k25,
+        "from the cursor to the last key, and the events without a key"
+    );
+    assert_eq!(
+        claim(Some("k25"), 10),
+        vec![],
+        "every key from k25 on is busy"
+    );
+    assert_eq!(claim(None, 10), (20..25).map(head).collect::<Vec<_>>());
+    assert_eq!(claim(None, 10), vec![], "every key busy");
+}
+
 /// An ordered type's claim takes the first waiting event of each key (and every
 /// event without a key): a key's next event only once the one before it is
 /// sent; a retry keeps its place; a failed event holds its key back with
@@ -1304,6 +1355,7 @@ macro_rules! suite {
             a_release_finishes_the_batches_in_flight_before_backing_off => "rel",
             a_wake_after_the_commit_sends_at_once_on_every_dialect => "wake",
             ordered_claims_take_one_event_per_key_in_order => "ord",
+            ordered_claims_walk_the_keys_from_a_cursor => "walk",
             four_relays_keep_each_keys_order => "ord4",
             a_poison_event_blocks_or_is_skipped => "poison",
             deliver_pending_sends_what_is_due_and_reports_it => "flush",

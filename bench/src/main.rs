@@ -445,7 +445,16 @@ fn ordered_plan(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     let claim = sql
         .get("claim_returning")
         .ok_or("no claim_returning")?
-        .replace("{order}", &sql["ordered_block"])
+        .replace(
+            "{order}",
+            &format!(
+                "{} {}",
+                sql.get("walk_block").map_or("", String::as_str),
+                sql["ordered_block"]
+            ),
+        )
+        .replace("$6", "''")
+        .replace("$7", "200")
         .replace("$1", "'bench'")
         .replace("$2", "200")
         .replace("$3", "gen_random_uuid()")

@@ -37,6 +37,9 @@ pub(super) struct Poller {
     /// A held batch whose outcomes are known, kept to be finished together with
     /// the next claim (one round trip) when that claim follows at once.
     stash: Option<Stashed>,
+    /// Ordered types: the last key claimed, where the next claim's key walk
+    /// starts ([`ClaimArgs::from_key`]), so every key gets its turn.
+    key_cursor: Option<String>,
 }
 
 /// A held batch waiting for its finish ([`HeldBatch::finish_and_claim`]).
@@ -87,6 +90,7 @@ impl Poller {
             resume: None,
             delete_acked,
             stash: None,
+            key_cursor: None,
         }
     }
 
@@ -155,13 +159,20 @@ impl Poller {
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
         let after = self.resume.map(|(id, _)| id);
-        let claim = match self.settings.claim {
-            ClaimMode::Lease => self
-                .store
-                .claim_after(&self.claim_args(after), token)
-                .map(|events| (events, None)),
-            ClaimMode::Lock => self.claim_held(after),
-        };
+        let ordered = self.settings.ordering == crate::EventOrder::Key;
+        let mut claim = self.claim(after, token);
+        if ordered
+            && matches!(&claim, Ok((events, _)) if events.is_empty())
+            && self.key_cursor.take().is_some()
+        {
+            // the walk found nothing from the cursor to the last key: from the first
+            claim = self.claim(after, token);
+        }
+        if let (true, Ok((events, _))) = (ordered, &claim) {
+            if let Some(last) = events.iter().filter_map(|e| e.key.as_deref()).max() {
+                self.key_cursor = Some(last.to_owned());
+            }
+        }
         let s = &self.settings;
         let (mut events, held) = match claim {
             Ok(claimed) => claimed,
@@ -231,6 +242,17 @@ impl Poller {
         Ok(claimed)
     }
 
+    /// One claim from `after` on (from the key cursor for an ordered type).
+    fn claim(&mut self, after: Option<crate::EventId>, token: Uuid) -> Result<HeldClaim> {
+        match self.settings.claim {
+            ClaimMode::Lease => self
+                .store
+                .claim_after(&self.claim_args(after), token)
+                .map(|events| (events, None)),
+            ClaimMode::Lock => self.claim_held(after),
+        }
+    }
+
     /// How many events a claim takes for the next claim to follow at once: a full
     /// batch (more is waiting); for an ordered type any event, since finishing
     /// it lets the next event of its key be claimed.
@@ -241,16 +263,19 @@ impl Poller {
         }
     }
 
-    /// What this poller's claims take, from `after` on.
+    /// What this poller's claims take, from `after` on; an ordered type's from
+    /// the key cursor on, whatever the ids (the heads of keys have any id).
     fn claim_args(&self, after: Option<crate::EventId>) -> ClaimArgs<'_> {
         let s = &self.settings;
+        let ordered = (s.ordering == crate::EventOrder::Key).then_some(s.on_poison);
         ClaimArgs {
             event_type: &self.event_type,
-            after,
+            after: if ordered.is_some() { None } else { after },
             limit: s.batch_size,
             lease: s.lease,
             delete_acked: self.delete_acked,
-            ordered: (s.ordering == crate::EventOrder::Key).then_some(s.on_poison),
+            ordered,
+            from_key: self.key_cursor.as_deref(),
         }
     }
 

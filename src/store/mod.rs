@@ -143,6 +143,10 @@ pub struct ClaimArgs<'a> {
     /// with this poison policy: only events with no earlier event of their key
     /// still waiting are claimed, so at most one event per key at a time.
     pub ordered: Option<crate::OnPoison>,
+    /// Ordered types: the claim walks the keys from this one on (in the
+    /// database's order), so that a relay serves every key in turn; the
+    /// poller passes the last key it claimed. `None`: from the first key.
+    pub from_key: Option<&'a str>,
 }
 
 impl<'a> ClaimArgs<'a> {
@@ -156,6 +160,7 @@ impl<'a> ClaimArgs<'a> {
             lease,
             delete_acked: false,
             ordered: None,
+            from_key: None,
         }
     }
 }

@@ -57,6 +57,12 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             &sql::KeyLookup {
                 hint: |index| format!("FORCE INDEX ({index})"),
                 tail: "",
+                // no key walk: MariaDB reads a walk step's "next key after the
+                // previous one" as every key index entry of the type (it seeks
+                // no range on a value from the walk's previous row), and the
+                // claim as a scan of the type's pending events with the walk a
+                // filter; its ordered claims read due events in id order
+                walk: None,
             },
         ),
         claim_returning: None,

@@ -75,6 +75,12 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             &sql::KeyLookup {
                 hint: |_| String::new(),
                 tail: " OFFSET 0",
+                // the candidates as an array: looked up in the primary key, not
+                // a filter on a scan of every pending row in id order
+                walk: Some(sql::WalkStyle {
+                    within: |q| format!("= ANY(ARRAY({q}))"),
+                    null_id: "NULL::uuid",
+                }),
             },
         ),
         claim_returning: Some(format!(

@@ -49,7 +49,20 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         exists_errors: &[],
         ping: "SELECT 1",
         max_ids: 500,
-        common: sql::common(t, NOW, plus, sql::IDS_IN, &sql::PLAIN_LOOKUP),
+        common: sql::common(
+            t,
+            NOW,
+            plus,
+            sql::IDS_IN,
+            &sql::KeyLookup {
+                hint: |_| String::new(),
+                tail: "",
+                walk: Some(sql::WalkStyle {
+                    within: sql::within_in,
+                    null_id: "NULL",
+                }),
+            },
+        ),
         claim_returning: None,
         hold_claim: None,
         claim_select: format!(

@@ -17,6 +17,21 @@ pub enum Backend {
     Oracle,
 }
 
+impl Backend {
+    /// Whether its ordered claims walk the keys (PostgreSQL, SQLite); the
+    /// others read due events in id order.
+    #[allow(dead_code)]
+    pub fn walks_keys(self) -> bool {
+        match self {
+            Backend::Postgres => true,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+}
+
 /// `oracle://user:password@host:port/service`, only when set.
 #[cfg(feature = "oracle")]
 pub fn oracle_url() -> Option<String> {

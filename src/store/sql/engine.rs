@@ -231,6 +231,18 @@ impl<D: Dialect> Store for SqlStore<D> {
     }
 }
 
+/// The fixed parameters of a claim statement: `first`, then for an ordered
+/// claim the key walk's ([`WALK_FROM`], [`WALK_LIMIT`]); what a statement does
+/// not name is bound but unused.
+pub(crate) fn claim_params(args: &ClaimArgs<'_>, mut first: Vec<Val>) -> Vec<Val> {
+    if args.ordered.is_some() {
+        first.resize(WALK_FROM - 1, Val::Null);
+        first.push(Val::Text(args.from_key.unwrap_or_default().to_owned()));
+        first.push(Val::Int(args.limit as i64));
+    }
+    first
+}
+
 impl<D: Dialect> ClaimStore for SqlStore<D> {
     fn claim_after(&self, args: &ClaimArgs<'_>, token: Uuid) -> Result<Vec<Event>> {
         let (event_type, limit, lease) = (args.event_type, args.limit, args.lease);
@@ -241,13 +253,16 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         let mut rows = self.with_retry("claim", || {
             let mut conn = self.pool.get()?;
             if let Some(one) = &d.claim_returning {
-                let fixed = [
-                    event_type.into(),
-                    Val::Int(limit as i64),
-                    Val::Id(token),
-                    ms(lease),
-                    after.clone(),
-                ];
+                let fixed = claim_params(
+                    args,
+                    vec![
+                        event_type.into(),
+                        Val::Int(limit as i64),
+                        Val::Id(token),
+                        ms(lease),
+                        after.clone(),
+                    ],
+                );
                 return run_query(&mut *conn, d, &order(one), &fixed, &[]);
             }
             transaction(&mut *conn, d, |c| {
@@ -255,7 +270,10 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                     c,
                     d,
                     &order(&d.claim_select),
-                    &[event_type.into(), after.clone(), Val::Int(limit as i64)],
+                    &claim_params(
+                        args,
+                        vec![event_type.into(), after.clone(), Val::Int(limit as i64)],
+                    ),
                     limit,
                 )?;
                 if args.ordered.is_some() && !rows.is_empty() {
@@ -267,7 +285,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                     let kept: std::collections::HashSet<EventId> = run_query(
                         c,
                         d,
-                        &order(&d.common.order_recheck),
+                        &d.common.order_rule(&d.common.order_recheck, args.ordered),
                         &[event_type.into()],
                         &id_vals(&rows)?,
                     )?
@@ -354,7 +372,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                 &mut *held.conn,
                 d,
                 &d.common.order(&hold.probe, args.ordered),
-                &[args.event_type.into()],
+                &claim_params(args, vec![args.event_type.into()]),
                 &[],
             )?
             .is_empty()

@@ -121,7 +121,10 @@ impl HeldTx {
     pub(crate) fn claim_script(&self, next: &ClaimArgs<'_>) -> Result<String> {
         let hold = self.hold()?;
         let after = Val::Id(next.after.map_or(Uuid::nil(), |id| id.as_uuid()));
-        let params = [next.event_type.into(), after, Val::Int(next.limit as i64)];
+        let params = claim_params(
+            next,
+            vec![next.event_type.into(), after, Val::Int(next.limit as i64)],
+        );
         let claim = if next.delete_acked {
             &hold.claim_delete
         } else {

@@ -89,6 +89,10 @@ impl Catalog {
         if let Some(r) = &self.claim_returning {
             out.push(("claim_returning", r));
         }
+        if let (Some(skip), Some(block)) = (&c.walk_skip, &c.walk_block) {
+            out.push(("walk_skip", skip));
+            out.push(("walk_block", block));
+        }
         if let Some(h) = &self.hold_claim {
             out.push(("hold_claim.open", h.open));
             out.push(("hold_claim.probe", &h.probe));

@@ -79,18 +79,37 @@ pub struct Common {
     /// $1 type, $2 key, $3 id -> how many events of the key are pending after
     /// that id
     pub key_waiting: String,
-    /// What the claims' `{order}` becomes for an ordered type that skips poison
-    /// events: no earlier event of the candidate's key pending or in process.
+    /// The rule of an ordered type that skips poison events: no earlier event
+    /// of the candidate's key pending or in process.
     pub ordered_skip: String,
-    /// ... and for one that blocks on them: no earlier event of the key pending,
+    /// ... and of one that blocks on them: no earlier event of the key pending,
     /// in process or failed, and no earlier dead letter of it waiting.
     pub ordered_block: String,
+    /// Where a claim of an ordered type that skips poison events looks for
+    /// candidates (see [`walk`]): `None` when the dialect has no walk, and its
+    /// claims read due events in id order.
+    pub walk_skip: Option<String>,
+    /// ... and of one that blocks on them.
+    pub walk_block: Option<String>,
 }
 
 impl Common {
     /// A claim `template` with its `{order}` filled in for `ordered` (`None`: an
-    /// unordered type, no condition).
+    /// unordered type, no condition): the candidates of the key walk, where the
+    /// dialect has one, and the rule. With a walk the claim takes the
+    /// parameters [`WALK_FROM`] and [`WALK_LIMIT`].
     pub(crate) fn order(&self, template: &str, ordered: Option<crate::OnPoison>) -> String {
+        let (walk, rule) = match ordered {
+            None => return template.replace("{order}", ""),
+            Some(crate::OnPoison::Skip) => (&self.walk_skip, &self.ordered_skip),
+            Some(crate::OnPoison::Block) => (&self.walk_block, &self.ordered_block),
+        };
+        let walk = walk.as_deref().unwrap_or_default();
+        template.replace("{order}", &format!("{walk} {rule}"))
+    }
+
+    /// `template` with its `{order}` filled in with the rule alone.
+    pub(crate) fn order_rule(&self, template: &str, ordered: Option<crate::OnPoison>) -> String {
         template.replace(
             "{order}",
             match ordered {
@@ -102,6 +121,25 @@ impl Common {
     }
 }
 
+/// The parameter of an ordered claim with a key walk that holds the key the
+/// walk starts at (`''`: the first key).
+pub(crate) const WALK_FROM: usize = 6;
+/// ... and the one that holds how many candidates it looks for (the claim's limit).
+pub(crate) const WALK_LIMIT: usize = 7;
+/// At most this many keys are walked per claim (under MySQL 8's default
+/// `cte_max_recursion_depth` of 1,000).
+pub(crate) const WALK_KEYS: usize = 999;
+
+/// What a dialect writes differently in the key walk.
+pub(crate) struct WalkStyle {
+    /// The candidates' query `q` as a condition on the claimed row's id
+    /// (`IN (q)`; PostgreSQL `= ANY(ARRAY(q))`, which it looks up in the
+    /// primary key).
+    pub within: fn(&str) -> String,
+    /// A NULL of the id column's type (the walk's first row has no head yet).
+    pub null_id: &'static str,
+}
+
 /// How a dialect makes an ordered claim's look-up of a candidate's key (one per
 /// candidate row) read the key index, whatever the table's statistics say.
 pub(crate) struct KeyLookup {
@@ -109,13 +147,60 @@ pub(crate) struct KeyLookup {
     pub hint: fn(&str) -> String,
     /// Written at the end of the look-up.
     pub tail: &'static str,
+    /// How its claims walk the keys; `None`: no walk (MySQL/MariaDB, see
+    /// there; Oracle, untested here), the claims read due events in id order.
+    pub walk: Option<WalkStyle>,
 }
 
-/// No hint: the planner finds the key index on its own (SQLite, Oracle).
+/// No hint: the planner finds the key index on its own; no walk (Oracle).
 pub(crate) const PLAIN_LOOKUP: KeyLookup = KeyLookup {
     hint: |_| String::new(),
     tail: "",
+    walk: None,
 };
+
+/// `IN (q)`: how most dialects take the walk's candidates.
+pub(crate) fn within_in(q: &str) -> String {
+    format!("IN ({q})")
+}
+
+/// Where an ordered claim looks for candidates: the head of each key, keys
+/// walked in key order from the key in [`WALK_FROM`] on, one index look-up per
+/// key, until [`WALK_LIMIT`] claimable heads are found or [`WALK_KEYS`] keys
+/// were walked; and the due events without a key among the [`WALK_KEYS`]
+/// oldest pending ones (no index holds events by the lack of a key, and one
+/// would cost every publish without a key an index entry). A key's head
+/// is its earliest event in `live` (the statuses that hold a key back); it is
+/// claimable when it is PENDING and due and `head_rule` (the dead letters that
+/// block it) lets it. So a claim reads one entry per key that cannot go, not
+/// every waiting event of those keys, however deep the backlog. The walk only
+/// picks candidates: the claim asks the rule of each again.
+fn walk(o: &str, now: &str, live: &str, head_rule: &str, style: &WalkStyle) -> String {
+    let null_id = style.null_id;
+    let next = |alias: &str, from: &str| {
+        format!(
+            "(SELECT {alias}.event_key FROM {o} {alias} WHERE {alias}.event_type = $1 \
+               AND {alias}.status IN ({live}) AND {alias}.event_key {from} \
+               ORDER BY {alias}.event_key LIMIT 1)"
+        )
+    };
+    let (first, after) = (next("f", &format!(">= ${WALK_FROM}")), next("x", "> w.k"));
+    let query = format!(
+        "WITH RECURSIVE walk (k, n, found, hid) AS (\
+           SELECT {first}, 0, 0, {null_id} \
+           UNION ALL \
+           SELECT {after}, w.n + 1, w.found + CASE WHEN hd.id IS NULL THEN 0 ELSE 1 END, hd.id \
+           FROM walk w LEFT JOIN {o} hd ON hd.id = (SELECT y.id FROM {o} y WHERE y.event_type = $1 \
+               AND y.event_key = w.k AND y.status IN ({live}) ORDER BY y.id LIMIT 1) \
+             AND hd.status = 'PENDING' AND hd.next_attempt_at <= {now} {head_rule} \
+           WHERE w.k IS NOT NULL AND w.n < {WALK_KEYS} AND w.found < ${WALK_LIMIT}) \
+         SELECT hid FROM walk WHERE hid IS NOT NULL \
+         UNION ALL SELECT c.id FROM (SELECT z.id, z.event_key, z.next_attempt_at FROM {o} z \
+           WHERE z.event_type = $1 AND z.status = 'PENDING' ORDER BY z.id LIMIT {WALK_KEYS}) c \
+         WHERE c.event_key IS NULL AND c.next_attempt_at <= {now}"
+    );
+    format!("AND {o}.id {}", (style.within)(&query))
+}
 
 /// `id IN ({ids})`, the way most dialects finish a batch by its ids.
 pub(crate) const IDS_IN: &str = "id IN ({ids})";
@@ -133,7 +218,7 @@ pub(crate) fn common(
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
     // a candidate row (the claim's own `{o}`) waits for an earlier row of its key
     // in `table` with one of `statuses`: one look-up in the key index per row
-    let earlier = |table: &str, statuses: &str| {
+    let earlier_of = |row: &str, table: &str, statuses: &str| {
         // the key indexes of schema 4 (PostgreSQL) / 3 (the others)
         let index = if table == o.as_str() {
             "outbox_key_idx"
@@ -142,11 +227,28 @@ pub(crate) fn common(
         };
         let hint = (lookup.hint)(&format!("{}{index}", t.prefix));
         format!(
-            "AND NOT EXISTS (SELECT 1 FROM {table} k {hint} WHERE k.event_type = {o}.event_type \
-               AND k.event_key = {o}.event_key AND k.status IN ({statuses}) AND k.id < {o}.id{})",
+            "AND NOT EXISTS (SELECT 1 FROM {table} k {hint} WHERE k.event_type = {row}.event_type \
+               AND k.event_key = {row}.event_key AND k.status IN ({statuses}) AND k.id < {row}.id{})",
             lookup.tail
         )
     };
+    let earlier = |table: &str, statuses: &str| earlier_of(o, table, statuses);
+    let (live_skip, live_block) = (
+        "'PENDING', 'IN_PROCESS'",
+        "'PENDING', 'IN_PROCESS', 'FAILED'",
+    );
+    let walks = lookup.walk.as_ref().map(|style| {
+        (
+            walk(o, now, live_skip, "", style),
+            walk(
+                o,
+                now,
+                live_block,
+                &earlier_of("hd", d, "'DEAD', 'RETRY'"),
+                style,
+            ),
+        )
+    });
     Common {
         order_recheck: format!("SELECT id FROM {o} WHERE event_type = $1 AND id IN ({{ids}}) {{order}}"),
         blocked_keys: format!(
@@ -160,12 +262,10 @@ pub(crate) fn common(
             "SELECT COUNT(*) FROM {o} WHERE event_type = $1 AND event_key = $2 AND status = 'PENDING' \
              AND id > $3"
         ),
-        ordered_skip: earlier(o, "'PENDING', 'IN_PROCESS'"),
-        ordered_block: format!(
-            "{} {}",
-            earlier(o, "'PENDING', 'IN_PROCESS', 'FAILED'"),
-            earlier(d, "'DEAD', 'RETRY'")
-        ),
+        ordered_skip: earlier(o, live_skip),
+        ordered_block: format!("{} {}", earlier(o, live_block), earlier(d, "'DEAD', 'RETRY'")),
+        walk_skip: walks.as_ref().map(|w| w.0.clone()),
+        walk_block: walks.map(|w| w.1),
         claim_update: format!(
             "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
             plus("$2")
