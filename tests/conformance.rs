@@ -978,9 +978,9 @@ fn keyed(event_type: &str, keys: &[&str], n: usize) -> Vec<txbox::NewEvent> {
         .collect()
 }
 
-/// An ordered claim walks the keys in order from the cursor it is given,
-/// past the keys whose head is in process, and takes the events without a key
-/// among the oldest; from the first key again when given none.
+/// An ordered claim whose oldest waiting events all wait for keys in process
+/// walks the keys in order from the cursor it is given, past the busy ones, to
+/// the heads of the keys behind them; from the first key when given none.
 fn ordered_claims_walk_the_keys_from_a_cursor(b: Backend, p: &str) {
     if !b.walks_keys() {
         eprintln!("SKIPPED: {b:?}'s ordered claims read due events in id order (no key walk)");
@@ -992,41 +992,41 @@ fn ordered_claims_walk_the_keys_from_a_cursor(b: Backend, p: &str) {
         .event("e", |e| e.ordering(txbox::EventOrder::Key))
         .build()
         .unwrap();
+    let names: Vec<String> = (0..10).map(|k| format!("a{k}")).collect();
+    let front: Vec<&str> = names.iter().map(String::as_str).collect();
+    // ten keys with ten events each first (ids by round: a0 .. a9), then one
+    // event each of thirty keys k00 .. k29
+    let deep = fx.publish_events(&c, keyed("e", &front, 10));
     let names: Vec<String> = (0..30).map(|k| format!("k{k:02}")).collect();
     let keys: Vec<&str> = names.iter().map(String::as_str).collect();
-    // ids by round: k00 .. k29 three times, then two without a key
-    let ids = fx.publish_events(&c, keyed("e", &keys, 3));
-    let keyless = fx.publish_events(&c, keyed("e", &[""], 2));
-    let head = |k: usize| ids[k];
-    let claim = |from_key: Option<&str>, limit: usize| -> Vec<EventId> {
+    let k = fx.publish_events(&c, keyed("e", &keys, 1));
+    let claim = |from_key: Option<&str>| -> (Uuid, Vec<EventId>) {
         let args = ClaimArgs {
             ordered: Some(txbox::OnPoison::Block),
             from_key,
-            ..ClaimArgs::new("e", limit, Duration::from_secs(60))
+            ..ClaimArgs::new("e", 10, Duration::from_secs(60))
         };
-        let got = fx.store.claim_after(&args, Uuid::now_v7()).unwrap();
-        got.iter().map(|e| e.id).collect()
+        let token = Uuid::now_v7();
+        let got = fx.store.claim_after(&args, token).unwrap();
+        (token, got.iter().map(|e| e.id).collect())
     };
-    assert_eq!(claim(None, 10), (0..10).map(head).collect::<Vec<_>>());
+    let (t, heads) = claim(None);
+    assert_eq!(heads, deep[..10], "the oldest events: the ten a-keys' heads");
+    // the oldest waiting events are now the a-keys' next ones, all held back
+    assert_eq!(claim(None).1, k[..10], "past the ten busy keys: k00 .. k09");
     assert_eq!(
-        claim(None, 10),
-        (10..20).map(head).collect::<Vec<_>>(),
-        "past the ten keys in process"
+        claim(Some("k25")).1,
+        k[25..],
+        "from the cursor to the last key"
     );
-    let mut from_k25: Vec<EventId> = (25..30).map(head).collect();
-    from_k25.extend(&keyless);
-    assert_eq!(
-        claim(Some("k25"), 10),
-        from_k25,
-        "from the cursor to the last key, and the events without a key"
-    );
-    assert_eq!(
-        claim(Some("k25"), 10),
-        vec![],
-        "every key from k25 on is busy"
-    );
-    assert_eq!(claim(None, 10), (20..25).map(head).collect::<Vec<_>>());
-    assert_eq!(claim(None, 10), vec![], "every key busy");
+    assert_eq!(claim(Some("k25")).1, vec![], "k25 .. k29 are busy");
+    assert_eq!(claim(None).1, k[10..20]);
+    assert_eq!(claim(None).1, k[20..25]);
+    assert_eq!(claim(None).1, vec![], "every key busy");
+    // the a-keys' heads sent: their next events are the oldest, and go first
+    let sent: Vec<(EventId, Outcome)> = heads.iter().map(|id| (*id, Outcome::Sent)).collect();
+    fx.store.finish(t, &sent).unwrap();
+    assert_eq!(claim(Some("k25")).1, deep[10..20]);
 }
 
 /// An ordered type's claim takes the first waiting event of each key (and every

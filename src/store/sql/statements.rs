@@ -164,18 +164,24 @@ pub(crate) fn within_in(q: &str) -> String {
     format!("IN ({q})")
 }
 
-/// Where an ordered claim looks for candidates: the head of each key, keys
-/// walked in key order from the key in [`WALK_FROM`] on, one index look-up per
-/// key, until [`WALK_LIMIT`] claimable heads are found or [`WALK_KEYS`] keys
-/// were walked; and the due events without a key among the [`WALK_KEYS`]
-/// oldest pending ones (no index holds events by the lack of a key, and one
-/// would cost every publish without a key an index entry). A key's head
-/// is its earliest event in `live` (the statuses that hold a key back); it is
-/// claimable when it is PENDING and due and `head_rule` (the dead letters that
-/// block it) lets it. So a claim reads one entry per key that cannot go, not
-/// every waiting event of those keys, however deep the backlog. The walk only
-/// picks candidates: the claim asks the rule of each again.
-fn walk(o: &str, now: &str, live: &str, head_rule: &str, style: &WalkStyle) -> String {
+/// Where an ordered claim looks for candidates, in two parts of which the
+/// second runs only when the first found fewer than [`WALK_LIMIT`]:
+/// - the oldest pending events, at most four times the limit of them, that
+///   pass `rule` (as the claim's own rule, for the alias `v`): the heads at the
+///   front of a backlog, and the events without a key, oldest first, for a
+///   look-up each;
+/// - the walk: the head of each key, keys walked in key order from the key in
+///   [`WALK_FROM`] on, one index look-up per key, until [`WALK_LIMIT`]
+///   claimable heads are found or [`WALK_KEYS`] keys were walked. A key's head
+///   is its earliest event in `live` (the statuses that hold a key back); it
+///   is claimable when it is PENDING and due and `head_rule` (the dead letters
+///   that block it, for the alias `hd`) lets it.
+///
+/// So a claim whose front events all wait for busy or blocked keys reads one
+/// index entry per such key, not every waiting event of them, however deep
+/// the backlog. Both parts only pick candidates: the claim asks the rule of
+/// each again.
+fn walk(o: &str, now: &str, live: &str, rule: &str, head_rule: &str, style: &WalkStyle) -> String {
     let null_id = style.null_id;
     let next = |alias: &str, from: &str| {
         format!(
@@ -194,10 +200,13 @@ fn walk(o: &str, now: &str, live: &str, head_rule: &str, style: &WalkStyle) -> S
                AND y.event_key = w.k AND y.status IN ({live}) ORDER BY y.id LIMIT 1) \
              AND hd.status = 'PENDING' AND hd.next_attempt_at <= {now} {head_rule} \
            WHERE w.k IS NOT NULL AND w.n < {WALK_KEYS} AND w.found < ${WALK_LIMIT}) \
-         SELECT hid FROM walk WHERE hid IS NOT NULL \
-         UNION ALL SELECT c.id FROM (SELECT z.id, z.event_key, z.next_attempt_at FROM {o} z \
-           WHERE z.event_type = $1 AND z.status = 'PENDING' ORDER BY z.id LIMIT {WALK_KEYS}) c \
-         WHERE c.event_key IS NULL AND c.next_attempt_at <= {now}"
+         SELECT c.id FROM (\
+           SELECT v.id FROM (SELECT v0.id, v0.event_type, v0.event_key, v0.next_attempt_at \
+               FROM {o} v0 WHERE v0.event_type = $1 AND v0.status = 'PENDING' \
+               ORDER BY v0.id LIMIT 4 * ${WALK_LIMIT}) v \
+             WHERE v.next_attempt_at <= {now} {rule} \
+           UNION ALL SELECT hid FROM walk WHERE hid IS NOT NULL) c \
+         LIMIT ${WALK_LIMIT}"
     );
     format!("AND {o}.id {}", (style.within)(&query))
 }
@@ -238,13 +247,15 @@ pub(crate) fn common(
         "'PENDING', 'IN_PROCESS', 'FAILED'",
     );
     let walks = lookup.walk.as_ref().map(|style| {
+        let dead = |row: &str| earlier_of(row, d, "'DEAD', 'RETRY'");
         (
-            walk(o, now, live_skip, "", style),
+            walk(o, now, live_skip, &earlier_of("v", o, live_skip), "", style),
             walk(
                 o,
                 now,
                 live_block,
-                &earlier_of("hd", d, "'DEAD', 'RETRY'"),
+                &format!("{} {}", earlier_of("v", o, live_block), dead("v")),
+                &dead("hd"),
                 style,
             ),
         )
