@@ -1011,7 +1011,11 @@ fn ordered_claims_walk_the_keys_from_a_cursor(b: Backend, p: &str) {
         (token, got.iter().map(|e| e.id).collect())
     };
     let (t, heads) = claim(None);
-    assert_eq!(heads, deep[..10], "the oldest events: the ten a-keys' heads");
+    assert_eq!(
+        heads,
+        deep[..10],
+        "the oldest events: the ten a-keys' heads"
+    );
     // the oldest waiting events are now the a-keys' next ones, all held back
     assert_eq!(claim(None).1, k[..10], "past the ten busy keys: k00 .. k09");
     assert_eq!(

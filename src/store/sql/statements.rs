@@ -152,13 +152,6 @@ pub(crate) struct KeyLookup {
     pub walk: Option<WalkStyle>,
 }
 
-/// No hint: the planner finds the key index on its own; no walk (Oracle).
-pub(crate) const PLAIN_LOOKUP: KeyLookup = KeyLookup {
-    hint: |_| String::new(),
-    tail: "",
-    walk: None,
-};
-
 /// `IN (q)`: how most dialects take the walk's candidates.
 pub(crate) fn within_in(q: &str) -> String {
     format!("IN ({q})")
