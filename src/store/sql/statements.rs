@@ -95,17 +95,17 @@ pub struct Common {
 
 impl Common {
     /// A claim `template` with its `{order}` filled in for `ordered` (`None`: an
-    /// unordered type, no condition): the candidates of the key walk, where the
-    /// dialect has one, and the rule. With a walk the claim takes the
-    /// parameters [`WALK_FROM`] and [`WALK_LIMIT`].
+    /// unordered type, no condition): where the dialect has a key walk, the
+    /// walk's candidates, which pass the rule by construction (asked in the
+    /// same statement, on the same snapshot; the claim takes the parameters
+    /// [`WALK_FROM`] and [`WALK_LIMIT`]); elsewhere the rule.
     pub(crate) fn order(&self, template: &str, ordered: Option<crate::OnPoison>) -> String {
         let (walk, rule) = match ordered {
             None => return template.replace("{order}", ""),
             Some(crate::OnPoison::Skip) => (&self.walk_skip, &self.ordered_skip),
             Some(crate::OnPoison::Block) => (&self.walk_block, &self.ordered_block),
         };
-        let walk = walk.as_deref().unwrap_or_default();
-        template.replace("{order}", &format!("{walk} {rule}"))
+        template.replace("{order}", walk.as_ref().unwrap_or(rule))
     }
 
     /// `template` with its `{order}` filled in with the rule alone.
@@ -158,7 +158,9 @@ pub(crate) fn within_in(q: &str) -> String {
 }
 
 /// Where an ordered claim looks for candidates, in two parts of which the
-/// second runs only when the first found fewer than [`WALK_LIMIT`]:
+/// second runs only when the first found fewer than half of [`WALK_LIMIT`]
+/// (a walk costs a few look-ups per key; a short batch is followed by the
+/// next claim at once):
 /// - the oldest pending events, at most four times the limit of them, that
 ///   pass `rule` (as the claim's own rule, for the alias `v`): the heads at the
 ///   front of a backlog, and the events without a key, oldest first, for a
@@ -172,8 +174,10 @@ pub(crate) fn within_in(q: &str) -> String {
 ///
 /// So a claim whose front events all wait for busy or blocked keys reads one
 /// index entry per such key, not every waiting event of them, however deep
-/// the backlog. Both parts only pick candidates: the claim asks the rule of
-/// each again.
+/// the backlog. Every candidate passes the rule on the claim's snapshot (a
+/// head has no earlier event of its key in `live`), so the claim does not ask
+/// it again; the claim's lock skips candidates another claim holds, and reads
+/// the status of one changed since again.
 fn walk(o: &str, now: &str, live: &str, rule: &str, head_rule: &str, style: &WalkStyle) -> String {
     let null_id = style.null_id;
     let next = |alias: &str, from: &str| {
@@ -192,14 +196,15 @@ fn walk(o: &str, now: &str, live: &str, rule: &str, head_rule: &str, style: &Wal
            FROM walk w LEFT JOIN {o} hd ON hd.id = (SELECT y.id FROM {o} y WHERE y.event_type = $1 \
                AND y.event_key = w.k AND y.status IN ({live}) ORDER BY y.id LIMIT 1) \
              AND hd.status = 'PENDING' AND hd.next_attempt_at <= {now} {head_rule} \
-           WHERE w.k IS NOT NULL AND w.n < {WALK_KEYS} AND w.found < ${WALK_LIMIT}) \
-         SELECT c.id FROM (\
+           WHERE w.k IS NOT NULL AND w.n < {WALK_KEYS} AND w.found < ${WALK_LIMIT}), \
+         front (id) AS (\
            SELECT v.id FROM (SELECT v0.id, v0.event_type, v0.event_key, v0.next_attempt_at \
                FROM {o} v0 WHERE v0.event_type = $1 AND v0.status = 'PENDING' \
                ORDER BY v0.id LIMIT 4 * ${WALK_LIMIT}) v \
-             WHERE v.next_attempt_at <= {now} {rule} \
-           UNION ALL SELECT hid FROM walk WHERE hid IS NOT NULL) c \
-         LIMIT ${WALK_LIMIT}"
+             WHERE v.next_attempt_at <= {now} {rule} LIMIT ${WALK_LIMIT}) \
+         SELECT id FROM front \
+         UNION ALL SELECT hid FROM walk WHERE hid IS NOT NULL \
+           AND (SELECT COUNT(*) FROM front) * 2 < ${WALK_LIMIT}"
     );
     format!("AND {o}.id {}", (style.within)(&query))
 }
