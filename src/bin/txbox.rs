@@ -132,9 +132,6 @@ fn utf8_args() -> Result<Vec<String>, Fail> {
         .collect()
 }
 
-/// `s` safe to print on a terminal: control characters (escape sequences,
-/// newlines, NUL) and bidirectional overrides written as escapes, so a payload,
-/// an error text or an event type cannot rewrite the screen or forge lines.
 /// A dead letter's payload for a terminal: its JSON text, or an event
 /// published as bytes in base64 (as the JSON output has it).
 fn shown_payload(d: &txbox::DeadLetter) -> String {
@@ -151,6 +148,9 @@ fn shown_payload(d: &txbox::DeadLetter) -> String {
     }
 }
 
+/// `s` safe to print on a terminal: control characters (escape sequences,
+/// newlines, NUL) and bidirectional overrides written as escapes, so a payload,
+/// an error text or an event type cannot rewrite the screen or forge lines.
 fn printable(s: &str) -> String {
     s.chars()
         .map(|c| {

@@ -37,8 +37,8 @@ pub(super) struct Poller {
     /// A held batch whose outcomes are known, kept to be finished together with
     /// the next claim (one round trip) when that claim follows at once.
     stash: Option<Stashed>,
-    /// Ordered types: the last key claimed, where the next claim's key walk
-    /// starts ([`ClaimArgs::from_key`]), so every key gets its turn.
+    /// Ordered types: where the next claim's key walk starts
+    /// ([`ClaimArgs::from_key`], see [`next_cursor`]), so every key gets its turn.
     key_cursor: Option<String>,
 }
 
@@ -59,6 +59,19 @@ struct Claimed {
     started: Instant,
     /// The results, when the sender gave them at once.
     results: Option<Vec<Result<(), SendError>>>,
+}
+
+/// Where an ordered type's next key walk starts after a claim that took
+/// `events` of at most `limit`: after a full batch, at the last key taken (the
+/// walk goes on through the keys); after a short one (the walk reached the last
+/// key, or found no more), at the first key. Keys compared byte for byte,
+/// which is the walk's order on SQLite and close to it elsewhere: a cursor a
+/// little off only starts the next walk a few keys early or late.
+fn next_cursor(events: &[Event], limit: usize) -> Option<String> {
+    if events.len() < limit {
+        return None;
+    }
+    events.iter().filter_map(|e| e.key.clone()).max()
 }
 
 impl Poller {
@@ -159,19 +172,9 @@ impl Poller {
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
         let after = self.resume.map(|(id, _)| id);
-        let ordered = self.settings.ordering == crate::EventOrder::Key;
-        let mut claim = self.claim(after, token);
-        if ordered
-            && matches!(&claim, Ok((events, _)) if events.is_empty())
-            && self.key_cursor.take().is_some()
-        {
-            // the walk found nothing from the cursor to the last key: from the first
-            claim = self.claim(after, token);
-        }
-        if let (true, Ok((events, _))) = (ordered, &claim) {
-            if let Some(last) = events.iter().filter_map(|e| e.key.as_deref()).max() {
-                self.key_cursor = Some(last.to_owned());
-            }
+        let claim = self.claim(after, token);
+        if let (crate::EventOrder::Key, Ok((events, _))) = (self.settings.ordering, &claim) {
+            self.key_cursor = next_cursor(events, self.settings.batch_size);
         }
         let s = &self.settings;
         let (mut events, held) = match claim {
@@ -406,5 +409,43 @@ impl Poller {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_cursor;
+    use crate::event::{Event, EventId};
+
+    fn keyed(keys: &[&str]) -> Vec<Event> {
+        keys.iter()
+            .map(|k| Event {
+                id: EventId::new(),
+                event_type: "t".into(),
+                destination: "t".into(),
+                routing_key: "t".into(),
+                key: (!k.is_empty()).then(|| k.to_string()),
+                headers: Default::default(),
+                payload: b"{}".to_vec(),
+                content_type: None,
+                attempts: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_cursor_goes_on_after_a_full_batch_and_round_after_a_short_one() {
+        assert_eq!(
+            next_cursor(&keyed(&["b", "c", "a"]), 3).as_deref(),
+            Some("c")
+        );
+        assert_eq!(next_cursor(&keyed(&["b", ""]), 2).as_deref(), Some("b"));
+        assert_eq!(
+            next_cursor(&keyed(&["x", "y"]), 3),
+            None,
+            "short: from the first"
+        );
+        assert_eq!(next_cursor(&keyed(&["", ""]), 2), None, "no key taken");
+        assert_eq!(next_cursor(&[], 1), None);
     }
 }

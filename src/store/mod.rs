@@ -143,9 +143,10 @@ pub struct ClaimArgs<'a> {
     /// with this poison policy: only events with no earlier event of their key
     /// still waiting are claimed, so at most one event per key at a time.
     pub ordered: Option<crate::OnPoison>,
-    /// Ordered types: the claim walks the keys from this one on (in the
-    /// database's order), so that a relay serves every key in turn; the
-    /// poller passes the last key it claimed. `None`: from the first key.
+    /// Ordered types: where the claim's key walk starts (in the database's
+    /// order of keys), so that a relay serves every key in turn: the poller
+    /// passes the last key of its previous batch when that batch was full,
+    /// else none. `None`: from the first key.
     pub from_key: Option<&'a str>,
 }
 

@@ -92,7 +92,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             due("$5", "$2")
         )),
         hold_claim: Some(sql::HoldClaim {
-            open: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {ms}",
+            // the script's rows come back as text: a binary payload as `\x` and
+            // its hex digits, whatever the server's `bytea_output` says
+            open: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {ms}; \
+                   SET LOCAL bytea_output = 'hex'",
             probe: format!(
                 "SELECT 1 FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
                  AND next_attempt_at <= now() {{order}} LIMIT 1"

@@ -132,7 +132,13 @@ pub(crate) fn split_statements(sql: &str) -> Vec<String> {
 /// Inserts new events: one multi-row `INSERT` (one round trip) per chunk. A
 /// chunk without an event published as bytes writes only the JSON columns.
 pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent]) -> Result<()> {
-    for chunk in events.chunks((d.max_ids / 7).max(1)) {
+    // a statement's parameters: 5 per JSON event, 7 when bytes are among them
+    let width = if events.iter().any(|e| e.content_type().is_some()) {
+        7
+    } else {
+        5
+    };
+    for chunk in events.chunks((d.max_ids / width).max(1)) {
         let bytes = chunk.iter().any(|e| e.content_type().is_some());
         let mut params = Vec::with_capacity(chunk.len() * 7);
         for e in chunk {

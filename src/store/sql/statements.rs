@@ -126,9 +126,9 @@ impl Common {
 pub(crate) const WALK_FROM: usize = 6;
 /// ... and the one that holds how many candidates it looks for (the claim's limit).
 pub(crate) const WALK_LIMIT: usize = 7;
-/// At most this many keys are walked per claim (under MySQL 8's default
-/// `cte_max_recursion_depth` of 1,000).
-pub(crate) const WALK_KEYS: usize = 999;
+/// At most this many keys are walked per claim: a bound for a pathological
+/// table (keys all in flight or blocked cost a few look-ups each).
+pub(crate) const WALK_KEYS: usize = 100_000;
 
 /// What a dialect writes differently in the key walk.
 pub(crate) struct WalkStyle {
@@ -166,8 +166,10 @@ pub(crate) fn within_in(q: &str) -> String {
 ///   front of a backlog, and the events without a key, oldest first, for a
 ///   look-up each;
 /// - the walk: the head of each key, keys walked in key order from the key in
-///   [`WALK_FROM`] on, one index look-up per key, until [`WALK_LIMIT`]
-///   claimable heads are found or [`WALK_KEYS`] keys were walked. A key's head
+///   [`WALK_FROM`] on (the poller starts it from the first key again after a
+///   short batch, so every key gets its turn), one index look-up per key,
+///   until [`WALK_LIMIT`] claimable heads are found or [`WALK_KEYS`] keys were
+///   walked. A key's head
 ///   is its earliest event in `live` (the statuses that hold a key back); it
 ///   is claimable when it is PENDING and due and `head_rule` (the dead letters
 ///   that block it, for the alias `hd`) lets it.
@@ -180,6 +182,7 @@ pub(crate) fn within_in(q: &str) -> String {
 /// the status of one changed since again.
 fn walk(o: &str, now: &str, live: &str, rule: &str, head_rule: &str, style: &WalkStyle) -> String {
     let null_id = style.null_id;
+    // the next key with an event in `live` past `from`
     let next = |alias: &str, from: &str| {
         format!(
             "(SELECT {alias}.event_key FROM {o} {alias} WHERE {alias}.event_type = $1 \
@@ -187,24 +190,34 @@ fn walk(o: &str, now: &str, live: &str, rule: &str, head_rule: &str, style: &Wal
                ORDER BY {alias}.event_key LIMIT 1)"
         )
     };
-    let (first, after) = (next("f", &format!(">= ${WALK_FROM}")), next("x", "> w.k"));
+    // the walk from the first key of `first` on
+    let walk = |name: &str, first: &str| {
+        let (first, after) = (next("f", first), next("x", "> w.k"));
+        format!(
+            "{name} (k, n, found, hid) AS (\
+               SELECT {first}, 0, 0, {null_id} \
+               UNION ALL \
+               SELECT {after}, w.n + 1, w.found + CASE WHEN hd.id IS NULL THEN 0 ELSE 1 END, hd.id \
+               FROM {name} w LEFT JOIN {o} hd ON hd.id = (SELECT y.id FROM {o} y \
+                   WHERE y.event_type = $1 AND y.event_key = w.k AND y.status IN ({live}) \
+                   ORDER BY y.id LIMIT 1) \
+                 AND hd.status = 'PENDING' AND hd.next_attempt_at <= {now} {head_rule} \
+               WHERE w.k IS NOT NULL AND w.n < {WALK_KEYS} AND w.found < ${WALK_LIMIT})"
+        )
+    };
     let query = format!(
-        "WITH RECURSIVE walk (k, n, found, hid) AS (\
-           SELECT {first}, 0, 0, {null_id} \
-           UNION ALL \
-           SELECT {after}, w.n + 1, w.found + CASE WHEN hd.id IS NULL THEN 0 ELSE 1 END, hd.id \
-           FROM walk w LEFT JOIN {o} hd ON hd.id = (SELECT y.id FROM {o} y WHERE y.event_type = $1 \
-               AND y.event_key = w.k AND y.status IN ({live}) ORDER BY y.id LIMIT 1) \
-             AND hd.status = 'PENDING' AND hd.next_attempt_at <= {now} {head_rule} \
-           WHERE w.k IS NOT NULL AND w.n < {WALK_KEYS} AND w.found < ${WALK_LIMIT}), \
+        "WITH RECURSIVE {}, \
          front (id) AS (\
            SELECT v.id FROM (SELECT v0.id, v0.event_type, v0.event_key, v0.next_attempt_at \
                FROM {o} v0 WHERE v0.event_type = $1 AND v0.status = 'PENDING' \
                ORDER BY v0.id LIMIT 4 * ${WALK_LIMIT}) v \
              WHERE v.next_attempt_at <= {now} {rule} LIMIT ${WALK_LIMIT}) \
-         SELECT id FROM front \
-         UNION ALL SELECT hid FROM walk WHERE hid IS NOT NULL \
-           AND (SELECT COUNT(*) FROM front) * 2 < ${WALK_LIMIT}"
+         SELECT c.id FROM (\
+           SELECT id FROM front \
+           UNION ALL SELECT hid FROM walk WHERE hid IS NOT NULL \
+             AND (SELECT COUNT(*) FROM front) * 2 < ${WALK_LIMIT}) c \
+         LIMIT ${WALK_LIMIT}",
+        walk("walk", &format!(">= ${WALK_FROM}"))
     );
     format!("AND {o}.id {}", (style.within)(&query))
 }
