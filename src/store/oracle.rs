@@ -66,17 +66,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         max_ids: 1000,
         // no hint: the planner finds the key index on its own; no key walk
         // (untested here), the ordered claims read due events in id order
-        common: sql::common(
-            t,
-            NOW,
-            plus,
-            sql::IDS_IN,
-            &sql::KeyLookup {
-                hint: |_| String::new(),
-                tail: "",
-                walk: None,
-            },
-        ),
+        common: sql::common(t, NOW, plus, sql::IDS_IN, &sql::KeyLookup::plain(None)),
         claim_returning: None,
         hold_claim: None,
         // no row limit in SQL: the fetch size limits it ($2 is not bound)

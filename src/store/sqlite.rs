@@ -54,14 +54,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             NOW,
             plus,
             sql::IDS_IN,
-            &sql::KeyLookup {
-                hint: |_| String::new(),
-                tail: "",
-                walk: Some(sql::WalkStyle {
-                    within: sql::within_in,
-                    null_id: "NULL",
-                }),
-            },
+            &sql::KeyLookup::plain(Some(sql::WalkStyle {
+                within: sql::within_in,
+                null_id: "NULL",
+            })),
         ),
         claim_returning: None,
         hold_claim: None,

@@ -152,6 +152,17 @@ pub(crate) struct KeyLookup {
     pub walk: Option<WalkStyle>,
 }
 
+impl KeyLookup {
+    /// No hint: the planner finds the key index on its own (SQLite, Oracle).
+    pub(crate) fn plain(walk: Option<WalkStyle>) -> Self {
+        KeyLookup {
+            hint: |_| String::new(),
+            tail: "",
+            walk,
+        }
+    }
+}
+
 /// `IN (q)`: how most dialects take the walk's candidates.
 pub(crate) fn within_in(q: &str) -> String {
     format!("IN ({q})")
