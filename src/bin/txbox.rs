@@ -132,22 +132,6 @@ fn utf8_args() -> Result<Vec<String>, Fail> {
         .collect()
 }
 
-/// A dead letter's payload for a terminal: its JSON text, or an event
-/// published as bytes in base64 (as the JSON output has it).
-fn shown_payload(d: &txbox::DeadLetter) -> String {
-    match (&d.content_type, d.payload_str()) {
-        (None, Some(json)) => printable(json),
-        _ => {
-            use base64::Engine as _;
-            format!(
-                "{} (base64, {} bytes)",
-                base64::engine::general_purpose::STANDARD.encode(&d.payload),
-                d.payload.len()
-            )
-        }
-    }
-}
-
 /// `s` safe to print on a terminal: control characters (escape sequences,
 /// newlines, NUL) and bidirectional overrides written as escapes, so a payload,
 /// an error text or an event type cannot rewrite the screen or forge lines.
@@ -335,7 +319,10 @@ fn run(cli: Cli) -> Result<String, Fail> {
                     printable(d.last_error.as_deref().unwrap_or("-")),
                     printable(&serde_json::to_string(&d.headers).unwrap_or_default()),
                     printable(d.content_type.as_deref().unwrap_or(txbox::JSON_CONTENT_TYPE)),
-                    shown_payload(&d)
+                    match &d.content_type {
+                        None => printable(&d.payload_text()),
+                        Some(_) => format!("{} (base64, {} bytes)", d.payload_text(), d.payload.len()),
+                    }
                 )
             }
         }

@@ -364,6 +364,21 @@ impl Default for EventSettings {
 }
 
 impl EventSettings {
+    /// Where the events of `event_type` go: its destination and routing key,
+    /// each the type's name when not set.
+    pub(crate) fn address<'a>(&'a self, event_type: &'a str) -> (&'a str, &'a str) {
+        (
+            self.destination.as_deref().unwrap_or(event_type),
+            self.routing_key.as_deref().unwrap_or(event_type),
+        )
+    }
+
+    /// The poison policy of a type ordered by key; `None` for an unordered
+    /// one (what [`ClaimArgs::ordered`](crate::ClaimArgs::ordered) takes).
+    pub(crate) fn key_order(&self) -> Option<OnPoison> {
+        (self.ordering == EventOrder::Key).then_some(self.on_poison)
+    }
+
     /// Topic (Kafka) or exchange (RabbitMQ).
     pub fn destination(mut self, d: impl Into<String>) -> Self {
         self.destination = Some(d.into());

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::retry::{outcomes, record};
 use super::Relay;
-use crate::config::{Config, EventOrder};
+use crate::config::Config;
 use crate::error::Result;
 use crate::event::EventId;
 use crate::sender::Sender;
@@ -28,6 +28,15 @@ pub struct TypeDelivery {
     /// A transport failure (the broker could not be reached): PENDING again
     /// with no attempt counted.
     pub released: u64,
+}
+
+impl std::ops::AddAssign for TypeDelivery {
+    fn add_assign(&mut self, o: TypeDelivery) {
+        self.sent += o.sent;
+        self.retried += o.retried;
+        self.failed += o.failed;
+        self.released += o.released;
+    }
 }
 
 /// What [`Relay::deliver_pending`] did, per event type.
@@ -110,17 +119,16 @@ impl Relay {
         let mut delivery = Delivery::default();
         for (event_type, s) in config.events() {
             let args = ClaimArgs {
-                ordered: (s.ordering == EventOrder::Key).then_some(s.on_poison),
+                ordered: s.key_order(),
                 ..ClaimArgs::new(event_type, s.batch_size, s.lease)
             };
+            let (destination, routing_key) = s.address(event_type);
             loop {
                 let token = Uuid::now_v7();
                 let mut events = store.claim_after(&args, token)?;
                 if events.is_empty() {
                     break;
                 }
-                let destination = s.destination.as_deref().unwrap_or(event_type);
-                let routing_key = s.routing_key.as_deref().unwrap_or(event_type);
                 for e in &mut events {
                     e.destination = destination.to_string();
                     e.routing_key = routing_key.to_string();
@@ -129,11 +137,7 @@ impl Relay {
                 let outcomes = outcomes(&events, results, s, delete_acked);
                 store.finish(token, &outcomes)?;
                 let done = record(&outcomes, s);
-                let t = delivery.by_type.entry(event_type.to_string()).or_default();
-                t.sent += done.sent;
-                t.retried += done.retried;
-                t.failed += done.failed;
-                t.released += done.released;
+                *delivery.by_type.entry(event_type.to_string()).or_default() += done;
                 // a transport failure: the broker is away, and the released
                 // events are due at once: claiming them again would loop; and
                 // a batch of only new events: what was due at the call is out

@@ -84,17 +84,12 @@ impl Poller {
         factory: Arc<dyn SenderFactory>,
         delete_acked: bool,
     ) -> Self {
+        let (destination, routing_key) = settings.address(&event_type);
         Poller {
             ctx,
             store,
-            destination: settings
-                .destination
-                .clone()
-                .unwrap_or_else(|| event_type.clone()),
-            routing_key: settings
-                .routing_key
-                .clone()
-                .unwrap_or_else(|| event_type.clone()),
+            destination: destination.to_owned(),
+            routing_key: routing_key.to_owned(),
             event_type,
             settings,
             factory,
@@ -187,10 +182,16 @@ impl Poller {
         };
         let claimed = events.len();
         // a full batch: more is waiting, and the next claim starts after this one;
-        // anything else (or every RESCAN_EVERY batches) scans from the lowest id
+        // anything else (or every RESCAN_EVERY batches) scans from the lowest id.
+        // An ordered type's next claim starts at its key cursor instead: its
+        // candidates (the keys' first events) have any id.
         let scanned = self.resume.map_or(0, |(_, n)| n);
         self.resume = match events.last() {
-            Some(last) if claimed >= s.batch_size && scanned + 1 < Relay::RESCAN_EVERY => {
+            Some(last)
+                if claimed >= s.batch_size
+                    && scanned + 1 < Relay::RESCAN_EVERY
+                    && s.key_order().is_none() =>
+            {
                 Some((last.id, scanned + 1))
             }
             _ => None,
@@ -266,18 +267,17 @@ impl Poller {
         }
     }
 
-    /// What this poller's claims take, from `after` on; an ordered type's from
-    /// the key cursor on, whatever the ids (the heads of keys have any id).
+    /// What this poller's claims take, from `after` on (an ordered type's from
+    /// the key cursor on).
     fn claim_args(&self, after: Option<crate::EventId>) -> ClaimArgs<'_> {
         let s = &self.settings;
-        let ordered = (s.ordering == crate::EventOrder::Key).then_some(s.on_poison);
         ClaimArgs {
             event_type: &self.event_type,
-            after: if ordered.is_some() { None } else { after },
+            after,
             limit: s.batch_size,
             lease: s.lease,
             delete_acked: self.delete_acked,
-            ordered,
+            ordered: s.key_order(),
             from_key: self.key_cursor.as_deref(),
         }
     }

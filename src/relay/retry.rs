@@ -3,7 +3,7 @@
 //! stored.
 
 use super::TypeDelivery;
-use crate::config::{EventOrder, EventSettings, OnPoison};
+use crate::config::{EventSettings, OnPoison};
 use crate::event::Event;
 use crate::metrics::{self, Counter};
 use crate::sender::SendError;
@@ -76,7 +76,7 @@ pub(super) fn record(outcomes: &[(crate::EventId, Outcome)], s: &EventSettings) 
     metrics::add(Counter::Sent, t.sent);
     metrics::add(Counter::Retried, t.retried);
     metrics::add(Counter::Failed, t.failed);
-    if s.ordering == EventOrder::Key && s.on_poison == OnPoison::Skip {
+    if s.key_order() == Some(OnPoison::Skip) {
         metrics::add(Counter::OrderedSkipped, t.failed);
     }
     t

@@ -87,22 +87,29 @@ impl DeadLetter {
     pub fn payload_str(&self) -> Option<&str> {
         std::str::from_utf8(&self.payload).ok()
     }
+
+    /// The payload as text to show: a JSON event's JSON, or the bytes of one
+    /// published as bytes in standard base64 (as the HTTP admin's JSON has it).
+    pub fn payload_text(&self) -> std::borrow::Cow<'_, str> {
+        use base64::Engine as _;
+        match (&self.content_type, self.payload_str()) {
+            (None, Some(json)) => json.into(),
+            _ => base64::engine::general_purpose::STANDARD
+                .encode(&self.payload)
+                .into(),
+        }
+    }
 }
 
 impl serde::Serialize for DeadLetter {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use base64::Engine as _;
         use serde::ser::SerializeStruct as _;
-        let payload = match (&self.content_type, self.payload_str()) {
-            (None, Some(json)) => json.to_owned(),
-            _ => base64::engine::general_purpose::STANDARD.encode(&self.payload),
-        };
         let mut st = s.serialize_struct("DeadLetter", 11)?;
         st.serialize_field("id", &self.id)?;
         st.serialize_field("event_type", &self.event_type)?;
         st.serialize_field("key", &self.key)?;
         st.serialize_field("headers", &self.headers)?;
-        st.serialize_field("payload", &payload)?;
+        st.serialize_field("payload", &self.payload_text())?;
         st.serialize_field("content_type", &self.content_type)?;
         st.serialize_field("attempts", &self.attempts)?;
         st.serialize_field("last_error", &self.last_error)?;

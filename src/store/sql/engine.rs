@@ -292,13 +292,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
                     .iter()
                     .map(|r| r.id(0))
                     .collect::<Result<_>>()?;
-                    let mut checked = Vec::with_capacity(rows.len());
-                    for r in rows {
-                        if kept.contains(&r.id(0)?) {
-                            checked.push(r);
-                        }
-                    }
-                    rows = checked;
+                    rows.retain(|r| r.id(0).is_ok_and(|id| kept.contains(&id)));
                 }
                 if !rows.is_empty() {
                     let ids = id_vals(&rows)?;

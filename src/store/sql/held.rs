@@ -233,6 +233,7 @@ pub(crate) fn restore_steps<'a>(
                 "event {id} is not in the held batch"
             )));
         };
+        let [text, bytes, content_type] = stored_payload(&Body::of(e));
         let fixed = vec![
             status.into(),
             ms(delay),
@@ -241,26 +242,15 @@ pub(crate) fn restore_steps<'a>(
             e.event_type.as_str().into(),
             e.key.as_deref().into(),
             row.headers.as_str().into(),
-            payload_text(e),
+            text,
             Val::Int(i64::from(e.attempts) + i64::from(counted)),
             row.created_at.as_str().into(),
-            e.content_type
-                .as_ref()
-                .map_or(Val::Null, |_| Val::Bytes(e.payload.clone())),
-            e.content_type.as_deref().into(),
+            bytes,
+            content_type,
         ];
         steps.push((restore, fixed, Vec::new()));
     }
     Ok(steps)
-}
-
-/// The text payload column of a claimed event: its JSON, or empty for one
-/// published as bytes (whose bytes go to the binary column).
-fn payload_text(e: &Event) -> Val {
-    match (&e.content_type, e.payload_str()) {
-        (None, Some(json)) => json.into(),
-        _ => Val::Text(String::new()),
-    }
 }
 
 impl Drop for HeldTx {

@@ -130,17 +130,12 @@ pub(crate) fn split_statements(sql: &str) -> Vec<String> {
 }
 
 /// Inserts new events: one multi-row `INSERT` (one round trip) per chunk. A
-/// chunk without an event published as bytes writes only the JSON columns.
+/// call without an event published as bytes writes only the JSON columns.
 pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent]) -> Result<()> {
-    // a statement's parameters: 5 per JSON event, 7 when bytes are among them
-    let width = if events.iter().any(|e| e.content_type().is_some()) {
-        7
-    } else {
-        5
-    };
+    let bytes = events.iter().any(|e| e.content_type().is_some());
+    let width = values_per_event(bytes);
     for chunk in events.chunks((d.max_ids / width).max(1)) {
-        let bytes = chunk.iter().any(|e| e.content_type().is_some());
-        let mut params = Vec::with_capacity(chunk.len() * 7);
+        let mut params = Vec::with_capacity(chunk.len() * width);
         for e in chunk {
             push_event_values(e, bytes, &mut params);
         }
@@ -158,11 +153,12 @@ pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent
 /// The dialect's `INSERT` of `rows` events, [`push_event_values`] of each in
 /// turn; with `bytes`, the binary payload columns too.
 pub(crate) fn insert_events_sql(d: &Catalog, rows: usize, bytes: bool) -> String {
-    let (columns, values, width) = if bytes {
-        (", payload_bytes, content_type", d.insert_bytes_values, 7)
+    let (columns, values) = if bytes {
+        (", payload_bytes, content_type", d.insert_bytes_values)
     } else {
-        ("", "", 5)
+        ("", "")
     };
+    let width = values_per_event(bytes);
     let fill = |t: &str| {
         t.replace("{bytes_columns}", columns)
             .replace("{bytes_values}", values)
@@ -177,6 +173,16 @@ pub(crate) fn insert_events_sql(d: &Catalog, rows: usize, bytes: bool) -> String
     }
     template.push_str(d.insert_events_suffix);
     template
+}
+
+/// How many values [`push_event_values`] writes of an event: id, type, key,
+/// headers, payload, and with `bytes` the payload bytes and content type.
+const fn values_per_event(bytes: bool) -> usize {
+    if bytes {
+        7
+    } else {
+        5
+    }
 }
 
 /// The stored payload of an event: its JSON text, or (published as bytes) an

@@ -180,10 +180,9 @@ pub(crate) fn within_in(q: &str) -> String {
 ///   [`WALK_FROM`] on (the poller starts it from the first key again after a
 ///   short batch, so every key gets its turn), one index look-up per key,
 ///   until [`WALK_LIMIT`] claimable heads are found or [`WALK_KEYS`] keys were
-///   walked. A key's head
-///   is its earliest event in `live` (the statuses that hold a key back); it
-///   is claimable when it is PENDING and due and `head_rule` (the dead letters
-///   that block it, for the alias `hd`) lets it.
+///   walked. A key's head is its earliest event in `live` (the statuses that
+///   hold a key back); it is claimable when it is PENDING and due and
+///   `head_rule` (the dead letters that block it, for the alias `hd`) lets it.
 ///
 /// So a claim whose front events all wait for busy or blocked keys reads one
 /// index entry per such key, not every waiting event of them, however deep
@@ -201,23 +200,17 @@ fn walk(o: &str, now: &str, live: &str, rule: &str, head_rule: &str, style: &Wal
                ORDER BY {alias}.event_key LIMIT 1)"
         )
     };
-    // the walk from the first key of `first` on
-    let walk = |name: &str, first: &str| {
-        let (first, after) = (next("f", first), next("x", "> w.k"));
-        format!(
-            "{name} (k, n, found, hid) AS (\
-               SELECT {first}, 0, 0, {null_id} \
-               UNION ALL \
-               SELECT {after}, w.n + 1, w.found + CASE WHEN hd.id IS NULL THEN 0 ELSE 1 END, hd.id \
-               FROM {name} w LEFT JOIN {o} hd ON hd.id = (SELECT y.id FROM {o} y \
-                   WHERE y.event_type = $1 AND y.event_key = w.k AND y.status IN ({live}) \
-                   ORDER BY y.id LIMIT 1) \
-                 AND hd.status = 'PENDING' AND hd.next_attempt_at <= {now} {head_rule} \
-               WHERE w.k IS NOT NULL AND w.n < {WALK_KEYS} AND w.found < ${WALK_LIMIT})"
-        )
-    };
+    let (first, after) = (next("f", &format!(">= ${WALK_FROM}")), next("x", "> w.k"));
     let query = format!(
-        "WITH RECURSIVE {}, \
+        "WITH RECURSIVE walk (k, n, found, hid) AS (\
+           SELECT {first}, 0, 0, {null_id} \
+           UNION ALL \
+           SELECT {after}, w.n + 1, w.found + CASE WHEN hd.id IS NULL THEN 0 ELSE 1 END, hd.id \
+           FROM walk w LEFT JOIN {o} hd ON hd.id = (SELECT y.id FROM {o} y \
+               WHERE y.event_type = $1 AND y.event_key = w.k AND y.status IN ({live}) \
+               ORDER BY y.id LIMIT 1) \
+             AND hd.status = 'PENDING' AND hd.next_attempt_at <= {now} {head_rule} \
+           WHERE w.k IS NOT NULL AND w.n < {WALK_KEYS} AND w.found < ${WALK_LIMIT}), \
          front (id) AS (\
            SELECT v.id FROM (SELECT v0.id, v0.event_type, v0.event_key, v0.next_attempt_at \
                FROM {o} v0 WHERE v0.event_type = $1 AND v0.status = 'PENDING' \
@@ -227,8 +220,7 @@ fn walk(o: &str, now: &str, live: &str, rule: &str, head_rule: &str, style: &Wal
            SELECT id FROM front \
            UNION ALL SELECT hid FROM walk WHERE hid IS NOT NULL \
              AND (SELECT COUNT(*) FROM front) * 2 < ${WALK_LIMIT}) c \
-         LIMIT ${WALK_LIMIT}",
-        walk("walk", &format!(">= ${WALK_FROM}"))
+         LIMIT ${WALK_LIMIT}"
     );
     format!("AND {o}.id {}", (style.within)(&query))
 }
@@ -263,25 +255,24 @@ pub(crate) fn common(
             lookup.tail
         )
     };
-    let earlier = |table: &str, statuses: &str| earlier_of(o, table, statuses);
     let (live_skip, live_block) = (
         "'PENDING', 'IN_PROCESS'",
         "'PENDING', 'IN_PROCESS', 'FAILED'",
     );
-    let walks = lookup.walk.as_ref().map(|style| {
-        let dead = |row: &str| earlier_of(row, d, "'DEAD', 'RETRY'");
-        (
-            walk(o, now, live_skip, &earlier_of("v", o, live_skip), "", style),
-            walk(
-                o,
-                now,
-                live_block,
-                &format!("{} {}", earlier_of("v", o, live_block), dead("v")),
-                &dead("hd"),
-                style,
-            ),
-        )
-    });
+    // the rules of the two poison policies for a candidate row named `row`
+    let dead = |row: &str| earlier_of(row, d, "'DEAD', 'RETRY'");
+    let skip_rule = |row: &str| earlier_of(row, o, live_skip);
+    let block_rule = |row: &str| format!("{} {}", earlier_of(row, o, live_block), dead(row));
+    let (walk_skip, walk_block) = lookup
+        .walk
+        .as_ref()
+        .map(|style| {
+            (
+                walk(o, now, live_skip, &skip_rule("v"), "", style),
+                walk(o, now, live_block, &block_rule("v"), &dead("hd"), style),
+            )
+        })
+        .unzip();
     Common {
         order_recheck: format!("SELECT id FROM {o} WHERE event_type = $1 AND id IN ({{ids}}) {{order}}"),
         blocked_keys: format!(
@@ -295,10 +286,10 @@ pub(crate) fn common(
             "SELECT COUNT(*) FROM {o} WHERE event_type = $1 AND event_key = $2 AND status = 'PENDING' \
              AND id > $3"
         ),
-        ordered_skip: earlier(o, live_skip),
-        ordered_block: format!("{} {}", earlier(o, live_block), earlier(d, "'DEAD', 'RETRY'")),
-        walk_skip: walks.as_ref().map(|w| w.0.clone()),
-        walk_block: walks.map(|w| w.1),
+        ordered_skip: skip_rule(o),
+        ordered_block: block_rule(o),
+        walk_skip,
+        walk_block,
         claim_update: format!(
             "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
             plus("$2")
