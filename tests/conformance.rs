@@ -398,10 +398,6 @@ fn dead_letters_move_list_retry_resolve_and_clean(b: Backend, p: &str) {
     assert_eq!(dlq.count(&DlqFilter::default()).unwrap(), 0);
 }
 
-/// Bytes no text column could hold: invalid UTF-8, NULs, and what PostgreSQL
-/// writes a `bytea` as in text (`\\x...`).
-const RAW: &[u8] = &[0xff, 0x00, 0xfe, b'\\', b'x', b'4', b'1', 0x80, 0x00, 0xc3];
-
 fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = config(p);
@@ -411,7 +407,7 @@ fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &
         &c,
         vec![
             txbox::NewEvent::new("e", &7).unwrap(),
-            txbox::NewEvent::bytes("e", RAW, "application/x-protobuf").key("k"),
+            txbox::NewEvent::bytes("e", common::RAW_BYTES, "application/x-protobuf").key("k"),
             txbox::NewEvent::bytes("e", Vec::new(), "application/octet-stream"),
         ],
     );
@@ -433,7 +429,7 @@ fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &
         seen,
         vec![
             (b"7".to_vec(), None),
-            (RAW.to_vec(), Some("application/x-protobuf")),
+            (common::RAW_BYTES.to_vec(), Some("application/x-protobuf")),
             (Vec::new(), Some("application/octet-stream")),
             (big.clone(), Some("application/avro")),
             (b"0".to_vec(), None),
@@ -461,10 +457,10 @@ fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &
     let dead = dlq.get(ids[1]).unwrap();
     assert_eq!(
         (dead.payload.as_slice(), dead.content_type.as_deref()),
-        (RAW, Some("application/x-protobuf"))
+        (common::RAW_BYTES, Some("application/x-protobuf"))
     );
     let json = serde_json::to_value(&dead).unwrap();
-    assert_eq!(json["payload"], "/wD+XHg0MYAAww==", "base64 in JSON");
+    assert_eq!(json["payload"], "/wD+XHg0MYAAwyg=", "base64 in JSON");
     assert_eq!(dlq.get(more[0]).unwrap().payload, big);
     dlq.retry_many(&[ids[1], more[0]]).unwrap();
     assert_eq!(fx.store.requeue_dlq_retries(10).unwrap(), 2);
@@ -477,7 +473,10 @@ fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &
             .map(|e| (e.payload.clone(), e.content_type.clone()))
             .collect::<Vec<_>>(),
         vec![
-            (RAW.to_vec(), Some("application/x-protobuf".into())),
+            (
+                common::RAW_BYTES.to_vec(),
+                Some("application/x-protobuf".into())
+            ),
             (big, Some("application/avro".into()))
         ]
     );
@@ -1282,15 +1281,22 @@ fn a_poison_event_blocks_or_is_skipped(b: Backend, p: &str) {
 }
 
 /// `Relay::deliver_pending` sends what is due now on the caller's thread and
-/// reports it per type: a refused event is retried later (not twice in one
-/// call), an ordered key's events all go, in order, and a second call finds
-/// nothing.
+/// reports it per type: a refused event is sent again within the call when its
+/// backoff has passed (1 ms for type `g`, whose next event's send takes
+/// longer), and waits for a later call
+/// when it has not (an hour for `f`); an ordered key's events all go, in order;
+/// a second call finds nothing.
 fn deliver_pending_sends_what_is_due_and_reports_it(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = Config::builder()
         .table_prefix(p)
         .event("e", |e| e)
         .event("f", |e| e.backoff_delay(Duration::from_secs(3600)))
+        .event("g", |e| {
+            e.batch_size(1)
+                .backoff_delay(Duration::from_millis(1))
+                .backoff_jitter(0.0)
+        })
         .event("o", |e| {
             e.ordering(txbox::EventOrder::Key)
                 .batch_size(10)
@@ -1300,22 +1306,36 @@ fn deliver_pending_sends_what_is_due_and_reports_it(b: Backend, p: &str) {
         .unwrap();
     let e = fx.publish(&c, "e", 3, true);
     let f = fx.publish(&c, "f", 2, true);
+    let g = fx.publish(&c, "g", 2, true);
     let o = fx.publish_events(&c, keyed("o", &["k"], 3));
     // key j's first event is refused: its second waits (the order is kept)
     let j = fx.publish_events(&c, keyed("o", &["j"], 2));
     let sender = MemorySender::new();
     let bad = [f[0], j[0]];
-    sender.fail_when(move |e| bad.contains(&e.id).then(|| "refused".to_string()));
+    let (g0, g1, g_refused) = (g[0], g[1], std::sync::atomic::AtomicBool::new(false));
+    sender.fail_when(move |e| {
+        if e.id == g1 {
+            // g0's 1 ms backoff passes while g1 is "sent"
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let once = e.id == g0 && !g_refused.swap(true, std::sync::atomic::Ordering::SeqCst);
+        (bad.contains(&e.id) || once).then(|| "refused".to_string())
+    });
     let report = Relay::deliver_pending(&*fx.store, &c, &mut sender.clone()).unwrap();
     let t = |name: &str| report.by_type.get(name).copied().unwrap_or_default();
     assert_eq!((t("e").sent, t("e").retried), (3, 0));
     assert_eq!((t("f").sent, t("f").retried, t("f").failed), (1, 1, 0));
     assert_eq!(
+        (t("g").sent, t("g").retried),
+        (2, 1),
+        "g0 refused, then sent again in the same call"
+    );
+    assert_eq!(
         (t("o").sent, t("o").retried),
         (3, 1),
         "k's three; j's first refused"
     );
-    assert_eq!((report.sent(), report.not_sent()), (7, 2));
+    assert_eq!((report.sent(), report.not_sent()), (9, 3));
     assert!(
         !sender.sent().iter().any(|e| e.id == j[1]),
         "j's second waits behind its refused first"
@@ -1323,7 +1343,11 @@ fn deliver_pending_sends_what_is_due_and_reports_it(b: Backend, p: &str) {
     let sent: Vec<EventId> = sender.sent().iter().map(|e| e.id).collect();
     let of_o: Vec<EventId> = sent.iter().copied().filter(|id| o.contains(id)).collect();
     assert_eq!(of_o, o, "in order");
-    assert!(e.iter().all(|id| sent.contains(id)) && sent.contains(&f[1]));
+    assert!(
+        e.iter().all(|id| sent.contains(id))
+            && sent.contains(&f[1])
+            && g.iter().all(|id| sent.contains(id))
+    );
     assert!(sender.sent().iter().all(|e| e.destination == e.event_type));
     assert_eq!(
         fx.counts("f").pending,

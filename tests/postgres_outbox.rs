@@ -213,12 +213,18 @@ fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
         .unwrap_err();
     assert!(matches!(err, Error::UnknownEventType(_)), "{err}");
 
-    // none of that touched the transaction: it still works and commits one event
+    // none of that touched the transaction: it still works and commits two
+    // events, the second with the longest content type allowed and a space
     outbox
         .publish(&mut tx, "order-created", &json!({"ok": true}))
         .unwrap();
+    let longest = format!("application/{} x", "y".repeat(241));
+    assert_eq!(longest.len(), 255);
+    outbox
+        .publish_bytes(&mut tx, "order-created", &[0xff], &longest)
+        .unwrap();
     tx.commit().unwrap();
-    assert_eq!(count(&mut client, p, "PENDING"), 1);
+    assert_eq!(count(&mut client, p, "PENDING"), 2);
 }
 
 #[test]

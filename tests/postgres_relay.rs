@@ -1920,6 +1920,14 @@ fn binary_payloads_survive_a_held_claims_write_back() {
     let Some((store, mut client)) = fresh_with_url(p, &escape) else {
         return;
     };
+    let output: String = store
+        .pool()
+        .get()
+        .unwrap()
+        .query_one("SHOW bytea_output", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(output, "escape", "the store's sessions write bytea escaped");
     let config = Config::builder()
         .table_prefix(p)
         .processed_ttl(Duration::ZERO)
@@ -1933,14 +1941,13 @@ fn binary_payloads_survive_a_held_claims_write_back() {
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
-    let raw: &[u8] = &[0xff, 0x00, b'\\', b'x', 0x9f, 0x00];
     let prepared = outbox.prepare_pg(&mut client).unwrap();
     let mut tx = client.transaction().unwrap();
     let id = outbox
         .publish_bytes(
             &mut prepared.on(&mut tx),
             "b",
-            raw,
+            RAW_BYTES,
             "application/x-protobuf",
         )
         .unwrap();
@@ -1967,7 +1974,7 @@ fn binary_payloads_survive_a_held_claims_write_back() {
             bytes.content_type.as_deref(),
             bytes.attempts
         ),
-        (raw, Some("application/x-protobuf"), 1)
+        (RAW_BYTES, Some("application/x-protobuf"), 1)
     );
     let j = sent.iter().find(|e| e.id == json).unwrap();
     assert_eq!(

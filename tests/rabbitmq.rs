@@ -113,8 +113,6 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     assert_eq!(count(&mut client, p, "PROCESSED"), 50);
 }
 
-/// `Relay::deliver_pending` with the real sender: the events are at the broker
-/// when it returns, and their rows are PROCESSED.
 /// Events published as bytes reach the consumer unchanged, with their
 /// `content_type` property; JSON events keep `application/json`.
 #[test]
@@ -141,6 +139,8 @@ fn binary_payloads_arrive_unchanged_with_their_content_type() {
     check_bytes_and_json(&got, ids, Some("application/json"));
 }
 
+/// `Relay::deliver_pending` with the real sender: the events are at the broker
+/// when it returns, and their rows are PROCESSED.
 #[test]
 fn deliver_pending_puts_the_events_at_the_broker_before_it_returns() {
     if !rabbit_up() {

@@ -428,8 +428,11 @@ pub fn prefix_config(prefix: &str) -> txbox::Config {
         .expect("table prefix")
 }
 
-/// Bytes no text could carry: invalid UTF-8 and NULs.
-pub const RAW_BYTES: &[u8] = &[0xff, 0x00, 0xfe, b'\\', b'x', 0x80, 0x00, 0xc3, 0x28];
+/// Bytes no text could carry: invalid UTF-8, NULs, and what PostgreSQL writes
+/// a `bytea` as in text (`\x41`).
+pub const RAW_BYTES: &[u8] = &[
+    0xff, 0x00, 0xfe, b'\\', b'x', b'4', b'1', 0x80, 0x00, 0xc3, 0x28,
+];
 
 /// Publishes, in one committed transaction of `client`, an event of
 /// `event_type` as [`RAW_BYTES`] (content type `application/x-protobuf`, a
