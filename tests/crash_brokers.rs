@@ -417,30 +417,6 @@ fn check(broker: &str, run: &Run, received: &[EventId]) {
     );
 }
 
-/// Reads until every id of `want` arrived and the source is quiet for a second,
-/// or 60 s pass; `next` returns the next message's event id, `None` when none came
-/// within its wait.
-fn read_all(want: &HashSet<EventId>, mut next: impl FnMut() -> Option<EventId>) -> Vec<EventId> {
-    let mut received = Vec::new();
-    let mut seen = HashSet::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut quiet_since = Instant::now();
-    while Instant::now() < deadline {
-        match next() {
-            Some(id) => {
-                received.push(id);
-                seen.insert(id);
-                quiet_since = Instant::now();
-            }
-            None if want.is_subset(&seen) && quiet_since.elapsed() > Duration::from_secs(1) => {
-                break
-            }
-            None => {}
-        }
-    }
-    received
-}
-
 #[test]
 fn a_relay_sending_to_rabbitmq_killed_again_and_again_loses_nothing() {
     rabbitmq_killed("t_crash_rabbit_", false);
@@ -468,36 +444,17 @@ fn rabbitmq_killed(p: &str, held: bool) {
 }
 
 /// Reads every message of `queue` until the ids of `want` arrived and it is
-/// quiet (`read_all`), handing each body to `body`; then deletes the queue and
-/// `exchange`. The message ids in arrival order.
+/// quiet ([`read_rabbitmq_queue`]), handing each body to `body`; then deletes
+/// the queue and `exchange`. The message ids in arrival order.
 fn read_rabbitmq(
     exchange: &str,
     queue: &str,
     want: &HashSet<EventId>,
-    mut body: impl FnMut(&[u8]),
+    body: impl FnMut(&[u8]),
 ) -> Vec<EventId> {
-    use amiquip::{Connection, ConsumerMessage, ConsumerOptions};
-    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
+    let received = read_rabbitmq_queue(queue, want, body);
+    let mut conn = amiquip::Connection::insecure_open(&rabbit_url()).unwrap();
     let ch = conn.open_channel(None).unwrap();
-    let consumer = ch
-        .basic_consume(
-            queue,
-            ConsumerOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    let received = read_all(want, || match consumer.receiver().recv_timeout(ms(200)) {
-        Ok(ConsumerMessage::Delivery(d)) => {
-            body(&d.body);
-            d.properties
-                .message_id()
-                .as_deref()
-                .and_then(|m| m.parse().ok())
-        }
-        _ => None,
-    });
     let _ = ch.queue_delete(queue, Default::default());
     let _ = ch.exchange_delete(exchange, false);
     let _ = conn.close();
@@ -515,9 +472,6 @@ fn a_relay_holding_and_deleting_its_claims_sending_to_kafka_killed_again_and_aga
 }
 
 fn kafka_killed(p: &str, held: bool) {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::{Headers, Message};
-    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
     if !service_up("Kafka", &kafka_brokers()) {
         return;
     }
@@ -527,23 +481,9 @@ fn kafka_killed(p: &str, held: bool) {
     let Some(run) = kill_relays_under_load(p, "kafka", &topic, held) else {
         return;
     };
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka_brokers())
-        .set("group.id", format!("g-{topic}"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut partitions = TopicPartitionList::new();
-    partitions
-        .add_partition_offset(&topic, 0, Offset::Beginning)
-        .unwrap();
-    consumer.assign(&partitions).unwrap();
+    let consumer = kafka_reader(&topic, 1);
     let received = read_all(&run.committed, || match consumer.poll(ms(200)) {
-        Some(Ok(m)) => m.headers().and_then(|h| {
-            h.iter()
-                .find(|h| h.key == txbox::HEADER_EVENT_ID)
-                .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
-        }),
+        Some(Ok(m)) => kafka_event_id(&m),
         _ => None,
     });
     check("Kafka", &run, &received);
@@ -648,8 +588,7 @@ fn four_ordered_relays_sending_to_rabbitmq_killed_keep_each_keys_order() {
 
 #[test]
 fn four_ordered_relays_sending_to_kafka_killed_keep_each_keys_order() {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::message::{Headers, Message};
+    use rdkafka::message::Message;
     if !service_up("Kafka", &kafka_brokers()) {
         return;
     }
@@ -659,19 +598,7 @@ fn four_ordered_relays_sending_to_kafka_killed_keep_each_keys_order() {
     let Some(run) = ordered_relays_killed("t_crash_ord_kafka_", "kafka", &topic) else {
         return;
     };
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", kafka_brokers())
-        .set("group.id", format!("g-{topic}"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut partitions = rdkafka::TopicPartitionList::new();
-    for i in 0..4 {
-        partitions
-            .add_partition_offset(&topic, i, rdkafka::Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&partitions).unwrap();
+    let consumer = kafka_reader(&topic, 4);
     let mut arrivals = Vec::new();
     // each key is one partition's: the record key is the event key
     let mut partition_of = std::collections::HashMap::new();
@@ -682,11 +609,7 @@ fn four_ordered_relays_sending_to_kafka_killed_keep_each_keys_order() {
             assert_eq!(p, m.partition(), "key {key} in two partitions");
             assert_eq!(m.key(), Some(format!("order-{key}").as_bytes()));
             arrivals.push((key, seq));
-            m.headers().and_then(|h| {
-                h.iter()
-                    .find(|h| h.key == txbox::HEADER_EVENT_ID)
-                    .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
-            })
+            kafka_event_id(&m)
         }
         _ => None,
     });

@@ -479,3 +479,94 @@ pub fn check_bytes_and_json(
     );
     assert!(j.headers.is_empty());
 }
+
+/// Reads until every id of `want` arrived and the source is quiet for a second,
+/// or 60 s pass; `next` returns the next message's event id, `None` when none came
+/// within its wait. The ids in arrival order, repeats included.
+pub fn read_all(
+    want: &std::collections::HashSet<txbox::EventId>,
+    mut next: impl FnMut() -> Option<txbox::EventId>,
+) -> Vec<txbox::EventId> {
+    let mut received = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut quiet_since = Instant::now();
+    while Instant::now() < deadline {
+        match next() {
+            Some(id) => {
+                received.push(id);
+                seen.insert(id);
+                quiet_since = Instant::now();
+            }
+            None if want.is_subset(&seen) && quiet_since.elapsed() > Duration::from_secs(1) => {
+                break
+            }
+            None => {}
+        }
+    }
+    received
+}
+
+/// Consumes `queue` (no ack: the messages are taken) with [`read_all`], handing
+/// each body to `body`; the message ids in arrival order.
+#[cfg(feature = "rabbitmq")]
+pub fn read_rabbitmq_queue(
+    queue: &str,
+    want: &std::collections::HashSet<txbox::EventId>,
+    mut body: impl FnMut(&[u8]),
+) -> Vec<txbox::EventId> {
+    use amiquip::{Connection, ConsumerMessage, ConsumerOptions};
+    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
+    let ch = conn.open_channel(None).unwrap();
+    let options = ConsumerOptions {
+        no_ack: true,
+        ..Default::default()
+    };
+    let consumer = ch.basic_consume(queue, options).unwrap();
+    let received = read_all(want, || {
+        match consumer.receiver().recv_timeout(Duration::from_millis(200)) {
+            Ok(ConsumerMessage::Delivery(d)) => {
+                body(&d.body);
+                d.properties
+                    .message_id()
+                    .as_deref()
+                    .and_then(|m| m.parse().ok())
+            }
+            _ => None,
+        }
+    });
+    drop(consumer);
+    let _ = conn.close();
+    received
+}
+
+/// A reader of `topic`'s partitions `0..partitions` from their beginning, in a
+/// group of its own that commits nothing.
+#[cfg(feature = "kafka")]
+pub fn kafka_reader(topic: &str, partitions: i32) -> rdkafka::consumer::BaseConsumer {
+    use rdkafka::consumer::Consumer;
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka_brokers())
+        .set("group.id", format!("read-{topic}-{}", unique()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut list = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&list).unwrap();
+    consumer
+}
+
+/// The event id of a Kafka record: its `txbox-event-id` header.
+#[cfg(feature = "kafka")]
+pub fn kafka_event_id(m: &impl rdkafka::message::Message) -> Option<txbox::EventId> {
+    use rdkafka::message::Headers;
+    m.headers().and_then(|h| {
+        h.iter()
+            .find(|h| h.key == txbox::HEADER_EVENT_ID)
+            .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+    })
+}
