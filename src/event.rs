@@ -98,17 +98,6 @@ pub(crate) enum Body {
 }
 
 impl Body {
-    /// A claimed event's payload, as it was published (to write it back).
-    pub(crate) fn of(e: &Event) -> Body {
-        match &e.content_type {
-            None => Body::Json(String::from_utf8_lossy(&e.payload).into_owned()),
-            Some(content_type) => Body::Bytes {
-                bytes: e.payload.clone(),
-                content_type: content_type.clone(),
-            },
-        }
-    }
-
     pub(crate) fn len(&self) -> usize {
         match self {
             Body::Json(s) => s.len(),

@@ -56,7 +56,7 @@ fn relayed(name: &str, partitions: u32, n: usize) -> Option<(String, Relay, Vec<
 /// its own.
 fn relayed_config(name: &str, topic: &str) -> Config {
     Config::builder()
-        .table_prefix(&format!("t_kafka_{name}_"))
+        .table_prefix(format!("t_kafka_{name}_"))
         .defaults(|e| e.adaptive_polling(ms(20), ms(200), 1.5))
         .event("e", |e| e.destination(topic))
         .build()

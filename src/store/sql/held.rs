@@ -233,7 +233,7 @@ pub(crate) fn restore_steps<'a>(
                 "event {id} is not in the held batch"
             )));
         };
-        let [text, bytes, content_type] = stored_payload(&Body::of(e));
+        let [text, bytes, content_type] = stored_payload(&published(e));
         let fixed = vec![
             status.into(),
             ms(delay),
@@ -251,6 +251,18 @@ pub(crate) fn restore_steps<'a>(
         steps.push((restore, fixed, Vec::new()));
     }
     Ok(steps)
+}
+
+/// A claimed event's payload as it was published (to write it back as publish
+/// wrote it).
+fn published(e: &Event) -> Body {
+    match &e.content_type {
+        None => Body::Json(String::from_utf8_lossy(&e.payload).into_owned()),
+        Some(content_type) => Body::Bytes {
+            bytes: e.payload.clone(),
+            content_type: content_type.clone(),
+        },
+    }
 }
 
 impl Drop for HeldTx {
