@@ -32,6 +32,7 @@ ensure_postgres() {
     if pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null &&
         psql -h 127.0.0.1 -U postgres -d test -c 'SELECT 1' >/dev/null 2>&1; then
         log "PostgreSQL is up"
+        ensure_prepared_transactions
         return
     fi
     if ! command -v pg_ctlcluster >/dev/null 2>&1; then
@@ -52,6 +53,23 @@ ensure_postgres() {
         psql -h 127.0.0.1 -U postgres -d postgres -c 'CREATE DATABASE test' >/dev/null
     fi
     wait_for "PostgreSQL database test" 30 psql -h 127.0.0.1 -U postgres -d test -c 'SELECT 1'
+    ensure_prepared_transactions
+}
+
+# two-phase commit (the wake-up test prepares a transaction): off by default,
+# and the setting takes a restart
+ensure_prepared_transactions() {
+    local max
+    max=$(psql -h 127.0.0.1 -U postgres -d test -tAc 'SHOW max_prepared_transactions')
+    if [ "$max" != "0" ]; then
+        return
+    fi
+    log "PostgreSQL: max_prepared_transactions = 16 (restart)"
+    psql -h 127.0.0.1 -U postgres -d test -qc 'ALTER SYSTEM SET max_prepared_transactions = 16'
+    local ver
+    ver=$(ls /etc/postgresql | sort -V | tail -1)
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main restart
+    wait_for "PostgreSQL after restart" 60 psql -h 127.0.0.1 -U postgres -d test -c 'SELECT 1'
 }
 
 rabbit_up() { (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; }

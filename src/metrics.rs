@@ -151,6 +151,7 @@ struct Registry {
     counters: [AtomicU64; COUNTERS.len()],
     polling_delay: Mutex<BTreeMap<String, f64>>,
     outbox: Mutex<Option<(Vec<TypeStatus>, u64)>>,
+    notify_queue_usage: Mutex<Option<f64>>,
     send_latency: Histogram,
     commit_to_ack: Histogram,
 }
@@ -159,6 +160,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
     counters: Default::default(),
     polling_delay: Mutex::new(BTreeMap::new()),
     outbox: Mutex::new(None),
+    notify_queue_usage: Mutex::new(None),
     send_latency: Histogram::new(),
     commit_to_ack: Histogram::new(),
 });
@@ -242,6 +244,17 @@ pub fn record_status(status: Vec<TypeStatus>, dlq_size: u64) {
     *REGISTRY.outbox.lock().unwrap_or_else(|p| p.into_inner()) = Some((status, dlq_size));
 }
 
+/// Sets the notification queue's usage gauge (0 to 1; PostgreSQL), which the
+/// relay reads on each recovery run.
+pub(crate) fn notify_queue_usage(usage: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("txbox_notify_queue_usage").set(usage);
+    *REGISTRY
+        .notify_queue_usage
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(usage);
+}
+
 /// A histogram's state: cumulative bucket counts by upper bound (seconds).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct HistogramSnapshot {
@@ -286,6 +299,9 @@ pub struct MetricsSnapshot {
     pub outbox: Vec<TypeStatus>,
     /// Dead letters, as of the same moment.
     pub dlq_size: Option<u64>,
+    /// How full PostgreSQL's notification queue is (0 to 1), as of the relay's
+    /// last recovery run; at 0.5 commits stop notifying and the relay polls.
+    pub notify_queue_usage: Option<f64>,
     /// The current polling delay of each poller, in seconds.
     pub polling_delay_seconds: BTreeMap<String, f64>,
     /// Duration of each batch send (until the broker's acks).
@@ -314,6 +330,10 @@ pub fn snapshot() -> MetricsSnapshot {
         ordered_skipped: c(Counter::OrderedSkipped),
         dlq_size: outbox.as_ref().map(|o| o.1),
         outbox: outbox.map(|o| o.0).unwrap_or_default(),
+        notify_queue_usage: *r
+            .notify_queue_usage
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
         polling_delay_seconds: r
             .polling_delay
             .lock()
@@ -379,6 +399,13 @@ pub fn prometheus() -> String {
         let _ = writeln!(
             out,
             "# HELP txbox_dlq_size Dead letters\n# TYPE txbox_dlq_size gauge\ntxbox_dlq_size {n}"
+        );
+    }
+    if let Some(u) = s.notify_queue_usage {
+        let _ = writeln!(
+            out,
+            "# HELP txbox_notify_queue_usage How full PostgreSQL's notification queue is (0 to 1)\n\
+             # TYPE txbox_notify_queue_usage gauge\ntxbox_notify_queue_usage {u}"
         );
     }
     let _ = writeln!(out, "# HELP txbox_polling_delay_seconds Current polling delay\n# TYPE txbox_polling_delay_seconds gauge");

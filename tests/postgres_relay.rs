@@ -1732,11 +1732,15 @@ fn the_listener_killed_listens_again_and_nothing_waits_for_the_poll() {
     let config = sleepy(p);
     let sender = MemorySender::new();
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    // the listener's connection: its last statement is the LISTEN, or the
+    // check it makes after a notification
     let listening = format!("LISTEN {p}outbox_events");
+    let checking =
+        format!("SELECT pg_try_advisory_xact_lock(hashtextextended('{p}outbox_events', 0))");
     let listener = |c: &mut postgres::Client| -> Option<i32> {
         c.query_opt(
-            "SELECT pid FROM pg_stat_activity WHERE query = $1 LIMIT 1",
-            &[&listening],
+            "SELECT pid FROM pg_stat_activity WHERE query IN ($1, $2) LIMIT 1",
+            &[&listening, &checking],
         )
         .unwrap()
         .map(|r| r.get(0))

@@ -41,6 +41,8 @@ struct Size {
     instances: usize,
     /// pending rows under the ordered claim's plan
     plan_rows: usize,
+    /// how long each run of the concurrent publishers lasts
+    writers_secs: u64,
     /// `--trigger on|off|empty`: the publish overhead with the commit
     /// notification as shipped, its trigger disabled, or its function emptied
     /// (the trigger fires and sends nothing): what NOTIFY itself costs
@@ -195,10 +197,10 @@ fn publish_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     c.batch_execute("DROP TABLE IF EXISTS bench_orders; CREATE TABLE bench_orders (id bigserial PRIMARY KEY, total bigint)")?;
     match s.trigger.as_str() {
         "off" => c.batch_execute(&format!(
-            "ALTER TABLE {p}outbox_events DISABLE TRIGGER {p}outbox_events_notify"
+            "ALTER TABLE {p}outbox_events DISABLE TRIGGER {p}outbox_events_wake"
         ))?,
         "empty" => c.batch_execute(&format!(
-            "CREATE OR REPLACE FUNCTION {p}txbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$"
+            "CREATE OR REPLACE FUNCTION {p}txbox_wake() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$"
         ))?,
         _ => {}
     }
@@ -1028,6 +1030,106 @@ impl InboxStore for Counting {
     }
 }
 
+/// A sender that acks every event at once: the relay's own work, no broker.
+struct Discard;
+
+impl Sender for Discard {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        events.iter().map(|_| Ok(())).collect()
+    }
+}
+
+/// Publishes as `writers` threads for `secs`, each on its own connection, a
+/// business row and an event of `event_type` per transaction; returns the
+/// commits.
+fn publish_flat_out(cfg: &Config, event_type: &'static str, writers: usize, secs: u64) -> Res<u64> {
+    let outbox = Arc::new(Outbox::new(cfg)?);
+    let until = Instant::now() + Duration::from_secs(secs);
+    let commits = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..writers)
+        .map(|_| {
+            let (outbox, commits) = (outbox.clone(), commits.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                let e = |e: postgres::Error| e.to_string();
+                let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls).map_err(e)?;
+                let mut i = 0i64;
+                while Instant::now() < until {
+                    let mut tx = c.transaction().map_err(e)?;
+                    tx.execute("INSERT INTO bench_writer_orders (total) VALUES ($1)", &[&i])
+                        .map_err(e)?;
+                    outbox
+                        .publish(&mut tx, event_type, &serde_json::json!({"order": i}))
+                        .map_err(|e| e.to_string())?;
+                    tx.commit().map_err(e)?;
+                    commits.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().map_err(|_| "a publisher panicked")??;
+    }
+    Ok(commits.load(Ordering::Relaxed))
+}
+
+/// N concurrent publishers through `Outbox::publish` with the wake-up on commit
+/// on (as shipped) and off (its trigger disabled), a relay draining in both:
+/// commits per second and their ratio, on vs off. The runs alternate, each
+/// figure the median of `rounds`.
+fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_writers_";
+    let (store, mut c) = fresh(p)?;
+    let cfg = config_with(p, EventSettings::default(), true);
+    let acks = Acks::default();
+    let count = acks.count.clone();
+    let relay = Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
+        Ok(Box::new(Timed::new(Discard, acks.clone())))
+    })?;
+    let rounds = s.rounds.max(2);
+    for n in [1usize, 8, 32, 64] {
+        let mut tps: [Vec<f64>; 2] = Default::default();
+        for r in 0..rounds * 2 {
+            // on, off, off, on, ...: neither always goes first
+            let on = (r % 4 == 0) || (r % 4 == 3);
+            c.batch_execute(&format!(
+                "DROP TABLE IF EXISTS bench_writer_orders; \
+                 CREATE TABLE bench_writer_orders (id bigserial PRIMARY KEY, total bigint); \
+                 ALTER TABLE {p}outbox_events {} TRIGGER {p}outbox_events_wake; CHECKPOINT",
+                if on { "ENABLE" } else { "DISABLE" }
+            ))?;
+            let sent = count.load(Ordering::Relaxed);
+            let commits = publish_flat_out(&cfg, "bench", n, s.writers_secs)?;
+            tps[usize::from(!on)].push(commits as f64 / s.writers_secs as f64);
+            // the relay drains what was published before the next run
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while count.load(Ordering::Relaxed) < sent + commits && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let [on, off] = &mut tps;
+        let (on, off) = (median(on), median(off));
+        let target = match n {
+            1 => ">= 0.93",
+            64 => ">= 0.9",
+            _ => ">= 0.95",
+        };
+        out.push(row(
+            format!("{n} concurrent publishers, commits/s, wake-up on vs off"),
+            format!("{on:.0}/s"),
+            format!("{off:.0}/s"),
+            on / off,
+            target,
+        ));
+    }
+    c.batch_execute(&format!(
+        "ALTER TABLE {p}outbox_events ENABLE TRIGGER {p}outbox_events_wake"
+    ))?;
+    relay.shutdown(Duration::from_secs(10))?;
+    Ok(())
+}
+
 fn idle_cost(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_idle_";
     let (store, _c) = fresh(p)?;
@@ -1665,7 +1767,8 @@ fn idle_direct(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     Ok(())
 }
 
-const PARTS: [&str; 10] = [
+const PARTS: [&str; 11] = [
+    "writers",
     "publish",
     "batch",
     "floor",
@@ -1696,8 +1799,10 @@ const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N]
                    relay) and the brokers' runs (relay, direct, database alone)
                    repeat; each figure is their median (quick 1; full 3)
   --only PARTS     run only these parts: publish, batch, floor, ordered, plan,
-                   brokers, idle, latency, idle-direct, instances
-                   (idle-direct: the broker's share of the pick-up after
+                   brokers, writers, idle, latency, idle-direct, instances
+                   (writers: 1, 8, 32 and 64 concurrent publishers with the
+                   wake-up on commit on and off, a relay draining;
+                   idle-direct: the broker's share of the pick-up after
                    idle, one event published directly; ordered: the relay floor
                    of an ordered type; plan: an ordered claim's EXPLAIN over
                    100,000 pending rows, 1,000,000 with --full)
@@ -1833,6 +1938,7 @@ fn main() -> Res<()> {
             idle_samples: 10,
             instances: 100_000,
             plan_rows: 1_000_000,
+            writers_secs: 8,
             trigger: String::new(),
             rounds: 3,
             in_flight,
@@ -1852,6 +1958,7 @@ fn main() -> Res<()> {
             idle_samples: 2,
             instances: 20_000,
             plan_rows: 100_000,
+            writers_secs: 3,
             trigger: String::new(),
             rounds: 1,
             in_flight,
@@ -1920,6 +2027,10 @@ fn main() -> Res<()> {
             &mut out,
         )?;
         step("brokers");
+    }
+    if part("writers") {
+        concurrent_publishers(&s, &mut out)?;
+        step("concurrent publishers");
     }
     if part("idle") {
         idle_cost(&s, &mut out)?;

@@ -412,11 +412,29 @@ fn health(store: &Arc<dyn FullStore>, options: &AdminOptions) -> Resp {
     let threads: Vec<(usize, usize)> = options.relays.iter().map(RelayProbe::threads).collect();
     let relays_ok = threads.iter().all(|(running, all)| running == all);
     let ok = database == "ok" && relays_ok;
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "status": if ok { "ok" } else { "unhealthy" },
         "database": database,
         "relays": threads.iter().map(|(r, a)| serde_json::json!({"running": r, "threads": a})).collect::<Vec<_>>(),
     });
+    // PostgreSQL: how full the notification queue is (a listener that stopped
+    // reading fills it; at 0.5 commits stop notifying and the relays poll)
+    if database == "ok" {
+        match store.notify_queue_usage() {
+            Ok(Some(usage)) => {
+                if usage >= 0.5 {
+                    log::warn!(
+                        "txbox: the notification queue is {:.0}% full: a listener in the \
+                         cluster stopped reading; commits no longer wake the relays, which poll",
+                        usage * 100.0
+                    );
+                }
+                body["notify_queue_usage"] = serde_json::json!(usage);
+            }
+            Ok(None) => {}
+            Err(e) => log::warn!("txbox: admin /health: reading the notification queue: {e}"),
+        }
+    }
     json(if ok { 200 } else { 503 }, &body)
 }
 

@@ -3,12 +3,22 @@
 //! named. Its connection lost, it listens again with backoff and wakes every
 //! poller once (what was notified meanwhile is gone); polling stays the safety
 //! net.
+//!
+//! Commits are rationed: while one commit of a type notifies, the others of
+//! that type commit without a notification (see `sql/postgres/006_*.sql`).
+//! So after waking a poller the listener asks whether publishers that skipped
+//! their notification are still committing ([`Notifications::settled`]); while
+//! they are, it asks again after 1, 2, 4 and then every 8 ms, and once they are
+//! done it wakes the same pollers again: their next claim sees those commits.
+//!
+//! [`Notifications::settled`]: crate::store::Notifications::settled
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Ctx, RelayWaker, Slept};
-use crate::store::ClaimStore;
+use crate::store::{ClaimStore, Notifications};
 
 /// How long one wait for a notification lasts: how soon a stop is seen (and so
 /// how long `Relay::shutdown` may wait for the listener). A wait sends nothing
@@ -17,6 +27,15 @@ const WAIT: Duration = Duration::from_millis(50);
 /// The backoff between attempts to listen again.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// While publishers that skipped their notification are committing, the
+/// listener asks again after this, doubling up to [`MAX_RECHECK`].
+const MIN_RECHECK: Duration = Duration::from_millis(1);
+const MAX_RECHECK: Duration = Duration::from_millis(8);
+/// After this long without a word on the connection, the listener checks that it
+/// still answers, waiting at most [`CHECK_TIMEOUT`]: a connection that went
+/// silent is found within 40 s (the keepalives find a dead peer within 50 s).
+const CHECK_AFTER: Duration = Duration::from_secs(30);
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) struct Listener {
     pub(super) store: Arc<dyn ClaimStore>,
@@ -24,41 +43,110 @@ pub(super) struct Listener {
     pub(super) waker: RelayWaker,
 }
 
+/// What went wrong with the listening connection.
+struct Lost(crate::Error);
+
 impl Listener {
     pub(super) fn run(self, ctx: &Ctx) {
         let mut backoff = MIN_BACKOFF;
-        // the pollers claimed once before the LISTEN was in place: a commit in
-        // between woke nobody, so the first LISTEN wakes them all, as every later one
-        let mut lost = true;
         while !ctx.stopped() {
             match self.store.listen() {
                 Ok(mut notifications) => {
-                    if lost {
-                        log::info!("txbox: listening for commits");
-                        self.waker.wake_all();
-                    }
+                    // the pollers claimed once before the LISTEN was in place (or
+                    // while the connection was lost): a commit in between woke
+                    // nobody, so every LISTEN wakes them all
+                    log::info!("txbox: listening for commits");
+                    self.waker.wake_all();
                     backoff = MIN_BACKOFF;
-                    loop {
-                        if ctx.stopped() {
-                            return;
-                        }
-                        match notifications.next(WAIT) {
-                            Ok(Some(event_type)) => self.waker.wake(&event_type),
-                            Ok(None) => {}
-                            Err(e) => {
-                                log::warn!("txbox: listener lost its connection: {e}");
-                                break;
-                            }
+                    match self.listen(ctx, notifications.as_mut()) {
+                        Ok(()) => return,
+                        Err(Lost(e)) => {
+                            log::warn!("txbox: listener lost its connection: {e}");
+                            reap(notifications);
                         }
                     }
                 }
                 Err(e) => log::warn!("txbox: listener cannot listen, next try in {backoff:?}: {e}"),
             }
-            lost = true;
             if let Slept::Stop = ctx.sleep(backoff, None) {
                 return;
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
+    }
+
+    /// Wakes pollers on notifications until stopped (`Ok`) or the connection is
+    /// lost.
+    fn listen(&self, ctx: &Ctx, n: &mut dyn Notifications) -> Result<(), Lost> {
+        // types woken while publishers that skipped their notification were
+        // committing: they are woken again once those are done
+        let mut owed: BTreeSet<String> = BTreeSet::new();
+        let mut recheck = MIN_RECHECK;
+        let mut next_check = Instant::now();
+        let mut heard = Instant::now();
+        loop {
+            if ctx.stopped() {
+                return Ok(());
+            }
+            let wait = if owed.is_empty() {
+                WAIT
+            } else {
+                next_check.saturating_duration_since(Instant::now())
+            };
+            let mut woken: BTreeSet<String> = BTreeSet::new();
+            if let Some(t) = n.next(wait).map_err(Lost)? {
+                woken.insert(t);
+                // and every notification already here, one wake-up each type
+                while let Some(t) = n.next(Duration::ZERO).map_err(Lost)? {
+                    woken.insert(t);
+                }
+                heard = Instant::now();
+            }
+            if woken.is_empty() && owed.is_empty() {
+                if heard.elapsed() >= CHECK_AFTER {
+                    n.check(CHECK_TIMEOUT).map_err(Lost)?;
+                    heard = Instant::now();
+                }
+                continue;
+            }
+            // asked before the wake-up: the claim it causes sees whatever
+            // committed before the answer
+            let settled = if owed.is_empty() || Instant::now() >= next_check {
+                Some(n.settled().map_err(Lost)?)
+            } else {
+                None
+            };
+            for t in &woken {
+                self.waker.wake(t);
+            }
+            match settled {
+                Some(true) => {
+                    for t in std::mem::take(&mut owed) {
+                        if !woken.contains(&t) {
+                            self.waker.wake(&t);
+                        }
+                    }
+                    recheck = MIN_RECHECK;
+                }
+                Some(false) => {
+                    owed.extend(woken);
+                    next_check = Instant::now() + recheck;
+                    recheck = (recheck * 2).min(MAX_RECHECK);
+                }
+                None => owed.extend(woken),
+            }
+        }
+    }
+}
+
+/// Lets go of a lost listening connection on a thread of its own: one that went
+/// silent may block whoever closes it until the OS gives it up (its keepalives,
+/// 50 s), and the listener must listen again meanwhile.
+fn reap(lost: Box<dyn Notifications>) {
+    let reaped = std::thread::Builder::new()
+        .name("txbox-listen-closing".into())
+        .spawn(move || drop(lost));
+    if let Err(e) = reaped {
+        log::warn!("txbox: listener: no thread to close its lost connection: {e}");
     }
 }

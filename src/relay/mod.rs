@@ -244,16 +244,42 @@ impl Relay {
         let s = store.clone();
         let gauges = store.clone();
         let dlq_enabled = config.dlq.enabled;
+        // which types' commits notify (PostgreSQL): told to the database now,
+        // and again by the recovery thread until that succeeds
+        let mut commit_wake = Some(CommitWake::of(config));
+        if let Some(w) = &commit_wake {
+            match w.tell(store.as_ref()) {
+                Ok(()) => commit_wake = None,
+                Err(e) => log::warn!(
+                    "txbox: cannot tell the database which event types notify on commit \
+                     (the recovery thread tries again): {e}"
+                ),
+            }
+        }
         let mut jobs = vec![
             Periodic {
                 // the outbox gauges ride along, once per recovery run
                 after: Some(Box::new(move || {
+                    if let Some(w) = &commit_wake {
+                        match w.tell(gauges.as_ref()) {
+                            Ok(()) => commit_wake = None,
+                            Err(e) => log::warn!(
+                                "txbox: cannot tell the database which event types notify \
+                                 on commit: {e}"
+                            ),
+                        }
+                    }
                     let counts = gauges
                         .status()
                         .and_then(|status| Ok((status, gauges.dlq_count(&Default::default())?)));
                     match counts {
                         Ok((status, dlq)) => metrics::record_status(status, dlq),
                         Err(e) => log::debug!("txbox: refreshing outbox gauges: {e}"),
+                    }
+                    match gauges.notify_queue_usage() {
+                        Ok(Some(usage)) => metrics::notify_queue_usage(usage),
+                        Ok(None) => {}
+                        Err(e) => log::debug!("txbox: reading the notification queue's usage: {e}"),
                     }
                 })),
                 ..periodic(
@@ -513,6 +539,34 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         self.stop.take();
+    }
+}
+
+/// The event types of a configuration whose commits notify the relay, and those
+/// whose do not ([`WakeMode::Poll`]), for [`ClaimStore::set_commit_wake`](crate::ClaimStore::set_commit_wake).
+struct CommitWake {
+    notify: Vec<String>,
+    quiet: Vec<String>,
+}
+
+impl CommitWake {
+    fn of(config: &Config) -> CommitWake {
+        let (notify, quiet) = config
+            .events
+            .iter()
+            .partition::<Vec<_>, _>(|(_, s)| s.wake == WakeMode::Notify);
+        let names = |v: Vec<(&String, _)>| v.into_iter().map(|(t, _)| t.clone()).collect();
+        CommitWake {
+            notify: names(notify),
+            quiet: names(quiet),
+        }
+    }
+
+    fn tell(&self, store: &dyn FullStore) -> Result<()> {
+        fn names(v: &[String]) -> Vec<&str> {
+            v.iter().map(String::as_str).collect()
+        }
+        store.set_commit_wake(&names(&self.notify), &names(&self.quiet))
     }
 }
 

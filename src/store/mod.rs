@@ -273,6 +273,25 @@ pub trait ClaimStore: Store {
     /// Listens for commits that published events, on a connection of its own.
     /// A store without notifications returns [`Error::Unsupported`].
     fn listen(&self) -> Result<Box<dyn Notifications>>;
+
+    /// Tells the database which event types' commits notify the relay, where
+    /// commits notify (PostgreSQL): those of `notify` do, those of `quiet`
+    /// (their wake-up is [`Wake::Poll`](crate::Wake::Poll)) send no
+    /// notification. [`Relay::start`](crate::Relay::start) calls it with its
+    /// configuration. The default does nothing.
+    fn set_commit_wake(&self, notify: &[&str], quiet: &[&str]) -> Result<()> {
+        let _ = (notify, quiet);
+        Ok(())
+    }
+
+    /// How full the database's notification queue is, from 0 to 1, where
+    /// commits notify (PostgreSQL's `pg_notification_queue_usage()`); `None`
+    /// elsewhere (the default). A listener that stops reading (anywhere in the
+    /// cluster) holds the queue's tail; at half full txbox's commits stop
+    /// notifying and the relay relies on polling.
+    fn notify_queue_usage(&self) -> Result<Option<f64>> {
+        Ok(None)
+    }
 }
 
 /// Commit notifications of a store ([`ClaimStore::listen`]): the event types of
@@ -283,6 +302,23 @@ pub trait Notifications: Send {
     /// the relay listens again (notifications sent meanwhile are lost, so it
     /// then wakes every poller once).
     fn next(&mut self, timeout: Duration) -> Result<Option<String>>;
+
+    /// Whether no publisher is committing that left out its notification
+    /// (another commit of its event type was notifying at that moment). Once
+    /// this is true, every such commit is visible to the next claim. The
+    /// default says true: a store whose every commit notifies.
+    fn settled(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+
+    /// Checks that the connection still answers, waiting at most `timeout`:
+    /// the relay asks after a quiet spell, so a connection that went silent
+    /// (a failover, a proxy that stopped forwarding) is found. The default
+    /// says it does.
+    fn check(&mut self, timeout: Duration) -> Result<()> {
+        let _ = timeout;
+        Ok(())
+    }
 }
 
 /// Recovery, cleanup and the outbox's counts: what the relay's maintenance

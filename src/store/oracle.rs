@@ -69,6 +69,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         common: sql::common(t, NOW, plus, sql::IDS_IN, &sql::KeyLookup::plain(None)),
         claim_returning: None,
         hold_claim: None,
+        wake: None,
         // no row limit in SQL: the fetch size limits it ($2 is not bound)
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \

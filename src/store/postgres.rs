@@ -23,7 +23,11 @@ pub(crate) const SCHEMA_2: &str = include_str!("../../sql/postgres/002_inbox_per
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/postgres/003_notify_on_commit.sql");
 /// Schema version 4: the indexes of per-key ordering.
 pub(crate) const SCHEMA_4: &str = include_str!("../../sql/postgres/004_ordered_keys.sql");
+/// Schema version 5: binary payloads.
 pub(crate) const SCHEMA_5: &str = include_str!("../../sql/postgres/005_binary_payloads.sql");
+/// Schema version 6: the wake-up on commit rationed (one notifying commit per
+/// event type in flight), per type, and off for a session (`txbox.wake`).
+pub(crate) const SCHEMA_6: &str = include_str!("../../sql/postgres/006_rationed_wake.sql");
 
 /// A connection pool of the `postgres` crate, as [`PgStore`] uses it.
 pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
@@ -36,6 +40,7 @@ fn plus(ms_param: &str) -> String {
 
 pub(crate) fn catalog(t: &Tables) -> Catalog {
     let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
+    let q = format!("{}outbox_quiet_types", t.prefix);
     let dlq_columns = format!(
         "id, event_type, event_key, headers::text, payload, attempts, last_error, status, \
          to_char(created_at AT TIME ZONE 'UTC', {TS}), to_char(moved_at AT TIME ZONE 'UTC', {TS}), payload_bytes, content_type"
@@ -54,7 +59,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::Dollar,
         begin: "BEGIN",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6],
         transactional_ddl: true,
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
         exists_errors: &[],
@@ -112,6 +117,13 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
                  VALUES ($4, $5, $6, $7::jsonb, $8, $1, $9, {}, $3, $10::timestamptz, $11::bytea, $12)",
                 plus("$2")
             ),
+        }),
+        wake: Some(sql::WakeSql {
+            quiet: format!(
+                "INSERT INTO {q} (event_type) VALUES ($1) ON CONFLICT (event_type) DO NOTHING"
+            ),
+            loud: format!("DELETE FROM {q} WHERE event_type = $1"),
+            queue_usage: "SELECT pg_notification_queue_usage()::float8",
         }),
         claim_select: format!("SELECT {claimed} {}", due("$2", "$3")),
         select_expired: format!(
@@ -326,7 +338,14 @@ impl sql::Backend for PgDialect {
         let mut conn = self.0.get_timeout(Duration::from_secs(1))?;
         // the channel is the outbox table's name, a checked identifier
         conn.batch_execute(&format!("LISTEN {channel}"))?;
-        Ok(Box::new(Listening(conn)))
+        // the trigger's "a publisher is committing" lock: free when none holds
+        // it; taken for the statement only (autocommit), so a publisher that
+        // asks for it meanwhile waits a moment at most
+        let settled = format!(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended('{}', 0))",
+            channel.to_ascii_lowercase()
+        );
+        Ok(Box::new(Listening { conn, settled }))
     }
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         Ok(self.get_owned()?)
@@ -369,35 +388,49 @@ impl sql::Backend for PgDialect {
     }
 }
 
-/// A pooled connection that `LISTEN`s (it stays checked out while the relay runs).
-struct Listening(r2d2::PooledConnection<PostgresConnectionManager<NoTls>>);
+/// A pooled connection that `LISTEN`s (it stays checked out while the relay runs),
+/// and the query that tells whether publishers that left out their notification
+/// are still committing ([`crate::store::Notifications::settled`]).
+struct Listening {
+    conn: r2d2::PooledConnection<PostgresConnectionManager<NoTls>>,
+    settled: String,
+}
 
 /// Back in the pool, the connection listens no more, and what it received is
 /// dropped (else it would pile up in a connection that serves other work).
 impl Drop for Listening {
     fn drop(&mut self) {
         use postgres::fallible_iterator::FallibleIterator;
-        if !self.0.is_closed() {
-            let _ = self.0.batch_execute("UNLISTEN *");
-            let _ = self.0.notifications().iter().count();
+        if !self.conn.is_closed() {
+            let _ = self.conn.batch_execute("UNLISTEN *");
+            let _ = self.conn.notifications().iter().count();
         }
     }
 }
 
 impl crate::store::Notifications for Listening {
     fn next(&mut self, timeout: Duration) -> Result<Option<String>> {
-        if self.0.is_closed() {
+        if self.conn.is_closed() {
             return Err(Error::database(
                 crate::error::DatabaseErrorKind::Other,
                 "the listening connection is closed",
             ));
         }
         use postgres::fallible_iterator::FallibleIterator;
-        match self.0.notifications().timeout_iter(timeout).next() {
+        match self.conn.notifications().timeout_iter(timeout).next() {
             Ok(None) => Ok(None),
             Ok(Some(n)) => Ok(Some(n.payload().to_owned())),
             Err(e) => Err(e.into()),
         }
+    }
+
+    fn settled(&mut self) -> Result<bool> {
+        let row = self.conn.query_one(self.settled.as_str(), &[])?;
+        Ok(row.try_get::<_, bool>(0)?)
+    }
+
+    fn check(&mut self, timeout: Duration) -> Result<()> {
+        Ok(self.conn.is_valid(timeout)?)
     }
 }
 
@@ -438,6 +471,24 @@ impl SqlStore<PgDialect> {
         // nothing, and would wait on such a connection for good
         if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
             pg.keepalives_idle(Duration::from_secs(30));
+        }
+        // and then given up after 4 unanswered probes 5 s apart (the OS
+        // defaults, 9 probes 75 s apart, took 12 minutes): 50 s in all
+        if pg.get_keepalives_interval().is_none() {
+            pg.keepalives_interval(Duration::from_secs(5));
+        }
+        if pg.get_keepalives_retries().is_none() {
+            pg.keepalives_retries(4);
+        }
+        // data sent and never acknowledged (a black-holed connection in a
+        // claim) fails the connection after as long, not after 15 minutes of
+        // retransmissions
+        if pg.get_tcp_user_timeout().is_none() {
+            pg.tcp_user_timeout(Duration::from_secs(50));
+        }
+        // a host that never answers the connect is given up after 10 s
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(Duration::from_secs(10));
         }
         let manager = PostgresConnectionManager::new(pg, NoTls);
         let pool = r2d2::Pool::builder()

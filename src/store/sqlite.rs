@@ -61,6 +61,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         ),
         claim_returning: None,
         hold_claim: None,
+        wake: None,
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \

@@ -78,7 +78,7 @@ impl Fixture {
         match backend {
             Backend::Postgres => {
                 let mut c = super::client()?;
-                for t in TABLES {
+                for t in TABLES.iter().chain(&["outbox_quiet_types"]) {
                     c.batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))
                         .unwrap();
                 }

@@ -55,7 +55,7 @@ pub fn fresh(prefix: &str) -> Option<(Arc<PgStore>, postgres::Client)> {
 /// Like [`fresh`] with the store connected to `url`.
 pub fn fresh_with_url(prefix: &str, url: &str) -> Option<(Arc<PgStore>, postgres::Client)> {
     let mut client = client()?;
-    for t in backend::TABLES {
+    for t in backend::TABLES.iter().chain(&["outbox_quiet_types"]) {
         client
             .batch_execute(&format!("DROP TABLE IF EXISTS {prefix}{t}"))
             .expect("drop table");

@@ -345,6 +345,33 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         self.pool.listen(&self.tables.outbox)
     }
 
+    fn set_commit_wake(&self, notify: &[&str], quiet: &[&str]) -> Result<()> {
+        let Some(w) = &self.d.wake else {
+            return Ok(());
+        };
+        let d = &self.d;
+        self.with_retry("setting the wake-up on commit", || {
+            let mut conn = self.pool.get()?;
+            transaction(&mut *conn, d, |c| {
+                for (types, stmt) in [(quiet, &w.quiet), (notify, &w.loud)] {
+                    for t in types {
+                        run_execute(c, d, stmt, &[Val::Text((*t).to_owned())], &[])?;
+                    }
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn notify_queue_usage(&self) -> Result<Option<f64>> {
+        let Some(w) = &self.d.wake else {
+            return Ok(None);
+        };
+        let mut conn = self.pool.get()?;
+        let rows = run_query(&mut *conn, &self.d, w.queue_usage, &[], &[])?;
+        Ok(rows.first().and_then(|r| r.opt_float(0)))
+    }
+
     fn max_connections(&self) -> Option<usize> {
         self.pool.max_size()
     }

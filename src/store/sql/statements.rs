@@ -362,6 +362,16 @@ pub struct HoldClaim {
     pub restore: String,
 }
 
+/// The statements of the wake-up on commit (PostgreSQL's rationed `NOTIFY`).
+pub struct WakeSql {
+    /// $1 type: its commits send no notification (its wake-up is `poll`)
+    pub quiet: String,
+    /// $1 type: its commits notify again
+    pub loud: String,
+    /// -> how full the cluster's notification queue is, 0 to 1
+    pub queue_usage: &'static str,
+}
+
 /// Every statement of one dialect, with the table names filled in.
 pub struct Catalog {
     pub style: Style,
@@ -396,6 +406,9 @@ pub struct Catalog {
     /// The statements of a held claim ([`crate::ClaimMode::Lock`]); `None`: the
     /// dialect cannot hold claims.
     pub hold_claim: Option<HoldClaim>,
+    /// The statements of the wake-up on commit; `None`: the dialect has no
+    /// commit notifications.
+    pub wake: Option<WakeSql>,
     /// $1 type, $2 only ids above this one, $3 limit (Oracle limits by fetching)
     /// -> id, type, key, headers, payload, attempts, payload bytes, content type
     pub claim_select: String,

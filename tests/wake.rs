@@ -1,0 +1,442 @@
+//! The wake-up on commit under load and in production's corners, on a real
+//! PostgreSQL: rationed notifications that leave no commit behind, `wake =
+//! "poll"` at the source, two-phase commit, and a listening connection that
+//! goes silent.
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use postgres::fallible_iterator::FallibleIterator;
+use txbox::{Config, EventId, MemorySender, Outbox, PgStore, Relay, Store, Wake};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Event types that sleep in a long polling delay: only a wake-up sends their
+/// events in time.
+fn sleepy(p: &str, min: Duration, types: &[(&str, Wake)]) -> Config {
+    let mut b = Config::builder()
+        .table_prefix(p)
+        .defaults(|e| e.adaptive_polling(min, min * 2, 1.5));
+    for (t, wake) in types {
+        let wake = *wake;
+        b = b.event(*t, move |e| e.wake(wake));
+    }
+    b.build().unwrap()
+}
+
+/// Waits until a backend `LISTEN`s on the outbox of `p` (the relay's listener).
+fn wait_for_listener(client: &mut postgres::Client, p: &str) {
+    let listening = format!("LISTEN {p}outbox_events");
+    wait_until("the listener listens", Duration::from_secs(10), || {
+        client
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE query = $1",
+                &[&listening],
+            )
+            .unwrap()
+            .is_some()
+    });
+}
+
+/// The notifications `c` receives within `wait`.
+fn heard(c: &mut postgres::Client, wait: Duration) -> Vec<String> {
+    let mut got = Vec::new();
+    let mut n = c.notifications();
+    let mut it = n.timeout_iter(wait);
+    while let Some(n) = it.next().unwrap() {
+        got.push(n.payload().to_string());
+    }
+    got
+}
+
+fn sent_ids(sender: &MemorySender) -> HashSet<EventId> {
+    sender.sent().iter().map(|e| e.id).collect()
+}
+
+/// 32 publishers at full speed, each commit one event, while the relay sleeps in
+/// a 30 s polling delay: most commits skip their notification (one per type is
+/// in flight at a time), and still every event is sent within seconds of its
+/// commit, not at the next poll. The test's own `LISTEN` counts the
+/// notifications: fewer than the commits.
+#[test]
+fn thirty_two_publishers_are_all_sent_on_commit_not_at_the_poll() {
+    let p = "t_wake_many_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = sleepy(p, Duration::from_secs(30), &[("n", Wake::Notify)]);
+    let sender = MemorySender::new();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    wait_for_listener(&mut client, p);
+    std::thread::sleep(ms(300)); // the first poll found nothing: 30 s to the next
+    let mut counting = common::client().unwrap();
+    counting
+        .batch_execute(&format!("LISTEN {p}outbox_events"))
+        .unwrap();
+
+    let outbox = Arc::new(Outbox::new(&config).unwrap());
+    let published = Arc::new(Mutex::new(Vec::new()));
+    // the latest commit -> sent time seen, and the last commit's moment
+    let until = Instant::now() + Duration::from_secs(3);
+    let writers: Vec<_> = (0..32)
+        .map(|w| {
+            let (outbox, published) = (outbox.clone(), published.clone());
+            std::thread::spawn(move || {
+                let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls).unwrap();
+                let mut mine = Vec::new();
+                while Instant::now() < until {
+                    let mut tx = c.transaction().unwrap();
+                    let id = outbox.publish(&mut tx, "n", &w).unwrap();
+                    tx.commit().unwrap();
+                    mine.push(id);
+                }
+                published.lock().unwrap().extend(mine);
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let done = Instant::now();
+    let published: HashSet<EventId> = published.lock().unwrap().iter().copied().collect();
+    assert!(published.len() > 100, "only {} commits", published.len());
+    wait_until(
+        "every committed event sent",
+        Duration::from_secs(10),
+        || published.is_subset(&sent_ids(&sender)),
+    );
+    let after_last = done.elapsed();
+    assert!(
+        after_last < Duration::from_secs(10),
+        "the last events waited {after_last:?} after the last commit"
+    );
+    let notifications = heard(&mut counting, ms(200)).len();
+    assert!(
+        notifications < published.len(),
+        "{notifications} notifications for {} commits: not rationed",
+        published.len()
+    );
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// The case the rationing must not lose, made slow enough to see: commit A
+/// notifies and takes a second to finish its commit; commit B, meanwhile, finds
+/// A notifying, skips its own notification, and takes two seconds more to
+/// finish. A's notification wakes the poller before B is visible; B is sent
+/// as soon as its commit is done (the listener waits for publishers that
+/// skipped), not at the poll 30 s later.
+#[test]
+fn a_commit_that_skipped_its_notification_is_sent_when_it_completes() {
+    let p = "t_wake_skipped_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    // a business table whose rows hold their commit for `ms`, after txbox's
+    // trigger (deferred triggers fire in the order their rows were written)
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {p}slow; CREATE TABLE {p}slow (ms int); \
+             CREATE OR REPLACE FUNCTION {p}slow_commit() RETURNS trigger LANGUAGE plpgsql AS \
+               $$ BEGIN PERFORM pg_sleep(NEW.ms / 1000.0); RETURN NULL; END $$; \
+             CREATE CONSTRAINT TRIGGER {p}slow_commit AFTER INSERT ON {p}slow \
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {p}slow_commit()"
+        ))
+        .unwrap();
+    let config = sleepy(p, Duration::from_secs(30), &[("n", Wake::Notify)]);
+    let sender = MemorySender::new();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    wait_for_listener(&mut client, p);
+    std::thread::sleep(ms(300)); // the first poll found nothing: 30 s to the next
+    let slow_commit = move |slow_ms: i32| {
+        let config = config.clone();
+        std::thread::spawn(move || {
+            let outbox = Outbox::new(&config).unwrap();
+            let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls).unwrap();
+            let mut tx = c.transaction().unwrap();
+            let id = outbox.publish(&mut tx, "n", &slow_ms).unwrap();
+            tx.execute(
+                &format!("INSERT INTO {p}slow (ms) VALUES ($1)"),
+                &[&slow_ms],
+            )
+            .unwrap();
+            tx.commit().unwrap();
+            (id, Instant::now())
+        })
+    };
+    let a = slow_commit(1000);
+    std::thread::sleep(ms(300));
+    let b = slow_commit(2000);
+    let (a, _) = a.join().unwrap();
+    wait_until("A sent on its notification", Duration::from_secs(5), || {
+        sent_ids(&sender).contains(&a)
+    });
+    let (b, committed) = b.join().unwrap();
+    wait_until("B sent after its commit", Duration::from_secs(5), || {
+        sent_ids(&sender).contains(&b)
+    });
+    assert!(
+        committed.elapsed() < Duration::from_secs(5),
+        "B waited {:?} after its commit",
+        committed.elapsed()
+    );
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// `wake = "poll"` turns the notification off at the source: a commit of that
+/// type sends none (a `LISTEN` of the test's own hears nothing), while a type
+/// that is notified still is. A relay configured otherwise later turns it back
+/// on.
+#[test]
+fn a_type_whose_wake_up_is_poll_sends_no_notification() {
+    let p = "t_wake_quiet_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let mut listening = common::client().unwrap();
+    listening
+        .batch_execute(&format!("LISTEN {p}outbox_events"))
+        .unwrap();
+    let commit = |client: &mut postgres::Client, config: &Config, t: &str| {
+        let outbox = Outbox::new(config).unwrap();
+        let mut tx = client.transaction().unwrap();
+        outbox.publish(&mut tx, t, &1).unwrap();
+        tx.commit().unwrap();
+    };
+    let config = sleepy(
+        p,
+        Duration::from_secs(30),
+        &[("n", Wake::Notify), ("q", Wake::Poll)],
+    );
+    let relay = Relay::start(store.clone(), &config, MemorySender::new()).unwrap();
+    commit(&mut client, &config, "q");
+    assert_eq!(heard(&mut listening, ms(500)), Vec::<String>::new());
+    commit(&mut client, &config, "n");
+    assert_eq!(heard(&mut listening, ms(2000)), ["n"]);
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+
+    // the same type configured to be notified again
+    let config = sleepy(p, Duration::from_secs(30), &[("q", Wake::Notify)]);
+    let relay = Relay::start(store, &config, MemorySender::new()).unwrap();
+    commit(&mut client, &config, "q");
+    assert_eq!(heard(&mut listening, ms(2000)), ["q"]);
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// Two-phase commit: PostgreSQL refuses `PREPARE TRANSACTION` after a
+/// `NOTIFY`, so a transaction that ends in one sets `txbox.wake = 'off'`. It
+/// publishes, prepares, commits prepared, and the relay sends the event.
+#[test]
+fn a_prepared_transaction_publishes_with_the_wake_up_off() {
+    let p = "t_wake_2pc_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let max: String = client
+        .query_one("SHOW max_prepared_transactions", &[])
+        .unwrap()
+        .get(0);
+    if max == "0" {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI needs max_prepared_transactions > 0 (.ci/services.sh sets it)"
+        );
+        eprintln!("SKIPPED: max_prepared_transactions is 0 on this server");
+        return;
+    }
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("t", |e| e.adaptive_polling(ms(20), ms(200), 1.5))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    // the gid is the test's own: a leftover of an earlier run goes first
+    let _ = client.batch_execute("ROLLBACK PREPARED 't_wake_2pc'");
+
+    // without the setting, the commit's notification makes PREPARE fail
+    let mut tx = client.transaction().unwrap();
+    outbox.publish(&mut tx, "t", &0).unwrap();
+    let refused = tx.batch_execute("PREPARE TRANSACTION 't_wake_2pc'");
+    assert!(refused.is_err(), "PREPARE after a NOTIFY went through");
+    drop(tx);
+
+    let mut tx = client.transaction().unwrap();
+    tx.batch_execute("SET LOCAL txbox.wake = 'off'").unwrap();
+    let id = outbox.publish(&mut tx, "t", &1).unwrap();
+    tx.batch_execute("PREPARE TRANSACTION 't_wake_2pc'")
+        .unwrap();
+    drop(tx); // prepared: the session has no transaction left to roll back
+    let sender = MemorySender::new();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    std::thread::sleep(ms(300));
+    assert!(
+        sender.is_empty(),
+        "a prepared event was sent before its commit"
+    );
+    client
+        .batch_execute("COMMIT PREPARED 't_wake_2pc'")
+        .unwrap();
+    wait_until("the prepared event sent", Duration::from_secs(10), || {
+        sent_ids(&sender).contains(&id)
+    });
+    assert_eq!(sender.len(), 1, "only the committed event");
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// A TCP proxy to PostgreSQL that can stop forwarding the connections that
+/// `LISTEN` (a silent peer: the proxy's own TCP stack still answers
+/// keepalives, so only a check with a deadline finds it).
+struct SilencingProxy {
+    addr: std::net::SocketAddr,
+    next: Arc<AtomicU64>,
+    /// connections that sent `LISTEN`, and those told to go silent
+    listening: Arc<Mutex<HashSet<u64>>>,
+    silent: Arc<Mutex<HashSet<u64>>>,
+    closed: Arc<AtomicBool>,
+}
+
+impl SilencingProxy {
+    fn start(upstream: &'static str) -> SilencingProxy {
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let proxy = SilencingProxy {
+            addr: server.local_addr().unwrap(),
+            next: Arc::default(),
+            listening: Arc::default(),
+            silent: Arc::default(),
+            closed: Arc::default(),
+        };
+        let (next, listening, silent, closed) = (
+            proxy.next.clone(),
+            proxy.listening.clone(),
+            proxy.silent.clone(),
+            proxy.closed.clone(),
+        );
+        server.set_nonblocking(true).unwrap();
+        std::thread::spawn(move || {
+            while !closed.load(Ordering::Relaxed) {
+                let Ok((client, _)) = server.accept() else {
+                    std::thread::sleep(ms(5));
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let Ok(db) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let id = next.fetch_add(1, Ordering::Relaxed);
+                for (from, to, up) in [
+                    (client.try_clone().unwrap(), db.try_clone().unwrap(), true),
+                    (db, client, false),
+                ] {
+                    let (listening, silent, closed) =
+                        (listening.clone(), silent.clone(), closed.clone());
+                    std::thread::spawn(move || {
+                        forward(from, to, up, id, &listening, &silent, &closed)
+                    });
+                }
+            }
+        });
+        proxy
+    }
+
+    /// A database URL through the proxy.
+    fn url(&self) -> String {
+        format!("postgres://postgres@{}/test", self.addr)
+    }
+
+    /// The connections that `LISTEN` now stop forwarding (later ones do not).
+    fn silence_listeners(&self) -> usize {
+        let listening = self.listening.lock().unwrap();
+        self.silent.lock().unwrap().extend(listening.iter());
+        listening.len()
+    }
+}
+
+impl Drop for SilencingProxy {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Copies `from` to `to` until either end closes; while the connection is
+/// silenced it reads nothing more and writes nothing (the sockets stay open).
+fn forward(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    up: bool,
+    id: u64,
+    listening: &Mutex<HashSet<u64>>,
+    silent: &Mutex<HashSet<u64>>,
+    closed: &AtomicBool,
+) {
+    from.set_read_timeout(Some(ms(50))).unwrap();
+    let mut buf = [0u8; 16 * 1024];
+    while !closed.load(Ordering::Relaxed) {
+        if silent.lock().unwrap().contains(&id) {
+            std::thread::sleep(ms(50));
+            continue;
+        }
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if up && buf[..n].windows(7).any(|w| w == b"LISTEN ") {
+                    listening.lock().unwrap().insert(id);
+                }
+                // silenced while this read waited: what it read is never sent
+                if silent.lock().unwrap().contains(&id) {
+                    continue;
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// The listener's connection goes silent (a proxy in between stops forwarding
+/// it, so TCP keepalives are still answered): the relay notices within a
+/// minute, listens again, and the events published meanwhile are sent, though
+/// the poller sleeps in a 90 s delay.
+#[test]
+fn a_listening_connection_gone_silent_is_noticed_within_a_minute() {
+    let p = "t_wake_silent_";
+    let Some((_, mut client)) = fresh(p) else {
+        return;
+    };
+    let proxy = SilencingProxy::start("127.0.0.1:5432");
+    let config = sleepy(p, Duration::from_secs(90), &[("n", Wake::Notify)]);
+    let store = Arc::new(PgStore::connect(&proxy.url(), &config).unwrap());
+    store.migrate().unwrap();
+    let sender = MemorySender::new();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    wait_for_listener(&mut client, p);
+    std::thread::sleep(ms(300)); // the first poll found nothing: 90 s to the next
+    assert_eq!(proxy.silence_listeners(), 1);
+    let silenced = Instant::now();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let id = outbox.publish(&mut tx, "n", &1).unwrap();
+    tx.commit().unwrap();
+    wait_until(
+        "the event committed while the listener was silent sent",
+        Duration::from_secs(60),
+        || sent_ids(&sender).contains(&id),
+    );
+    assert!(silenced.elapsed() < Duration::from_secs(60));
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
