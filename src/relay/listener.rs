@@ -13,7 +13,8 @@
 //!
 //! [`Notifications::settled`]: crate::store::Notifications::settled
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,12 +36,19 @@ const MAX_RECHECK: Duration = Duration::from_millis(8);
 /// still answers, waiting at most [`CHECK_TIMEOUT`]: a connection that went
 /// silent is found within 40 s (the keepalives find a dead peer within 50 s).
 const CHECK_AFTER: Duration = Duration::from_secs(30);
+/// How often a hold is looked at (no database round trip), and the longest
+/// one: a poller busy with a batch takes its next claim later.
+const HOLD_POLL: Duration = Duration::from_millis(1);
+const MAX_HOLD: Duration = Duration::from_millis(50);
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) struct Listener {
     pub(super) store: Arc<dyn ClaimStore>,
     /// Wakes the pollers whose wake-up is `notify` (and ignores other types).
     pub(super) waker: RelayWaker,
+    /// The claims each poller started ([`Notifications::hold`] lasts until
+    /// the next one).
+    pub(super) claims: BTreeMap<String, Arc<AtomicU64>>,
 }
 
 /// What went wrong with the listening connection.
@@ -81,40 +89,46 @@ impl Listener {
         // types woken while publishers that skipped their notification were
         // committing: they are woken again once those are done
         let mut owed: BTreeSet<String> = BTreeSet::new();
+        // types whose notifications this listener holds back, with their
+        // poller's claim count and the time when the hold began
+        let mut held: BTreeMap<String, (u64, Instant)> = BTreeMap::new();
         let mut recheck = MIN_RECHECK;
         let mut next_check = Instant::now();
         let mut heard = Instant::now();
-        loop {
+        let result = loop {
             if ctx.stopped() {
-                return Ok(());
+                break Ok(());
             }
-            let wait = if owed.is_empty() {
-                WAIT
-            } else {
-                next_check.saturating_duration_since(Instant::now())
+            let mut wait = WAIT;
+            if !owed.is_empty() {
+                wait = wait.min(next_check.saturating_duration_since(Instant::now()));
+            }
+            if !held.is_empty() {
+                wait = wait.min(HOLD_POLL);
+            }
+            let step = self.step(n, wait, &mut held, &mut heard);
+            let (woken, settled) = match step {
+                Ok(step) => step,
+                Err(lost) => break Err(lost),
             };
-            let mut woken: BTreeSet<String> = BTreeSet::new();
-            if let Some(t) = n.next(wait).map_err(Lost)? {
-                woken.insert(t);
-                // and every notification already here, one wake-up each type
-                while let Some(t) = n.next(Duration::ZERO).map_err(Lost)? {
-                    woken.insert(t);
-                }
-                heard = Instant::now();
-            }
-            if woken.is_empty() && owed.is_empty() {
+            if woken.is_empty() && owed.is_empty() && settled.is_none() {
                 if heard.elapsed() >= CHECK_AFTER {
-                    n.check(CHECK_TIMEOUT).map_err(Lost)?;
+                    if let Err(e) = n.check(CHECK_TIMEOUT) {
+                        break Err(Lost(e));
+                    }
                     heard = Instant::now();
                 }
                 continue;
             }
-            // asked before the wake-up: the claim it causes sees whatever
-            // committed before the answer
-            let settled = if owed.is_empty() || Instant::now() >= next_check {
-                Some(n.settled().map_err(Lost)?)
-            } else {
-                None
+            // asked before the wake-up (by a hold or a release, or now): the
+            // claim it causes sees whatever committed before the answer
+            let settled = match settled {
+                Some(s) => Some(s),
+                None if owed.is_empty() || Instant::now() >= next_check => match n.settled() {
+                    Ok(s) => Some(s),
+                    Err(e) => break Err(Lost(e)),
+                },
+                None => None,
             };
             for t in &woken {
                 self.waker.wake(t);
@@ -135,7 +149,67 @@ impl Listener {
                 }
                 None => owed.extend(woken),
             }
+        };
+        result
+    }
+
+    /// Waits up to `wait` for notifications, holds back the notified types and
+    /// releases the holds whose poller has claimed since (or that lasted
+    /// [`MAX_HOLD`]). Returns the types to wake now (notified or released) and,
+    /// when a hold or a release asked, whether it is settled.
+    fn step(
+        &self,
+        n: &mut dyn Notifications,
+        wait: Duration,
+        held: &mut BTreeMap<String, (u64, Instant)>,
+        heard: &mut Instant,
+    ) -> Result<(BTreeSet<String>, Option<bool>), Lost> {
+        let mut woken = BTreeSet::new();
+        if let Some(t) = n.next(wait).map_err(Lost)? {
+            woken.insert(t);
+            // and every notification already here, one wake-up each type
+            while let Some(t) = n.next(Duration::ZERO).map_err(Lost)? {
+                woken.insert(t);
+            }
+            *heard = Instant::now();
         }
+        let mut settled = None;
+        // held while the poller has not claimed since: the commits meanwhile
+        // skip their notification, and its claim (or the follow-up after the
+        // release) sees them
+        for t in &woken {
+            if held.contains_key(t) {
+                continue;
+            }
+            let (on, s) = n.hold(t).map_err(Lost)?;
+            settled = Some(s && settled.unwrap_or(true));
+            if on {
+                held.insert(t.clone(), (self.claims_of(t), Instant::now()));
+            }
+        }
+        let done: Vec<String> = held
+            .iter()
+            .filter(|(t, (claims, since))| {
+                self.claims_of(t) != *claims || since.elapsed() >= MAX_HOLD
+            })
+            .map(|(t, _)| t.clone())
+            .collect();
+        for t in done {
+            held.remove(&t);
+            let s = n.release(&t).map_err(Lost)?;
+            // released: the commits that skipped meanwhile are waited for and
+            // the poller woken again
+            settled = Some(s && settled.unwrap_or(true));
+            woken.insert(t);
+        }
+        Ok((woken, settled))
+    }
+
+    /// How many claims the poller of `event_type` has started.
+    fn claims_of(&self, event_type: &str) -> u64 {
+        self.claims
+            .get(event_type)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 }
 

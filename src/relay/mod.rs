@@ -22,7 +22,7 @@
 //! [`RelayWaker`]) take effect at once.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -357,9 +357,12 @@ impl Relay {
         let threads = config.events.len() + jobs.len() + usize::from(listens);
         let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
         let mut wakers = BTreeMap::new();
+        let mut claims = BTreeMap::new();
         for (event_type, settings) in &config.events {
             let (wake_tx, wake_rx) = bounded(1);
             wakers.insert(event_type.clone(), wake_tx);
+            let started = Arc::new(AtomicU64::new(0));
+            claims.insert(event_type.clone(), started.clone());
             let poller = Poller::new(
                 ctx.clone(),
                 store.clone(),
@@ -367,6 +370,7 @@ impl Relay {
                 settings.clone(),
                 sender.clone(),
                 config.maintenance.processed_ttl.is_zero(),
+                started,
             );
             // a Config is validated when built: the name has no control
             // characters, so it is a valid thread name
@@ -386,6 +390,7 @@ impl Relay {
             let listener = listener::Listener {
                 store: store.clone(),
                 waker: RelayWaker(Arc::new(notified)),
+                claims,
             };
             let c = ctx.clone();
             spawn(

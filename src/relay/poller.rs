@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,10 @@ use crate::event::Event;
 use crate::metrics;
 use crate::sender::{SendError, Sender, SenderFactory, Started};
 use crate::store::{ClaimArgs, ClaimStore, HeldBatch, HeldClaim, Outcome};
+
+/// The least time between the starts of two claims of a poller that sleeps
+/// between them (a full batch's successor claims at once).
+const WAKE_GAP: Duration = Duration::from_millis(5);
 
 pub(super) struct Poller {
     ctx: Ctx,
@@ -40,6 +45,9 @@ pub(super) struct Poller {
     /// Ordered types: where the next claim's key walk starts
     /// ([`ClaimArgs::from_key`], see [`next_cursor`]), so every key gets its turn.
     key_cursor: Option<String>,
+    /// Counts the claims this poller started (read by the listener, which holds
+    /// back its type's commit notifications until the next claim starts).
+    claims: Arc<AtomicU64>,
 }
 
 /// A held batch waiting for its finish ([`HeldBatch::finish_and_claim`]).
@@ -83,6 +91,7 @@ impl Poller {
         settings: EventSettings,
         factory: Arc<dyn SenderFactory>,
         delete_acked: bool,
+        claims: Arc<AtomicU64>,
     ) -> Self {
         let (destination, routing_key) = settings.address(&event_type);
         Poller {
@@ -99,6 +108,7 @@ impl Poller {
             delete_acked,
             stash: None,
             key_cursor: None,
+            claims,
         }
     }
 
@@ -108,6 +118,7 @@ impl Poller {
         // after an error the poller backs off in full: wake-ups (a commit each,
         // during a broker outage) wait in their channel until it is over
         let mut backing_off = false;
+        let mut last_claim = Instant::now();
         loop {
             // a poller sleeps only with nothing in flight, so only a full batch's
             // successor (no delay) finds batches to finish at a stop
@@ -123,7 +134,17 @@ impl Poller {
                 if let Slept::Stop = self.ctx.sleep(delay, wake) {
                     return;
                 }
+                // woken again soon after a claim: commits are frequent, and
+                // claims that follow each other closer than this take more
+                // of the database than the events they bring
+                if let Some(rest) = WAKE_GAP.checked_sub(last_claim.elapsed()) {
+                    if let Slept::Stop = self.ctx.sleep(rest, None) {
+                        return;
+                    }
+                }
             }
+            last_claim = Instant::now();
+            self.claims.fetch_add(1, Ordering::Relaxed);
             let polled = catch_unwind(AssertUnwindSafe(|| self.poll_once()));
             backing_off = !matches!(polled, Ok(Ok(_)));
             let next = match polled {

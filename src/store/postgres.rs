@@ -341,11 +341,24 @@ impl sql::Backend for PgDialect {
         // the trigger's "a publisher is committing" lock: free when none holds
         // it; taken for the statement only (autocommit), so a publisher that
         // asks for it meanwhile waits a moment at most
-        let settled = format!(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended('{}', 0))",
-            channel.to_ascii_lowercase()
-        );
-        Ok(Box::new(Listening { conn, settled }))
+        let table = channel.to_ascii_lowercase();
+        // the trigger's per-type lock, held by this session: the type's
+        // commits skip their notification meanwhile
+        let committing = format!("pg_try_advisory_xact_lock(hashtextextended('{table}', 0))");
+        let settled = format!("SELECT {committing}");
+        // the trigger's per-type lock, held by this session: the type's
+        // commits skip their notification meanwhile; each asks `settled` after
+        // (a select list is computed left to right)
+        let hold =
+            format!("SELECT pg_try_advisory_lock(hashtext('{table}'), hashtext($1)), {committing}");
+        let release =
+            format!("SELECT pg_advisory_unlock(hashtext('{table}'), hashtext($1)), {committing}");
+        Ok(Box::new(Listening {
+            conn,
+            settled,
+            hold,
+            release,
+        }))
     }
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         Ok(self.get_owned()?)
@@ -394,6 +407,8 @@ impl sql::Backend for PgDialect {
 struct Listening {
     conn: r2d2::PooledConnection<PostgresConnectionManager<NoTls>>,
     settled: String,
+    hold: String,
+    release: String,
 }
 
 /// Back in the pool, the connection listens no more, and what it received is
@@ -402,7 +417,10 @@ impl Drop for Listening {
     fn drop(&mut self) {
         use postgres::fallible_iterator::FallibleIterator;
         if !self.conn.is_closed() {
-            let _ = self.conn.batch_execute("UNLISTEN *");
+            // and holds no type's notifications back
+            let _ = self
+                .conn
+                .batch_execute("UNLISTEN *; SELECT pg_advisory_unlock_all()");
             let _ = self.conn.notifications().iter().count();
         }
     }
@@ -431,6 +449,16 @@ impl crate::store::Notifications for Listening {
 
     fn check(&mut self, timeout: Duration) -> Result<()> {
         Ok(self.conn.is_valid(timeout)?)
+    }
+
+    fn hold(&mut self, event_type: &str) -> Result<(bool, bool)> {
+        let row = self.conn.query_one(self.hold.as_str(), &[&event_type])?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+
+    fn release(&mut self, event_type: &str) -> Result<bool> {
+        let row = self.conn.query_one(self.release.as_str(), &[&event_type])?;
+        Ok(row.try_get::<_, bool>(1)?)
     }
 }
 
