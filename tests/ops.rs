@@ -434,10 +434,13 @@ fn the_http_endpoint_serves_health_metrics_and_the_dlq() {
     let (agent, base) = http(&server);
     let (code, text) = body(agent.get(format!("{base}/health")).call().unwrap());
     assert_eq!(code, 200, "{text}");
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&text).unwrap()["status"],
-        "ok"
-    );
+    let health = serde_json::from_str::<serde_json::Value>(&text).unwrap();
+    assert_eq!(health["status"], "ok");
+    // PostgreSQL's notification queue, which a listener that stopped reading fills
+    let usage = health["notify_queue_usage"]
+        .as_f64()
+        .expect("notify_queue_usage");
+    assert!((0.0..0.5).contains(&usage), "{usage}");
 
     let (code, text) = body(agent.get(format!("{base}/metrics")).call().unwrap());
     assert_eq!(code, 200);

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use postgres::fallible_iterator::FallibleIterator;
 use txbox::{Config, EventId, MemorySender, Outbox, PgStore, Relay, Store, Wake};
 
 fn ms(n: u64) -> Duration {
@@ -31,31 +30,6 @@ fn sleepy(p: &str, min: Duration, types: &[(&str, Wake)]) -> Config {
         b = b.event(*t, move |e| e.wake(wake));
     }
     b.build().unwrap()
-}
-
-/// Waits until a backend `LISTEN`s on the outbox of `p` (the relay's listener).
-fn wait_for_listener(client: &mut postgres::Client, p: &str) {
-    let listening = format!("LISTEN {p}outbox_events");
-    wait_until("the listener listens", Duration::from_secs(10), || {
-        client
-            .query_opt(
-                "SELECT pid FROM pg_stat_activity WHERE query = $1",
-                &[&listening],
-            )
-            .unwrap()
-            .is_some()
-    });
-}
-
-/// The notifications `c` receives within `wait`.
-fn heard(c: &mut postgres::Client, wait: Duration) -> Vec<String> {
-    let mut got = Vec::new();
-    let mut n = c.notifications();
-    let mut it = n.timeout_iter(wait);
-    while let Some(n) = it.next().unwrap() {
-        got.push(n.payload().to_string());
-    }
-    got
 }
 
 fn sent_ids(sender: &MemorySender) -> HashSet<EventId> {
@@ -78,10 +52,7 @@ fn thirty_two_publishers_are_all_sent_on_commit_not_at_the_poll() {
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
     wait_for_listener(&mut client, p);
     std::thread::sleep(ms(300)); // the first poll found nothing: 30 s to the next
-    let mut counting = common::client().unwrap();
-    counting
-        .batch_execute(&format!("LISTEN {p}outbox_events"))
-        .unwrap();
+    let mut counting = common::listening(p);
 
     let outbox = Arc::new(Outbox::new(&config).unwrap());
     let published = Arc::new(Mutex::new(Vec::new()));
@@ -201,10 +172,7 @@ fn a_type_whose_wake_up_is_poll_sends_no_notification() {
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
-    let mut listening = common::client().unwrap();
-    listening
-        .batch_execute(&format!("LISTEN {p}outbox_events"))
-        .unwrap();
+    let mut listening = common::listening(p);
     let commit = |client: &mut postgres::Client, config: &Config, t: &str| {
         let outbox = Outbox::new(config).unwrap();
         let mut tx = client.transaction().unwrap();
@@ -228,6 +196,45 @@ fn a_type_whose_wake_up_is_poll_sends_no_notification() {
     let relay = Relay::start(store, &config, MemorySender::new()).unwrap();
     commit(&mut client, &config, "q");
     assert_eq!(heard(&mut listening, ms(2000)), ["q"]);
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// A notification queue at its limit never fails a publish: past
+/// `txbox.queue_limit` (0.5 by default; 0 here, as if the queue were full) the
+/// commit sends no notification, and the relay sends the event when it polls.
+/// The relay reports the queue's usage in the metrics.
+#[test]
+fn past_the_queue_limit_commits_do_not_notify_and_events_still_go_out() {
+    let p = "t_wake_queue_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let mut listening = common::listening(p);
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("t", |e| e.adaptive_polling(ms(200), ms(400), 1.5))
+        .build()
+        .unwrap();
+    let sender = MemorySender::new();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    tx.batch_execute("SET LOCAL txbox.queue_limit = '0'")
+        .unwrap();
+    let id = outbox.publish(&mut tx, "t", &1).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(heard(&mut listening, ms(500)), Vec::<String>::new());
+    wait_until("sent by polling", Duration::from_secs(10), || {
+        sent_ids(&sender).contains(&id)
+    });
+    // the limit was the transaction's: the next commit notifies
+    let mut tx = client.transaction().unwrap();
+    outbox.publish(&mut tx, "t", &2).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(heard(&mut listening, ms(2000)), ["t"]);
+    // read on the relay's recovery run, at its start
+    let usage = txbox::metrics::snapshot().notify_queue_usage;
+    assert!(usage.is_some_and(|u| (0.0..0.5).contains(&u)), "{usage:?}");
     relay.shutdown(Duration::from_secs(5)).unwrap();
 }
 

@@ -95,21 +95,24 @@ impl TryFrom<String> for ClaimMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(try_from = "String")]
 pub enum Wake {
-    /// The default: on PostgreSQL every publish makes its commit notify the
-    /// relay (`NOTIFY`, delivered only if the transaction commits), and the relay's
-    /// listener wakes the poller at once. Other databases have no such
+    /// The default: on PostgreSQL every publish makes its commit wake the
+    /// relay (`NOTIFY`, delivered only if the transaction commits), and the
+    /// relay's listener wakes the poller at once. Other databases have no such
     /// notification: there a [`RelayWaker`](crate::RelayWaker) wakes it, and
     /// polling stays the safety net everywhere.
     ///
-    /// The notification is sent by a trigger on the outbox table for every type.
-    /// PostgreSQL commits the transactions that notify one at a time, cluster-wide:
-    /// where many publishers commit at once and the latency does not matter,
-    /// `ALTER TABLE <outbox table> DISABLE TRIGGER <prefix>outbox_events_notify`
-    /// turns it off at the source ([`Wake::Poll`] only stops listening).
+    /// PostgreSQL commits the transactions that notify one at a time,
+    /// cluster-wide, so the notifications are rationed: one commit per type
+    /// notifies at a time, and the relay waits for the others and wakes the
+    /// poller again (the README's "Wake-up on commit"). `SET txbox.wake =
+    /// 'off'` turns it off for a transaction, session or role (two-phase
+    /// commit needs it), and `ALTER TABLE <outbox table> DISABLE TRIGGER
+    /// <prefix>outbox_events_wake` for the whole table.
     #[default]
     Notify,
-    /// Polling only (and [`RelayWaker`](crate::RelayWaker)): the relay's listener
-    /// ignores this type's notifications.
+    /// Polling only (and [`RelayWaker`](crate::RelayWaker)): this type's
+    /// commits send no notification (the relay tells the database so when it
+    /// starts, [`ClaimStore::set_commit_wake`](crate::ClaimStore::set_commit_wake)).
     Poll,
 }
 

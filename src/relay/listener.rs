@@ -5,13 +5,17 @@
 //! net.
 //!
 //! Commits are rationed: while one commit of a type notifies, the others of
-//! that type commit without a notification (see `sql/postgres/006_*.sql`).
-//! So after waking a poller the listener asks whether publishers that skipped
-//! their notification are still committing ([`Notifications::settled`]); while
-//! they are, it asks again after 1, 2, 4 and then every 8 ms, and once they are
-//! done it wakes the same pollers again: their next claim sees those commits.
+//! that type commit without a notification (see `sql/postgres/006_*.sql`), and
+//! from a notification until the type's poller starts its next claim the
+//! listener holds the type's notifications back ([`Notifications::hold`]):
+//! commits meanwhile skip theirs too. After waking a poller, and when a hold
+//! ends, the listener asks whether publishers that skipped their notification
+//! are still committing ([`Notifications::settled`]); while they are, it asks
+//! again after 1, 2, 4 and then every 8 ms, and once they are done it wakes the
+//! same pollers again: their next claim sees those commits.
 //!
 //! [`Notifications::settled`]: crate::store::Notifications::settled
+//! [`Notifications::hold`]: crate::store::Notifications::hold
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -95,9 +99,9 @@ impl Listener {
         let mut recheck = MIN_RECHECK;
         let mut next_check = Instant::now();
         let mut heard = Instant::now();
-        let result = loop {
+        loop {
             if ctx.stopped() {
-                break Ok(());
+                return Ok(());
             }
             let mut wait = WAIT;
             if !owed.is_empty() {
@@ -106,64 +110,63 @@ impl Listener {
             if !held.is_empty() {
                 wait = wait.min(HOLD_POLL);
             }
-            let step = self.step(n, wait, &mut held, &mut heard);
-            let (woken, settled) = match step {
-                Ok(step) => step,
-                Err(lost) => break Err(lost),
-            };
-            if woken.is_empty() && owed.is_empty() && settled.is_none() {
+            let (woken, mut settled) = self.step(n, wait, &mut held, &mut heard)?;
+            if woken.is_empty() && owed.is_empty() {
                 if heard.elapsed() >= CHECK_AFTER {
-                    if let Err(e) = n.check(CHECK_TIMEOUT) {
-                        break Err(Lost(e));
-                    }
+                    n.check(CHECK_TIMEOUT).map_err(Lost)?;
                     heard = Instant::now();
                 }
                 continue;
             }
             // asked before the wake-up (by a hold or a release, or now): the
-            // claim it causes sees whatever committed before the answer
-            let settled = match settled {
-                Some(s) => Some(s),
-                None if owed.is_empty() || Instant::now() >= next_check => match n.settled() {
-                    Ok(s) => Some(s),
-                    Err(e) => break Err(Lost(e)),
-                },
-                None => None,
-            };
+            // claim it causes sees whatever committed before the answer. The
+            // owed types are asked about again when their recheck is due.
+            let due = Instant::now() >= next_check;
+            let ask: Vec<String> = woken
+                .iter()
+                .chain(owed.iter().filter(|_| due))
+                .filter(|t| !settled.contains_key(*t))
+                .cloned()
+                .collect();
+            if !ask.is_empty() {
+                let s = n.settled(&ask).map_err(Lost)?;
+                settled.extend(ask.into_iter().map(|t| (t, s)));
+            }
             for t in &woken {
                 self.waker.wake(t);
             }
-            match settled {
-                Some(true) => {
-                    for t in std::mem::take(&mut owed) {
-                        if !woken.contains(&t) {
-                            self.waker.wake(&t);
-                        }
+            let mut waiting = false;
+            for (t, done) in settled {
+                if done {
+                    // the commits that skipped are visible now: wake it again
+                    if owed.remove(&t) && !woken.contains(&t) {
+                        self.waker.wake(&t);
                     }
-                    recheck = MIN_RECHECK;
+                } else {
+                    owed.insert(t);
+                    waiting = true;
                 }
-                Some(false) => {
-                    owed.extend(woken);
-                    next_check = Instant::now() + recheck;
-                    recheck = (recheck * 2).min(MAX_RECHECK);
-                }
-                None => owed.extend(woken),
             }
-        };
-        result
+            if waiting {
+                next_check = Instant::now() + recheck;
+                recheck = (recheck * 2).min(MAX_RECHECK);
+            } else if owed.is_empty() {
+                recheck = MIN_RECHECK;
+            }
+        }
     }
 
     /// Waits up to `wait` for notifications, holds back the notified types and
     /// releases the holds whose poller has claimed since (or that lasted
     /// [`MAX_HOLD`]). Returns the types to wake now (notified or released) and,
-    /// when a hold or a release asked, whether it is settled.
+    /// for those a hold or a release asked about, whether they are settled.
     fn step(
         &self,
         n: &mut dyn Notifications,
         wait: Duration,
         held: &mut BTreeMap<String, (u64, Instant)>,
         heard: &mut Instant,
-    ) -> Result<(BTreeSet<String>, Option<bool>), Lost> {
+    ) -> Result<(BTreeSet<String>, BTreeMap<String, bool>), Lost> {
         let mut woken = BTreeSet::new();
         if let Some(t) = n.next(wait).map_err(Lost)? {
             woken.insert(t);
@@ -173,16 +176,18 @@ impl Listener {
             }
             *heard = Instant::now();
         }
-        let mut settled = None;
+        let mut settled = BTreeMap::new();
         // held while the poller has not claimed since: the commits meanwhile
         // skip their notification, and its claim (or the follow-up after the
         // release) sees them
         for t in &woken {
-            if held.contains_key(t) {
+            // only this relay's types: another relay's (configured otherwise)
+            // would miss its commits' notifications and their follow-up
+            if held.contains_key(t) || !self.claims.contains_key(t) {
                 continue;
             }
             let (on, s) = n.hold(t).map_err(Lost)?;
-            settled = Some(s && settled.unwrap_or(true));
+            settled.insert(t.clone(), s);
             if on {
                 held.insert(t.clone(), (self.claims_of(t), Instant::now()));
             }
@@ -196,10 +201,10 @@ impl Listener {
             .collect();
         for t in done {
             held.remove(&t);
-            let s = n.release(&t).map_err(Lost)?;
             // released: the commits that skipped meanwhile are waited for and
             // the poller woken again
-            settled = Some(s && settled.unwrap_or(true));
+            let s = n.release(&t).map_err(Lost)?;
+            settled.insert(t.clone(), s);
             woken.insert(t);
         }
         Ok((woken, settled))

@@ -390,7 +390,10 @@ impl Relay {
             let listener = listener::Listener {
                 store: store.clone(),
                 waker: RelayWaker(Arc::new(notified)),
-                claims,
+                claims: claims
+                    .into_iter()
+                    .filter(|(t, _)| notify.contains(t))
+                    .collect(),
             };
             let c = ctx.clone();
             spawn(

@@ -20,8 +20,14 @@ use crate::sender::{SendError, Sender, SenderFactory, Started};
 use crate::store::{ClaimArgs, ClaimStore, HeldBatch, HeldClaim, Outcome};
 
 /// The least time between the starts of two claims of a poller that sleeps
-/// between them (a full batch's successor claims at once).
+/// between them (a full batch's successor claims at once): short while each
+/// claim finds an event or two (a trickle: each goes out at once), longer once
+/// claims find more (commits come faster than claims: fewer, fuller claims
+/// cost the database less, for a few milliseconds more).
 const WAKE_GAP: Duration = Duration::from_millis(5);
+const BUSY_WAKE_GAP: Duration = Duration::from_millis(20);
+/// A claim of more events than this makes the next gap [`BUSY_WAKE_GAP`].
+const TRICKLE: usize = 2;
 
 pub(super) struct Poller {
     ctx: Ctx,
@@ -119,6 +125,7 @@ impl Poller {
         // during a broker outage) wait in their channel until it is over
         let mut backing_off = false;
         let mut last_claim = Instant::now();
+        let mut gap = WAKE_GAP;
         loop {
             // a poller sleeps only with nothing in flight, so only a full batch's
             // successor (no delay) finds batches to finish at a stop
@@ -136,8 +143,9 @@ impl Poller {
                 }
                 // woken again soon after a claim: commits are frequent, and
                 // claims that follow each other closer than this take more
-                // of the database than the events they bring
-                if let Some(rest) = WAKE_GAP.checked_sub(last_claim.elapsed()) {
+                // of the database than the events they bring (never longer
+                // than the polling delay itself)
+                if let Some(rest) = gap.min(delay).checked_sub(last_claim.elapsed()) {
                     if let Slept::Stop = self.ctx.sleep(rest, None) {
                         return;
                     }
@@ -148,7 +156,15 @@ impl Poller {
             let polled = catch_unwind(AssertUnwindSafe(|| self.poll_once()));
             backing_off = !matches!(polled, Ok(Ok(_)));
             let next = match polled {
-                Ok(Ok(claimed)) => state.after_batch(claimed, self.follow_at()),
+                Ok(Ok(claimed)) => {
+                    gap = match claimed {
+                        // nothing came: the next wake-up is a new commit
+                        0 => Duration::ZERO,
+                        1..=TRICKLE => WAKE_GAP,
+                        _ => BUSY_WAKE_GAP,
+                    };
+                    state.after_batch(claimed, self.follow_at())
+                }
                 Ok(Err(e)) => {
                     let d = state.after_error();
                     log::warn!("txbox: poller {}: {e}; next try in {d:?}", self.event_type);

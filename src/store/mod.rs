@@ -303,11 +303,13 @@ pub trait Notifications: Send {
     /// then wakes every poller once).
     fn next(&mut self, timeout: Duration) -> Result<Option<String>>;
 
-    /// Whether no publisher is committing that left out its notification
-    /// (another commit of its event type was notifying at that moment). Once
-    /// this is true, every such commit is visible to the next claim. The
-    /// default says true: a store whose every commit notifies.
-    fn settled(&mut self) -> Result<bool> {
+    /// Whether no publisher of `event_types` is committing that left out its
+    /// notification (another commit of its event type was notifying at that
+    /// moment, or the type was [held](Notifications::hold)). Once this is
+    /// true, every such commit is visible to the next claim. The default says
+    /// true: a store whose every commit notifies.
+    fn settled(&mut self, event_types: &[String]) -> Result<bool> {
+        let _ = event_types;
         Ok(true)
     }
 
@@ -329,15 +331,13 @@ pub trait Notifications: Send {
     /// claim starts: while commits come faster than claims, notifications
     /// bring nothing. The default holds nothing.
     fn hold(&mut self, event_type: &str) -> Result<(bool, bool)> {
-        let _ = event_type;
-        Ok((false, self.settled()?))
+        Ok((false, self.settled(&[event_type.to_owned()])?))
     }
 
     /// Ends a [`Notifications::hold`]; then says whether it is
     /// [`settled`](Notifications::settled).
     fn release(&mut self, event_type: &str) -> Result<bool> {
-        let _ = event_type;
-        self.settled()
+        self.settled(&[event_type.to_owned()])
     }
 }
 

@@ -338,14 +338,16 @@ impl sql::Backend for PgDialect {
         let mut conn = self.0.get_timeout(Duration::from_secs(1))?;
         // the channel is the outbox table's name, a checked identifier
         conn.batch_execute(&format!("LISTEN {channel}"))?;
-        // the trigger's "a publisher is committing" lock: free when none holds
-        // it; taken for the statement only (autocommit), so a publisher that
-        // asks for it meanwhile waits a moment at most
         let table = channel.to_ascii_lowercase();
-        // the trigger's per-type lock, held by this session: the type's
-        // commits skip their notification meanwhile
-        let committing = format!("pg_try_advisory_xact_lock(hashtextextended('{table}', 0))");
-        let settled = format!("SELECT {committing}");
+        // the trigger's "a publisher of the type is committing" lock: free
+        // when none holds it; taken for the statement only (autocommit), so a
+        // publisher that asks for it meanwhile waits a moment at most
+        let committing =
+            format!("pg_try_advisory_xact_lock(hashtextextended('{table} ' || $1, 0))");
+        let settled = format!(
+            "SELECT coalesce(bool_and(pg_try_advisory_xact_lock(\
+             hashtextextended('{table} ' || t, 0))), true) FROM unnest($1::text[]) AS t"
+        );
         // the trigger's per-type lock, held by this session: the type's
         // commits skip their notification meanwhile; each asks `settled` after
         // (a select list is computed left to right)
@@ -442,8 +444,10 @@ impl crate::store::Notifications for Listening {
         }
     }
 
-    fn settled(&mut self) -> Result<bool> {
-        let row = self.conn.query_one(self.settled.as_str(), &[])?;
+    fn settled(&mut self, event_types: &[String]) -> Result<bool> {
+        let row = self
+            .conn
+            .query_one(self.settled.as_str(), &[&event_types])?;
         Ok(row.try_get::<_, bool>(0)?)
     }
 

@@ -65,6 +65,40 @@ pub fn fresh_with_url(prefix: &str, url: &str) -> Option<(Arc<PgStore>, postgres
     Some((store, client))
 }
 
+/// Waits until a backend `LISTEN`s on the outbox of `p` (a relay's listener).
+pub fn wait_for_listener(client: &mut postgres::Client, p: &str) {
+    let listening = format!("LISTEN {p}outbox_events");
+    wait_until("the listener listens", Duration::from_secs(10), || {
+        client
+            .query_opt(
+                "SELECT pid FROM pg_stat_activity WHERE query = $1",
+                &[&listening],
+            )
+            .expect("pg_stat_activity")
+            .is_some()
+    });
+}
+
+/// A client of the test's own that `LISTEN`s on the outbox of `p`.
+pub fn listening(p: &str) -> postgres::Client {
+    let mut c = client().expect("PostgreSQL");
+    c.batch_execute(&format!("LISTEN {p}outbox_events"))
+        .expect("LISTEN");
+    c
+}
+
+/// The notifications (their payloads: event types) `c` receives within `wait`.
+pub fn heard(c: &mut postgres::Client, wait: Duration) -> Vec<String> {
+    use postgres::fallible_iterator::FallibleIterator;
+    let mut got = Vec::new();
+    let mut n = c.notifications();
+    let mut it = n.timeout_iter(wait);
+    while let Some(n) = it.next().expect("notifications") {
+        got.push(n.payload().to_string());
+    }
+    got
+}
+
 /// Waits until `cond` holds, polling every 20 ms; panics with `what` after `timeout`.
 pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

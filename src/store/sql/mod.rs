@@ -99,6 +99,11 @@ impl Catalog {
             out.push(("hold_claim.claim_delete", &h.claim_delete));
             out.push(("hold_claim.restore", &h.restore));
         }
+        if let Some(w) = &self.wake {
+            out.push(("wake.quiet", &w.quiet));
+            out.push(("wake.loud", &w.loud));
+            out.push(("wake.queue_usage", w.queue_usage));
+        }
         out.into_iter().map(|(n, t)| (n, t.to_string())).collect()
     }
 }
