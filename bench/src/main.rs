@@ -1455,7 +1455,7 @@ fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>) -> Res<()>
     let warm = commit(1)?;
     latencies(&warm, &acked);
     // steady 100 events/s: one commit every 10 ms, whatever a commit takes
-    let mut steady = |commit: &mut dyn FnMut(usize) -> Res<Vec<(EventId, Instant)>>| {
+    let steady = |commit: &mut dyn FnMut(usize) -> Res<Vec<(EventId, Instant)>>| {
         let mut committed = Vec::new();
         let start = Instant::now();
         let mut next = start;
