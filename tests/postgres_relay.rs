@@ -1718,19 +1718,7 @@ fn the_listener_killed_listens_again_and_nothing_waits_for_the_poll() {
     let config = sleepy(p);
     let sender = MemorySender::new();
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
-    // the listener's connection: its last statement is the LISTEN, or one of
-    // the advisory-lock checks it makes after a notification
-    let listening = format!("LISTEN {p}outbox_events");
-    let table = format!("{p}outbox_events");
-    let listener = |c: &mut postgres::Client| -> Option<i32> {
-        c.query_opt(
-            "SELECT pid FROM pg_stat_activity WHERE query = $1 \
-             OR (query LIKE '%advisory%' AND strpos(query, $2) > 0) LIMIT 1",
-            &[&listening, &table],
-        )
-        .unwrap()
-        .map(|r| r.get(0))
-    };
+    let listener = |c: &mut postgres::Client| listener_pid(c, p);
     let mut pid = None;
     wait_until("the listener listens", Duration::from_secs(5), || {
         pid = listener(&mut client);

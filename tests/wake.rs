@@ -445,5 +445,17 @@ fn a_listening_connection_gone_silent_is_noticed_within_a_minute() {
         || sent_ids(&sender).contains(&id),
     );
     assert!(silenced.elapsed() < Duration::from_secs(60));
+    // listening again: a later commit is sent on its notification, not at the
+    // poll 90 s away (the silent session, ended, holds nothing back)
+    let t = Instant::now();
+    let mut tx = client.transaction().unwrap();
+    let later = outbox.publish(&mut tx, "n", &2).unwrap();
+    tx.commit().unwrap();
+    wait_until(
+        "a later event sent on commit",
+        Duration::from_secs(10),
+        || sent_ids(&sender).contains(&later),
+    );
+    assert!(t.elapsed() < Duration::from_secs(10));
     relay.shutdown(Duration::from_secs(5)).unwrap();
 }

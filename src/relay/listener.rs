@@ -92,7 +92,10 @@ impl Listener {
     fn listen(&self, ctx: &Ctx, n: &mut dyn Notifications) -> Result<(), Lost> {
         // types woken while publishers that skipped their notification were
         // committing: they are woken again once those are done
-        let mut owed: BTreeSet<String> = BTreeSet::new();
+        // at first every type: commits that skipped their notification
+        // before this LISTEN (a hold of a lost connection, a notifying commit
+        // whose notification went to it) are waited for too
+        let mut owed: BTreeSet<String> = self.claims.keys().cloned().collect();
         // types whose notifications this listener holds back, with their
         // poller's claim count and the time when the hold began
         let mut held: BTreeMap<String, (u64, Instant)> = BTreeMap::new();
@@ -125,12 +128,11 @@ impl Listener {
             let ask: Vec<String> = woken
                 .iter()
                 .chain(owed.iter().filter(|_| due))
-                .filter(|t| !settled.contains_key(*t))
+                .filter(|t| !settled.contains_key(*t) && self.claims.contains_key(*t))
                 .cloned()
                 .collect();
             if !ask.is_empty() {
-                let s = n.settled(&ask).map_err(Lost)?;
-                settled.extend(ask.into_iter().map(|t| (t, s)));
+                settled.extend(n.settled(&ask).map_err(Lost)?);
             }
             for t in &woken {
                 self.waker.wake(t);

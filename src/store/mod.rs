@@ -303,14 +303,13 @@ pub trait Notifications: Send {
     /// then wakes every poller once).
     fn next(&mut self, timeout: Duration) -> Result<Option<String>>;
 
-    /// Whether no publisher of `event_types` is committing that left out its
-    /// notification (another commit of its event type was notifying at that
-    /// moment, or the type was [held](Notifications::hold)). Once this is
-    /// true, every such commit is visible to the next claim. The default says
-    /// true: a store whose every commit notifies.
-    fn settled(&mut self, event_types: &[String]) -> Result<bool> {
-        let _ = event_types;
-        Ok(true)
+    /// For each of `event_types`, whether no publisher of it is committing
+    /// that left out its notification (another commit of its event type was
+    /// notifying at that moment, or the type was [held](Notifications::hold)).
+    /// Once a type's answer is true, every such commit of it is visible to the
+    /// next claim. The default says true: a store whose every commit notifies.
+    fn settled(&mut self, event_types: &[String]) -> Result<Vec<(String, bool)>> {
+        Ok(event_types.iter().map(|t| (t.clone(), true)).collect())
     }
 
     /// Checks that the connection still answers, waiting at most `timeout`:
@@ -331,13 +330,14 @@ pub trait Notifications: Send {
     /// claim starts: while commits come faster than claims, notifications
     /// bring nothing. The default holds nothing.
     fn hold(&mut self, event_type: &str) -> Result<(bool, bool)> {
-        Ok((false, self.settled(&[event_type.to_owned()])?))
+        Ok((false, self.release(event_type)?))
     }
 
     /// Ends a [`Notifications::hold`]; then says whether it is
     /// [`settled`](Notifications::settled).
     fn release(&mut self, event_type: &str) -> Result<bool> {
-        self.settled(&[event_type.to_owned()])
+        let settled = self.settled(&[event_type.to_owned()])?;
+        Ok(settled.iter().all(|(_, s)| *s))
     }
 }
 

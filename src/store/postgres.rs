@@ -279,7 +279,17 @@ fn literal(v: &Val) -> String {
 sql::conn_impls!(pg_query, pg_execute, pg_batch, pg_script; postgres::Client, postgres::Transaction<'_>);
 
 /// The PostgreSQL dialect of [`SqlStore`]: an r2d2 pool of `postgres` clients.
-pub struct PgDialect(PgPool);
+pub struct PgDialect(
+    PgPool,
+    std::sync::Arc<std::sync::Mutex<Option<ListenerSession>>>,
+);
+
+/// The database session that listens for this store's relay: its backend pid
+/// and start time (together they name one session; a pid alone is reused).
+type ListenerSession = (i32, String);
+
+const THIS_SESSION: &str =
+    "SELECT pid, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()";
 
 /// A pooled connection checked out this recently is handed out again without a
 /// test. r2d2 tests every check-out with a round trip of its own, which doubled the
@@ -336,8 +346,28 @@ impl sql::Backend for PgDialect {
     fn listen(&self, channel: &str) -> Result<Box<dyn crate::store::Notifications>> {
         // not the pool's whole connection timeout: a stop waits for this call
         let mut conn = self.0.get_timeout(Duration::from_secs(1))?;
+        // a session that listened before and was given up (gone silent)
+        // may still hold a type's notifications back: it is ended first
+        let previous = self.1.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((pid, start)) = previous {
+            let ended = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE pid = $1 AND backend_start::text = $2",
+                &[&pid, &start],
+            );
+            match ended {
+                Ok(1) => log::info!("txbox: ended the listener's lost session (pid {pid})"),
+                Ok(_) => {}
+                Err(e) => {
+                    log::warn!("txbox: cannot end the listener's lost session (pid {pid}): {e}")
+                }
+            }
+        }
         // the channel is the outbox table's name, a checked identifier
         conn.batch_execute(&format!("LISTEN {channel}"))?;
+        let row = conn.query_one(THIS_SESSION, &[])?;
+        let session: ListenerSession = (row.try_get(0)?, row.try_get(1)?);
+        *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(session.clone());
         let table = channel.to_ascii_lowercase();
         // the trigger's "a publisher of the type is committing" lock: free
         // when none holds it; taken for the statement only (autocommit), so a
@@ -345,8 +375,8 @@ impl sql::Backend for PgDialect {
         let committing =
             format!("pg_try_advisory_xact_lock(hashtextextended('{table} ' || $1, 0))");
         let settled = format!(
-            "SELECT coalesce(bool_and(pg_try_advisory_xact_lock(\
-             hashtextextended('{table} ' || t, 0))), true) FROM unnest($1::text[]) AS t"
+            "SELECT t, pg_try_advisory_xact_lock(hashtextextended('{table} ' || t, 0)) \
+             FROM unnest($1::text[]) AS t"
         );
         // the trigger's per-type lock, held by this session: the type's
         // commits skip their notification meanwhile; each asks `settled` after
@@ -360,6 +390,7 @@ impl sql::Backend for PgDialect {
             settled,
             hold,
             release,
+            session: (session, self.1.clone()),
         }))
     }
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
@@ -411,6 +442,12 @@ struct Listening {
     settled: String,
     hold: String,
     release: String,
+    /// This session, and where the store remembers the listening one: a
+    /// clean end forgets it, a lost one leaves it to be ended by the next.
+    session: (
+        ListenerSession,
+        std::sync::Arc<std::sync::Mutex<Option<ListenerSession>>>,
+    ),
 }
 
 /// Back in the pool, the connection listens no more, and what it received is
@@ -420,9 +457,15 @@ impl Drop for Listening {
         use postgres::fallible_iterator::FallibleIterator;
         if !self.conn.is_closed() {
             // and holds no type's notifications back
-            let _ = self
+            let ended = self
                 .conn
                 .batch_execute("UNLISTEN *; SELECT pg_advisory_unlock_all()");
+            if ended.is_ok() {
+                let mut remembered = self.session.1.lock().unwrap_or_else(|p| p.into_inner());
+                if remembered.as_ref() == Some(&self.session.0) {
+                    *remembered = None;
+                }
+            }
             let _ = self.conn.notifications().iter().count();
         }
     }
@@ -444,11 +487,11 @@ impl crate::store::Notifications for Listening {
         }
     }
 
-    fn settled(&mut self, event_types: &[String]) -> Result<bool> {
-        let row = self
-            .conn
-            .query_one(self.settled.as_str(), &[&event_types])?;
-        Ok(row.try_get::<_, bool>(0)?)
+    fn settled(&mut self, event_types: &[String]) -> Result<Vec<(String, bool)>> {
+        let rows = self.conn.query(self.settled.as_str(), &[&event_types])?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
     }
 
     fn check(&mut self, timeout: Duration) -> Result<()> {
@@ -538,7 +581,7 @@ impl SqlStore<PgDialect> {
     /// one connection per thread at most (and one per batch in flight with held
     /// claims).
     pub fn from_pool(pool: PgPool, config: &crate::Config) -> Result<Self> {
-        SqlStore::with_pool(PgDialect(pool), config)
+        SqlStore::with_pool(PgDialect(pool, Default::default()), config)
     }
 
     /// The pool, e.g. to run business transactions on the same connections.

@@ -65,17 +65,26 @@ pub fn fresh_with_url(prefix: &str, url: &str) -> Option<(Arc<PgStore>, postgres
     Some((store, client))
 }
 
+/// The backend of a relay's listener on the outbox of `p`, if one listens: its
+/// last statement is the `LISTEN`, or one of the advisory-lock checks it makes
+/// after it (which name the table).
+pub fn listener_pid(client: &mut postgres::Client, p: &str) -> Option<i32> {
+    let listening = format!("LISTEN {p}outbox_events");
+    let table = format!("{p}outbox_events");
+    client
+        .query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE query = $1 \
+             OR (query LIKE '%advisory%' AND strpos(query, $2) > 0) LIMIT 1",
+            &[&listening, &table],
+        )
+        .expect("pg_stat_activity")
+        .map(|r| r.get(0))
+}
+
 /// Waits until a backend `LISTEN`s on the outbox of `p` (a relay's listener).
 pub fn wait_for_listener(client: &mut postgres::Client, p: &str) {
-    let listening = format!("LISTEN {p}outbox_events");
     wait_until("the listener listens", Duration::from_secs(10), || {
-        client
-            .query_opt(
-                "SELECT pid FROM pg_stat_activity WHERE query = $1",
-                &[&listening],
-            )
-            .expect("pg_stat_activity")
-            .is_some()
+        listener_pid(client, p).is_some()
     });
 }
 
