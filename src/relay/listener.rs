@@ -91,10 +91,9 @@ impl Listener {
     /// lost.
     fn listen(&self, ctx: &Ctx, n: &mut dyn Notifications) -> Result<(), Lost> {
         // types woken while publishers that skipped their notification were
-        // committing: they are woken again once those are done
-        // at first every type: commits that skipped their notification
-        // before this LISTEN (a hold of a lost connection, a notifying commit
-        // whose notification went to it) are waited for too
+        // committing: they are woken again once those are done. At first every
+        // type: commits that skipped before this LISTEN (beside a hold of a
+        // lost connection, or a notification that went to it) are waited for
         let mut owed: BTreeSet<String> = self.claims.keys().cloned().collect();
         // types whose notifications this listener holds back, with their
         // poller's claim count and the time when the hold began

@@ -247,28 +247,12 @@ impl Relay {
         // which types' commits notify (PostgreSQL): told to the database now,
         // and again by the recovery thread until that succeeds
         let mut commit_wake = Some(CommitWake::of(config));
-        if let Some(w) = &commit_wake {
-            match w.tell(store.as_ref()) {
-                Ok(()) => commit_wake = None,
-                Err(e) => log::warn!(
-                    "txbox: cannot tell the database which event types notify on commit \
-                     (the recovery thread tries again): {e}"
-                ),
-            }
-        }
+        CommitWake::tell(&mut commit_wake, store.as_ref());
         let mut jobs = vec![
             Periodic {
                 // the outbox gauges ride along, once per recovery run
                 after: Some(Box::new(move || {
-                    if let Some(w) = &commit_wake {
-                        match w.tell(gauges.as_ref()) {
-                            Ok(()) => commit_wake = None,
-                            Err(e) => log::warn!(
-                                "txbox: cannot tell the database which event types notify \
-                                 on commit: {e}"
-                            ),
-                        }
-                    }
+                    CommitWake::tell(&mut commit_wake, gauges.as_ref());
                     let counts = gauges
                         .status()
                         .and_then(|status| Ok((status, gauges.dlq_count(&Default::default())?)));
@@ -570,11 +554,23 @@ impl CommitWake {
         }
     }
 
-    fn tell(&self, store: &dyn FullStore) -> Result<()> {
+    /// Tells `store` what `untold` holds, if anything, and forgets it once told;
+    /// a failure is logged and the next call (the recovery thread's) tries
+    /// again.
+    fn tell(untold: &mut Option<CommitWake>, store: &dyn FullStore) {
         fn names(v: &[String]) -> Vec<&str> {
             v.iter().map(String::as_str).collect()
         }
-        store.set_commit_wake(&names(&self.notify), &names(&self.quiet))
+        let Some(w) = untold else {
+            return;
+        };
+        match store.set_commit_wake(&names(&w.notify), &names(&w.quiet)) {
+            Ok(()) => *untold = None,
+            Err(e) => log::warn!(
+                "txbox: cannot tell the database which event types notify on commit \
+                 (the recovery thread tries again): {e}"
+            ),
+        }
     }
 }
 

@@ -330,7 +330,8 @@ pub trait Notifications: Send {
     /// claim starts: while commits come faster than claims, notifications
     /// bring nothing. The default holds nothing.
     fn hold(&mut self, event_type: &str) -> Result<(bool, bool)> {
-        Ok((false, self.release(event_type)?))
+        let settled = self.settled(&[event_type.to_owned()])?;
+        Ok((false, settled.iter().all(|(_, s)| *s)))
     }
 
     /// Ends a [`Notifications::hold`]; then says whether it is
