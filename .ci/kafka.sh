@@ -54,6 +54,26 @@ case "${1:-start}" in
         tail -20 "$LOG" >&2 || true
         exit 1
         ;;
+    start-tls)
+        # a second broker, for TLS: it listens on 9094 and tells its clients to
+        # come to localhost:9093, where socat (tls.sh) ends TLS in front of it
+        if (exec 3<>"/dev/tcp/$ADDR/9094") 2>/dev/null; then
+            exit 0
+        fi
+        bin=$(tansu_bin)
+        RUST_LOG=${TXBOX_TANSU_RUST_LOG:-warn} nohup "$bin" broker --listener-url "tcp://$ADDR:9094" \
+            --advertised-listener-url "tcp://localhost:9093" \
+            --storage-engine memory://tansu-tls/ >>"$LOG.tls" 2>&1 &
+        for _ in $(seq 1 60); do
+            if (exec 3<>"/dev/tcp/$ADDR/9094") 2>/dev/null; then
+                echo "[kafka] Tansu for TLS is up on $ADDR:9094"
+                exit 0
+            fi
+            sleep 0.5
+        done
+        echo "[kafka] Tansu for TLS did not come up; log: $LOG.tls" >&2
+        exit 1
+        ;;
     stop)
         pkill -f "tansu broker --listener-url tcp://$ADDR:$PORT" || true
         for _ in $(seq 1 40); do
@@ -83,7 +103,7 @@ case "${1:-start}" in
         exit 1
         ;;
     *)
-        echo "usage: kafka.sh start|stop|pause|resume|topic NAME [PARTITIONS]" >&2
+        echo "usage: kafka.sh start|start-tls|stop|pause|resume|topic NAME [PARTITIONS]" >&2
         exit 2
         ;;
 esac
