@@ -130,13 +130,19 @@ ensure_kafka() {
     bash "$(dirname "$0")/kafka.sh" start
 }
 
-for s in ${@:-postgres mariadb rabbitmq kafka redis}; do
+# TLS on each of them (a test CA, certificates, listeners): after they are up
+ensure_tls() {
+    bash "$(dirname "$0")/tls.sh"
+}
+
+for s in ${@:-postgres mariadb rabbitmq kafka redis tls}; do
     case "$s" in
         postgres) ensure_postgres ;;
         rabbitmq) ensure_rabbitmq ;;
         kafka) ensure_kafka ;;
         redis) ensure_redis ;;
         mariadb) ensure_mariadb ;;
+        tls) ensure_tls ;;
         *) log "unknown service $s"; exit 2 ;;
     esac
 done

@@ -84,6 +84,17 @@ pub enum Error {
         why: String,
     },
 
+    /// A connection to a database, broker or cache could not be opened: the
+    /// host refused or did not answer, TLS failed (a certificate that does not
+    /// verify, a server without TLS where TLS is required), the login was refused.
+    #[error("connecting to {to}: {reason}")]
+    Connect {
+        /// What was connected to: the service and its host and port.
+        to: String,
+        /// Why it failed, as the driver or the TLS library said.
+        reason: String,
+    },
+
     /// A connection could not be taken from the pool in time.
     #[error("database pool: {0}")]
     Pool(String),

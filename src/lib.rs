@@ -153,6 +153,8 @@ mod relay;
 mod sender;
 mod store;
 mod tables;
+#[cfg(any(feature = "postgres", feature = "rabbitmq"))]
+mod tls;
 mod transaction;
 
 pub use config::{
@@ -168,7 +170,7 @@ pub use event::{
 };
 pub use id::{EventId, ParseEventIdError};
 #[cfg(feature = "redis")]
-pub use inbox::RedisCache;
+pub use inbox::{RedisCache, RedisCacheBuilder};
 pub use inbox::{
     Handled, Inbox, InboxCache, InboxCleanup, InboxStats, MemoryCache, MissingIdPolicy,
 };
@@ -194,7 +196,7 @@ pub use store::{MySqlDialect, MySqlStore};
 #[cfg(feature = "oracle")]
 pub use store::{OracleDialect, OracleStore};
 #[cfg(feature = "postgres")]
-pub use store::{PgDialect, PgPool, PgStore};
+pub use store::{pg_config, PgConnector, PgDialect, PgPool, PgStore, PgTls};
 #[cfg(feature = "sqlite")]
 pub use store::{SqliteDialect, SqliteStore};
 pub use transaction::Transaction;

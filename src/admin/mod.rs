@@ -3,7 +3,8 @@
 //!
 //! | route | |
 //! |---|---|
-//! | `GET /health` | 200 when the database answers and every relay thread runs, else 503 |
+//! | `GET /health` | 200 when the database answers and every relay thread runs, none stuck (busy with one piece of work longer than [`AdminOptions::stuck_after`]), else 503 |
+//! | `GET /ready` | 200 when healthy and every relay's broker can be reached, else 503 (a broker outage: the events wait) |
 //! | `GET /metrics` | Prometheus text ([`crate::metrics::prometheus`]) |
 //! | `GET /dlq/events?type=&status=&offset=&limit=` | dead letters, JSON |
 //! | `GET /dlq/events/{id}` | one dead letter, JSON |
@@ -73,6 +74,7 @@ pub struct AdminOptions {
     relays: Vec<RelayProbe>,
     protect_probes: bool,
     request_timeout: Duration,
+    stuck_after: Duration,
 }
 
 /// The token is a secret: never printed.
@@ -87,6 +89,7 @@ impl std::fmt::Debug for AdminOptions {
             .field("relays", &self.relays.len())
             .field("protect_probes", &self.protect_probes)
             .field("request_timeout", &self.request_timeout)
+            .field("stuck_after", &self.stuck_after)
             .finish()
     }
 }
@@ -107,7 +110,17 @@ impl AdminOptions {
             relays: Vec::new(),
             protect_probes: false,
             request_timeout: Duration::from_secs(5),
+            stuck_after: RelayProbe::STUCK_AFTER,
         }
+    }
+
+    /// How long a relay thread may be busy with one piece of work (a claim and
+    /// its batch, a cleanup pass) before `/health` counts it stuck and answers
+    /// 503 (default [`RelayProbe::STUCK_AFTER`], 120 s: longer than the
+    /// timeouts of the connections it waits on).
+    pub fn stuck_after(mut self, d: Duration) -> Self {
+        self.stuck_after = d;
+        self
     }
 
     /// The address to listen on (e.g. `127.0.0.1:9464`).
@@ -178,6 +191,7 @@ impl AdminServer {
         let stopped = stop.clone();
         let options = Arc::new(options);
         let busy = Arc::new(AtomicUsize::new(0));
+        let reading = Readers::default();
         let thread = std::thread::Builder::new()
             .name("txbox-admin-http".into())
             .spawn(move || {
@@ -196,21 +210,14 @@ impl AdminServer {
                     let timeout = options.request_timeout;
                     let _ = stream.set_read_timeout(Some(timeout));
                     let _ = stream.set_write_timeout(Some(timeout));
-                    let taken = busy.fetch_add(1, Ordering::AcqRel);
-                    if taken >= MAX_CONCURRENT_REQUESTS + PROBE_RESERVE {
-                        let _slot = Slot(busy.clone());
-                        answer(stream, &busy_answer(), false);
-                        continue;
-                    }
-                    let probes_only = taken >= MAX_CONCURRENT_REQUESTS;
-                    let slot = Slot(busy.clone());
-                    let (store, options) = (store.clone(), options.clone());
+                    // a connection takes a request slot only once its head has
+                    // arrived: clients that connect and stall wait among the
+                    // readers, the oldest given up when there are too many
+                    let reading = reading.arrive(&stream);
+                    let (store, options, busy) = (store.clone(), options.clone(), busy.clone());
                     let spawned = std::thread::Builder::new()
                         .name("txbox-admin-request".into())
-                        .spawn(move || {
-                            let _slot = slot;
-                            serve(&store, &options, stream, probes_only);
-                        });
+                        .spawn(move || serve(&store, &options, stream, reading, &busy));
                     if let Err(e) = spawned {
                         log::warn!("txbox: admin endpoint: no thread for a request: {e}");
                     }
@@ -264,6 +271,42 @@ impl Drop for AdminServer {
 /// Serves one connection: the head, then route and token, then the body (only
 /// a route that takes one reads it), all before the deadline; one answer, then
 /// the connection closes.
+/// Connections whose request head has not arrived yet, at most
+/// [`MAX_READING`]: past it the oldest is closed (it answers 408), so clients
+/// that connect and send nothing never keep a probe from being read.
+#[derive(Clone, Default)]
+struct Readers(Arc<std::sync::Mutex<(u64, std::collections::VecDeque<(u64, TcpStream)>)>>);
+
+/// Connections read at once before the oldest is given up.
+const MAX_READING: usize = 256;
+
+/// One connection among the [`Readers`], until dropped.
+struct Reading(Readers, u64);
+
+impl Readers {
+    fn arrive(&self, stream: &TcpStream) -> Reading {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        while g.1.len() >= MAX_READING {
+            if let Some((_, oldest)) = g.1.pop_front() {
+                let _ = oldest.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        g.0 += 1;
+        let id = g.0;
+        if let Ok(clone) = stream.try_clone() {
+            g.1.push_back((id, clone));
+        }
+        Reading(self.clone(), id)
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let mut g = (self.0).0.lock().unwrap_or_else(|p| p.into_inner());
+        g.1.retain(|(id, _)| *id != self.1);
+    }
+}
+
 /// The 503 of a full server.
 fn busy_answer() -> Resp {
     err(503, "too many requests at once")
@@ -273,14 +316,21 @@ fn serve(
     store: &Arc<dyn FullStore>,
     options: &AdminOptions,
     mut stream: TcpStream,
-    probes_only: bool,
+    reading: Reading,
+    busy: &Arc<AtomicUsize>,
 ) {
     let deadline = Instant::now() + options.request_timeout;
-    let head = match read_head(&mut stream, deadline) {
+    let head = read_head(&mut stream, deadline);
+    drop(reading);
+    let head = match head {
         Ok(h) => h,
         Err(refused) => return answer(stream, &refused, false),
     };
-    if probes_only && !is_probe(&head.call) {
+    let taken = busy.fetch_add(1, Ordering::AcqRel);
+    let _slot = Slot(busy.clone());
+    let probes_only = taken >= MAX_CONCURRENT_REQUESTS;
+    if taken >= MAX_CONCURRENT_REQUESTS + PROBE_RESERVE || (probes_only && !is_probe(&head.call))
+    {
         return answer(stream, &busy_answer(), false);
     }
     if let Err(refused) = authorize(options, &head.call, head.auth.as_deref()) {
@@ -308,7 +358,7 @@ fn serve(
 /// A request for `/health` or `/metrics`.
 fn is_probe(call: &Call) -> bool {
     let path = call.url.split('?').next().unwrap_or_default();
-    matches!(path.trim_matches('/'), "health" | "metrics")
+    matches!(path.trim_matches('/'), "health" | "ready" | "metrics")
 }
 
 /// Whether the request may go on: every DLQ route needs the token, `/health`
@@ -343,7 +393,8 @@ fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body:
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let dlq = Dlq::new(store.clone());
     let result: Result<Resp> = match (call.method.as_str(), segments.as_slice()) {
-        ("GET", ["health"]) => Ok(health(store, options)),
+        ("GET", ["health"]) => Ok(health(store, options, false)),
+        ("GET", ["ready"]) => Ok(health(store, options, true)),
         ("GET", ["metrics"]) => Ok(Resp {
             code: 200,
             content_type: "text/plain; version=0.0.4",
@@ -368,6 +419,7 @@ fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body:
         (
             _,
             ["health"]
+            | ["ready"]
             | ["metrics"]
             | ["dlq", "events"]
             | ["dlq", "events", _]
@@ -399,7 +451,9 @@ fn json<T: serde::Serialize>(code: u16, v: &T) -> Resp {
     )
 }
 
-fn health(store: &Arc<dyn FullStore>, options: &AdminOptions) -> Resp {
+/// `/health` (`readiness` false): the database answers and every relay thread
+/// runs, none stuck. `/ready`: that, and every relay's broker can be reached.
+fn health(store: &Arc<dyn FullStore>, options: &AdminOptions, readiness: bool) -> Resp {
     // a short reason only: the error's text (hosts, users, server messages) goes
     // to the log, not to whoever reaches the port
     let database = match store.ping() {
@@ -409,13 +463,27 @@ fn health(store: &Arc<dyn FullStore>, options: &AdminOptions) -> Resp {
             "unreachable"
         }
     };
-    let threads: Vec<(usize, usize)> = options.relays.iter().map(RelayProbe::threads).collect();
-    let relays_ok = threads.iter().all(|(running, all)| running == all);
-    let ok = database == "ok" && relays_ok;
+    let relays: Vec<_> = options
+        .relays
+        .iter()
+        .map(|p| {
+            let (running, threads) = p.threads();
+            let stuck = p.stuck(options.stuck_after);
+            (running == threads && stuck == 0, p.broker_down() == 0, serde_json::json!({
+                "running": running,
+                "threads": threads,
+                "stuck": stuck,
+                "broker": if p.broker_down() == 0 { "ok" } else { "unreachable" },
+            }))
+        })
+        .collect();
+    let healthy = database == "ok" && relays.iter().all(|r| r.0);
+    let ready = healthy && relays.iter().all(|r| r.1);
+    let ok = if readiness { ready } else { healthy };
     let mut body = serde_json::json!({
-        "status": if ok { "ok" } else { "unhealthy" },
+        "status": if ok { "ok" } else if readiness && healthy { "not ready" } else { "unhealthy" },
         "database": database,
-        "relays": threads.iter().map(|(r, a)| serde_json::json!({"running": r, "threads": a})).collect::<Vec<_>>(),
+        "relays": relays.into_iter().map(|r| r.2).collect::<Vec<_>>(),
     });
     // PostgreSQL: how full the notification queue is (a listener that stopped
     // reading fills it; at 0.5 commits stop notifying and the relays poll)

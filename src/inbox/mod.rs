@@ -43,7 +43,7 @@ mod redis;
 
 pub use cache::{InboxCache, MemoryCache};
 #[cfg(feature = "redis")]
-pub use redis::RedisCache;
+pub use redis::{RedisCache, RedisCacheBuilder};
 
 /// Whether the handler ran.
 #[derive(Debug, Clone, PartialEq, Eq)]

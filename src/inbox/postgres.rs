@@ -2,16 +2,16 @@
 
 use crate::error::{Error, Result};
 use crate::event::EventId;
-use crate::store::postgres::PgPool;
+use crate::store::postgres::{PgConnector, PgPool};
 
 impl crate::inbox::Inbox {
     /// Transactional, on a transaction the inbox opens from `pool`: records `id`,
     /// runs `handler` in the same transaction and commits both, or rolls both back
     /// when the handler fails (its error passes through unchanged). Caches the id
     /// after the commit.
-    pub fn handle_pg<T, E, F>(
+    pub fn handle_pg<T, E, F, C: PgConnector>(
         &self,
-        pool: &PgPool,
+        pool: &PgPool<C>,
         id: EventId,
         handler: F,
     ) -> Result<crate::inbox::Handled<T>, E>
@@ -38,9 +38,9 @@ impl crate::inbox::Inbox {
     /// reads the event id, runs `handler` through [`Inbox::handle_pg`](crate::inbox::Inbox::handle_pg),
     /// then lets the loop commit / ack. A message without a valid id goes to `policy`;
     /// a failed handler is retried (redelivered).
-    pub fn handler_pg<E, F>(
+    pub fn handler_pg<E, F, C: PgConnector>(
         &self,
-        pool: PgPool,
+        pool: PgPool<C>,
         policy: crate::inbox::MissingIdPolicy,
         mut handler: F,
     ) -> impl FnMut(&crate::ReceivedEvent) -> crate::consumer::Verdict

@@ -9,28 +9,102 @@ use crate::error::{Error, Result};
 /// Caches consumed ids in Redis (`SET key 1 PX ttl`, `EXISTS key`), shared by every
 /// instance of a service. One connection, opened again after an error.
 ///
+/// `rediss://` connects over TLS, verifying the server's certificate against
+/// the system's CAs, or those of [`RedisCacheBuilder::root_cert_file`];
+/// `rediss://host/#insecure` skips the check (redis-rs's spelling). Every
+/// connect and every command has a timeout (2 s each by default): a Redis that
+/// does not answer fails the call, and the inbox goes on without its cache.
+///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
 /// let cache = txbox::RedisCache::new("redis://127.0.0.1:6379")?;
-/// # let _ = cache; Ok(()) }
+/// let managed = txbox::RedisCache::builder("rediss://cache.internal:6380")
+///     .root_cert_file("/etc/ssl/redis-ca.pem")
+///     .command_timeout(std::time::Duration::from_millis(500))
+///     .build()?;
+/// # let _ = (cache, managed); Ok(()) }
 /// ```
 pub struct RedisCache {
     client: redis::Client,
+    connect_timeout: Duration,
+    command_timeout: Duration,
     conn: Mutex<Option<redis::Connection>>,
+}
+
+/// Builds a [`RedisCache`]: TLS roots and timeouts.
+#[derive(Debug, Clone)]
+pub struct RedisCacheBuilder {
+    url: String,
+    root_cert_file: Option<std::path::PathBuf>,
+    connect_timeout: Duration,
+    command_timeout: Duration,
 }
 
 fn err(e: redis::RedisError) -> Error {
     Error::Broker(format!("redis: {e}"))
 }
 
-impl RedisCache {
-    /// A cache on the Redis at `url` (`redis://host:port/db`). Connects lazily.
-    pub fn new(url: &str) -> Result<Self> {
-        let client = redis::Client::open(url).map_err(err)?;
+impl RedisCacheBuilder {
+    /// The CAs (PEM) a `rediss://` server's certificate must be signed by,
+    /// instead of the system's.
+    pub fn root_cert_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.root_cert_file = Some(path.into());
+        self
+    }
+
+    /// The longest a connect (TLS handshake included) may take; default 2 s.
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest one command may wait for its answer; default 2 s.
+    pub fn command_timeout(mut self, d: Duration) -> Self {
+        self.command_timeout = d.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The cache; connects lazily. A URL that cannot be read, or a roots file
+    /// that cannot, is an error now.
+    pub fn build(self) -> Result<RedisCache> {
+        let client = match &self.root_cert_file {
+            None => redis::Client::open(self.url.as_str()).map_err(err)?,
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|source| Error::Io {
+                    context: format!("reading the TLS root certificates {}", path.display()),
+                    source,
+                })?;
+                let certs = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                };
+                redis::Client::build_with_tls(self.url.as_str(), certs).map_err(err)?
+            }
+        };
         Ok(RedisCache {
             client,
+            connect_timeout: self.connect_timeout,
+            command_timeout: self.command_timeout,
             conn: Mutex::new(None),
         })
+    }
+}
+
+impl RedisCache {
+    /// A cache on the Redis at `url` (`redis://host:port/db`, `rediss://` for
+    /// TLS), with the default timeouts. Connects lazily.
+    pub fn new(url: &str) -> Result<Self> {
+        Self::builder(url).build()
+    }
+
+    /// A builder for a cache on the Redis at `url`.
+    pub fn builder(url: &str) -> RedisCacheBuilder {
+        RedisCacheBuilder {
+            url: url.to_owned(),
+            root_cert_file: None,
+            connect_timeout: Duration::from_secs(2),
+            command_timeout: Duration::from_secs(2),
+        }
     }
 
     fn with<T>(
@@ -39,11 +113,17 @@ impl RedisCache {
     ) -> Result<T> {
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
+            let info = self.client.get_connection_info();
             let c = self
                 .client
-                .get_connection_with_timeout(Duration::from_secs(2))
+                .get_connection_with_timeout(self.connect_timeout)
+                .map_err(|e| Error::Connect {
+                    to: format!("Redis at {}", crate::redact::urls(&info.addr().to_string())),
+                    reason: e.to_string(),
+                })?;
+            c.set_read_timeout(Some(self.command_timeout))
                 .map_err(err)?;
-            c.set_read_timeout(Some(Duration::from_secs(2)))
+            c.set_write_timeout(Some(self.command_timeout))
                 .map_err(err)?;
             *guard = Some(c);
         }

@@ -11,7 +11,7 @@ use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 use crate::event::{HEADER_CONTENT_TYPE, HEADER_EVENT_ID};
 
-fn open(url: &str) -> std::result::Result<Connection, amiquip::Error> {
+fn open(url: &str) -> Result<Connection> {
     super::open(url, amiquip::ConnectionTuning::default())
 }
 
@@ -160,7 +160,7 @@ impl RabbitConsumer {
         let amqp = |e: amiquip::Error| {
             Error::Broker(format!("rabbitmq: {}", crate::redact::urls(&e.to_string())))
         };
-        let mut connection = open(&self.url).map_err(amqp)?;
+        let mut connection = open(&self.url)?;
         let channel = connection.open_channel(None).map_err(amqp)?;
         channel.qos(0, self.prefetch, false).map_err(amqp)?;
         let consumer = channel

@@ -30,8 +30,9 @@ mod sender;
 pub use consumer::{OnError, RabbitConsumer, RabbitConsumerBuilder};
 pub use sender::{RabbitSender, RabbitSenderBuilder};
 
-/// Opens a plain-TCP AMQP connection (`amqp://`; TLS is not built in) with
-/// `TCP_NODELAY` set.
+/// Opens an AMQP connection (`amqp://`, or `amqps://` over TLS) with
+/// `TCP_NODELAY` set, giving up on a broker that does not finish the handshake
+/// within the URL's `connection_timeout` (default [`CONNECTION_TIMEOUT`]).
 ///
 /// amiquip does not set it, and it writes a message's frames (method, header,
 /// body) as its I/O thread receives them, sometimes in two writes. With Nagle's
@@ -39,34 +40,64 @@ pub use sender::{RabbitSender, RabbitSenderBuilder};
 /// first: 40 ms on Linux, measured as a p99 of 44-49 ms per event on some
 /// connections (docs/BENCHMARKS.md). So the socket is opened here, and the URL
 /// read as amiquip reads it: user and password, virtual host, and the
-/// `heartbeat`, `channel_max` and `connection_timeout` parameters. A URL this
-/// does not read in full goes to amiquip's own `open`, which connects without
-/// `TCP_NODELAY` or reports what is wrong with the URL.
+/// `heartbeat`, `channel_max` and `connection_timeout` parameters; and, for
+/// `amqps://`, the TLS parameters of RabbitMQ's URI spec: `cacertfile` (the
+/// CAs to trust instead of the system's), `certfile` and `keyfile` (a client
+/// certificate), `verify` (`verify_peer`, the default, or `verify_none`) and
+/// `server_name_indication` (the name the certificate must carry, by default
+/// the URL's host). A URL this does not read in full goes to amiquip's own
+/// `open`, which reports what is wrong with it.
 pub(crate) fn open(
     url: &str,
     tuning: amiquip::ConnectionTuning,
-) -> std::result::Result<amiquip::Connection, amiquip::Error> {
-    let Some((addrs, options)) = nodelay_target(url) else {
-        return amiquip::Connection::insecure_open_tuned(url, tuning);
+) -> std::result::Result<amiquip::Connection, crate::Error> {
+    let broker = |e: amiquip::Error| crate::Error::Connect {
+        to: format!("RabbitMQ at {}", crate::redact::urls(url)),
+        reason: crate::redact::urls(&e.to_string()),
     };
-    match open_first(&addrs, &options, &tuning) {
-        Some(result) => result,
-        None => amiquip::Connection::insecure_open_tuned(url, tuning),
+    let Some(target) = nodelay_target(url)? else {
+        return amiquip::Connection::insecure_open_tuned(url, tuning).map_err(broker);
+    };
+    match open_first(&target, &tuning) {
+        Some(result) => result.map_err(broker),
+        None => amiquip::Connection::insecure_open_tuned(url, tuning).map_err(broker),
     }
+}
+
+/// How long a connection may take to connect and finish the AMQP handshake
+/// (TLS included) when the URL does not say (`connection_timeout`, in ms):
+/// a broker that accepts the connection and never answers (a load balancer
+/// without a backend, a frozen host) fails it then, instead of holding the
+/// relay thread for good.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a URL connects, and how.
+struct Target {
+    addrs: Vec<std::net::SocketAddr>,
+    options: amiquip::ConnectionOptions<amiquip::Auth>,
+    /// For `amqps://`: the connector and the name the certificate must carry.
+    tls: Option<(native_tls::TlsConnector, String)>,
 }
 
 /// Opens a connection to the first of `addrs` that takes it, each in turn as
 /// amiquip does: the socket connects in the background, so a refused address
 /// shows in the handshake. The last error when none did; `None` with no address.
 fn open_first(
-    addrs: &[std::net::SocketAddr],
-    options: &amiquip::ConnectionOptions<amiquip::Auth>,
+    target: &Target,
     tuning: &amiquip::ConnectionTuning,
 ) -> Option<std::result::Result<amiquip::Connection, amiquip::Error>> {
     let mut last = None;
-    for addr in addrs {
-        let attempt = nodelay_socket(addr).and_then(|stream| {
-            amiquip::Connection::insecure_open_stream(stream, options.clone(), tuning.clone())
+    for addr in &target.addrs {
+        let (options, tuning) = (target.options.clone(), tuning.clone());
+        let attempt = nodelay_socket(addr).and_then(|stream| match &target.tls {
+            Some((connector, name)) => amiquip::Connection::open_tls_stream(
+                connector.clone(),
+                name,
+                stream,
+                options,
+                tuning,
+            ),
+            None => amiquip::Connection::insecure_open_stream(stream, options, tuning),
         });
         match attempt {
             Ok(c) => return Some(Ok(c)),
@@ -86,26 +117,71 @@ fn nodelay_socket(
     Ok(stream)
 }
 
-/// The addresses and the options of an `amqp://` URL; `None` for any URL
-/// amiquip should read itself.
-fn nodelay_target(
-    url: &str,
+/// The addresses, the options and the TLS of an `amqp://` or `amqps://` URL;
+/// `None` for any URL amiquip should read itself; an error for TLS settings
+/// that cannot be used (a CA file that cannot be read, a bad `verify`).
+fn nodelay_target(url: &str) -> crate::Result<Option<Target>> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Ok(None);
+    };
+    let tls = match parsed.scheme() {
+        "amqp" => None,
+        "amqps" => Some(tls_of(&parsed)?),
+        _ => return Ok(None),
+    };
+    Ok(amqp_target(&parsed, tls.is_some()).map(|(addrs, options)| Target {
+        addrs,
+        options,
+        tls,
+    }))
+}
+
+/// The URL's TLS parameters (RabbitMQ's URI spec) as a connector, and the name
+/// the server's certificate must carry.
+fn tls_of(url: &url::Url) -> crate::Result<(native_tls::TlsConnector, String)> {
+    use crate::tls::{TlsOptions, Verify};
+    let get = |key: &str| url.query_pairs().find(|(k, _)| k == key).map(|(_, v)| v.into_owned());
+    let bad = |message: String| crate::Error::Config {
+        path: "rabbitmq url".into(),
+        message,
+    };
+    let verify = match get("verify").as_deref() {
+        None | Some("verify_peer") => Verify::Full,
+        Some("verify_none") => Verify::Nothing,
+        Some(v) => return Err(bad(format!("verify={v:?}: use verify_peer or verify_none"))),
+    };
+    let mut tls = TlsOptions::new(verify);
+    tls.roots = get("cacertfile").map(Into::into);
+    match (get("certfile"), get("keyfile")) {
+        (Some(c), Some(k)) => tls.identity = Some((c.into(), k.into())),
+        (None, None) => {}
+        _ => return Err(bad("certfile and keyfile go together".into())),
+    }
+    let name = get("server_name_indication")
+        .or_else(|| url.host_str().map(|h| h.trim_matches(['[', ']']).to_owned()))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    Ok((tls.connector()?, name))
+}
+
+/// The addresses and options of an AMQP URL, or `None` when it holds what this
+/// does not read.
+fn amqp_target(
+    url: &url::Url,
+    tls: bool,
 ) -> Option<(
     Vec<std::net::SocketAddr>,
     amiquip::ConnectionOptions<amiquip::Auth>,
 )> {
     use amiquip::{Auth, ConnectionOptions};
-    let url = url::Url::parse(url).ok()?;
-    if url.scheme() != "amqp" {
-        return None;
-    }
+    let port = if tls { 5671 } else { 5672 };
     let decode = |s: &str| {
         percent_encoding::percent_decode_str(s)
             .decode_utf8()
             .ok()
             .map(|s| s.into_owned())
     };
-    let mut options = ConnectionOptions::<Auth>::default();
+    let mut options = ConnectionOptions::<Auth>::default().connection_timeout(Some(CONNECTION_TIMEOUT));
     // `amqp://host` has no path at all, `amqp://host/` an empty one: both the
     // default virtual host
     if let Some(mut path) = url.path_segments() {
@@ -132,16 +208,19 @@ fn nodelay_target(
             "connection_timeout" => {
                 options.connection_timeout(Some(Duration::from_millis(v.parse().ok()?)))
             }
+            "cacertfile" | "certfile" | "keyfile" | "verify" | "server_name_indication" if tls => {
+                options
+            }
             _ => return None,
         };
     }
     // `socket_addrs` takes an IPv6 host out of its brackets; no host is localhost
     let addrs: Vec<std::net::SocketAddr> = if url.host_str().is_none_or(str::is_empty) {
-        std::net::ToSocketAddrs::to_socket_addrs(&("localhost", url.port().unwrap_or(5672)))
+        std::net::ToSocketAddrs::to_socket_addrs(&("localhost", url.port().unwrap_or(port)))
             .ok()?
             .collect()
     } else {
-        url.socket_addrs(|| Some(5672)).ok()?
+        url.socket_addrs(|| Some(port)).ok()?
     };
     (!addrs.is_empty()).then_some((addrs, options))
 }
@@ -152,7 +231,11 @@ pub(crate) const MAX_RECONNECT: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {
-    use super::{nodelay_socket, nodelay_target};
+    use super::{nodelay_socket, nodelay_target, Target};
+
+    fn target(url: &str) -> Option<Target> {
+        nodelay_target(url).unwrap_or_else(|e| panic!("{url}: {e}"))
+    }
 
     /// Connecting needs no broker: the socket is non-blocking and still connecting.
     #[test]
@@ -168,8 +251,13 @@ mod tests {
             ("amqp://127.0.0.1?channel_max=16", 5672),
             ("amqp://[::1]:5672", 5672),
             ("amqp://localhost", 5672),
+            ("amqps://localhost", 5671),
+            ("amqps://guest:guest@127.0.0.1:5681/?verify=verify_none", 5681),
+            ("amqps://localhost?server_name_indication=rabbit.internal", 5671),
         ] {
-            let (addrs, _) = nodelay_target(url).unwrap_or_else(|| panic!("{url} not read"));
+            let t = target(url).unwrap_or_else(|| panic!("{url} not read"));
+            assert_eq!(t.tls.is_some(), url.starts_with("amqps"), "{url}");
+            let addrs = t.addrs;
             assert!(addrs.iter().all(|a| a.port() == port), "{url}: {addrs:?}");
             let stream = nodelay_socket(&addrs[0]).unwrap();
             assert!(stream.nodelay().unwrap(), "{url}: TCP_NODELAY not set");
@@ -190,28 +278,44 @@ mod tests {
             eprintln!("SKIPPED: no RabbitMQ on {broker}");
             return;
         }
-        let (_, options) = nodelay_target("amqp://guest:guest@127.0.0.1:5672").unwrap();
+        let mut t = target("amqp://guest:guest@127.0.0.1:5672").unwrap();
         let refused: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
         let tuning = amiquip::ConnectionTuning::default();
-        let conn = super::open_first(&[refused, broker], &options, &tuning).unwrap();
+        t.addrs = vec![refused, broker];
+        let conn = super::open_first(&t, &tuning).unwrap();
         conn.unwrap().close().unwrap();
-        let alone = super::open_first(&[refused], &options, &tuning).unwrap();
+        t.addrs = vec![refused];
+        let alone = super::open_first(&t, &tuning).unwrap();
         assert!(alone.is_err(), "nothing listens on port 1");
-        assert!(super::open_first(&[], &options, &tuning).is_none());
+        t.addrs = vec![];
+        assert!(super::open_first(&t, &tuning).is_none());
     }
 
     /// What this does not read, amiquip reads (and refuses, with its own error).
     #[test]
     fn other_urls_are_left_to_amiquip() {
         for url in [
-            "amqps://127.0.0.1:5671",
             "amqp://127.0.0.1/a/b",
+            "amqp://127.0.0.1?cacertfile=/ca.pem",
             "amqp://127.0.0.1?heartbeat=many",
             "amqp://127.0.0.1?auth_mechanism=external",
             "amqp://127.0.0.1?frame_max=1",
             "not a url",
         ] {
-            assert!(nodelay_target(url).is_none(), "{url} read");
+            assert!(target(url).is_none(), "{url} read");
+        }
+    }
+
+    /// TLS settings that cannot work are an error naming what is wrong.
+    #[test]
+    fn unusable_tls_settings_are_errors() {
+        for (url, says) in [
+            ("amqps://localhost?verify=maybe", "verify"),
+            ("amqps://localhost?certfile=/c.pem", "keyfile"),
+            ("amqps://localhost?cacertfile=/nonexistent/ca.pem", "/nonexistent/ca.pem"),
+        ] {
+            let e = nodelay_target(url).err().unwrap_or_else(|| panic!("{url} accepted"));
+            assert!(e.to_string().contains(says), "{url}: {e}");
         }
     }
 }

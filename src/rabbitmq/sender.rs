@@ -24,7 +24,7 @@ use crate::sender::{SendError, Sender, SenderFactory};
 const PUBLISH_FRAMES: usize = 1024;
 
 /// Opens a connection for publishing.
-fn open_publisher(url: &str) -> std::result::Result<Connection, amiquip::Error> {
+fn open_publisher(url: &str) -> crate::Result<Connection> {
     super::open(
         url,
         amiquip::ConnectionTuning::default().mem_channel_bound(PUBLISH_FRAMES),
@@ -165,6 +165,9 @@ impl RabbitChannel {
                 Err(e) => {
                     // amiquip's connect errors name the URL, password included
                     let e = crate::redact::urls(&e.to_string());
+                    // the events wait (PENDING, no attempt counted): the log
+                    // says why, once per try, and the relay is not ready
+                    log::warn!("txbox: rabbitmq sender: {e}; next try in {:?}", self.backoff);
                     self.last_error = e.clone();
                     self.retry_at = now + self.backoff;
                     self.backoff = (self.backoff * 2).min(MAX_RECONNECT);
@@ -177,12 +180,15 @@ impl RabbitChannel {
             .ok_or_else(|| SendError::transient("rabbitmq not connected"))
     }
 
-    fn open_channel(url: &str) -> std::result::Result<Open, amiquip::Error> {
+    fn open_channel(url: &str) -> crate::Result<Open> {
         let mut connection = open_publisher(url)?;
-        let channel = connection.open_channel(None)?;
-        let confirms = channel.listen_for_publisher_confirms()?;
-        let returns = channel.listen_for_returns()?;
-        channel.enable_publisher_confirms()?;
+        let amqp = |e: amiquip::Error| {
+            crate::Error::Broker(format!("rabbitmq: {}", crate::redact::urls(&e.to_string())))
+        };
+        let channel = connection.open_channel(None).map_err(amqp)?;
+        let confirms = channel.listen_for_publisher_confirms().map_err(amqp)?;
+        let returns = channel.listen_for_returns().map_err(amqp)?;
+        channel.enable_publisher_confirms().map_err(amqp)?;
         Ok(Open {
             channel,
             confirms,

@@ -105,6 +105,7 @@ impl Listener {
             if ctx.stopped() {
                 return Ok(());
             }
+            super::beat();
             let mut wait = WAIT;
             if !owed.is_empty() {
                 wait = wait.min(next_check.saturating_duration_since(Instant::now()));

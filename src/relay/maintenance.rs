@@ -73,6 +73,7 @@ impl Periodic {
         }
         let mut total = 0;
         let result = loop {
+            super::beat();
             match (self.job)(self.limit) {
                 Ok(n) => {
                     total += n;

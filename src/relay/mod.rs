@@ -70,7 +70,7 @@ pub struct Relay {
     done: Receiver<usize>,
     workers: Vec<(String, JoinHandle<()>)>,
     wakers: RelayWaker,
-    alive: Arc<Vec<AtomicBool>>,
+    alive: Arc<Threads>,
 }
 
 /// Wakes a relay's pollers: a cheap, cloneable handle ([`Relay::waker`]) for the
@@ -143,11 +143,13 @@ impl Ctx {
     fn sleep(&self, d: Duration, wake: Option<&Receiver<()>>) -> Slept {
         let never = crossbeam_channel::never();
         let wake = wake.unwrap_or(&never);
+        Threads::mark(|t, _| t.busy_since.store(0, Ordering::Relaxed));
         let slept = select! {
             recv(self.stop) -> _ => Slept::Stop,
             recv(wake) -> _ => Slept::Go,
             default(d) => Slept::Go,
         };
+        beat();
         if self.stopped() {
             Slept::Stop
         } else {
@@ -161,42 +163,131 @@ type Job = Box<dyn FnOnce() + Send>;
 
 /// Sends the thread's index on drop, so `shutdown` learns of its end even after a
 /// panic, and clears its alive flag for [`RelayProbe`].
-struct DoneGuard(
-    crossbeam_channel::Sender<usize>,
-    usize,
-    Arc<Vec<AtomicBool>>,
-);
+struct DoneGuard(crossbeam_channel::Sender<usize>, usize, Arc<Threads>);
 
 impl Drop for DoneGuard {
     fn drop(&mut self) {
-        if let Some(a) = self.2.get(self.1) {
-            a.store(false, Ordering::Relaxed);
+        if let Some(a) = self.2.each.get(self.1) {
+            a.alive.store(false, Ordering::Relaxed);
         }
         let _ = self.0.send(self.1);
     }
 }
 
+/// What a relay's threads tell its probe, one entry each.
+struct Threads {
+    epoch: Instant,
+    each: Vec<ThreadState>,
+}
+
+#[derive(Default)]
+struct ThreadState {
+    alive: AtomicBool,
+    /// When the thread's current piece of work began, in ms after `epoch`
+    /// plus one; 0 while it sleeps.
+    busy_since: AtomicU64,
+    /// A poller whose broker is not ready (cannot be connected to).
+    broker_down: AtomicBool,
+}
+
+thread_local! {
+    /// The relay thread this is, once its body runs.
+    static THIS_THREAD: std::cell::RefCell<Option<(Arc<Threads>, usize)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+impl Threads {
+    fn new(n: usize) -> Self {
+        Threads {
+            epoch: Instant::now(),
+            each: (0..n)
+                .map(|_| ThreadState {
+                    alive: AtomicBool::new(true),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    /// Runs `f` on this thread's entry (nothing off a relay thread), with the
+    /// time now as `busy_since` counts it.
+    fn mark(f: impl FnOnce(&ThreadState, u64)) {
+        THIS_THREAD.with(|t| {
+            if let Some((threads, i)) = t.borrow().as_ref() {
+                if let Some(state) = threads.each.get(*i) {
+                    f(state, threads.epoch.elapsed().as_millis() as u64 + 1);
+                }
+            }
+        });
+    }
+}
+
+/// The calling relay thread starts a piece of work now (a claim, a batch, a
+/// cleanup): one that goes on longer than a probe's `stuck_after` is stuck.
+pub(crate) fn beat() {
+    Threads::mark(|t, now| t.busy_since.store(now, Ordering::Relaxed));
+}
+
+/// The calling poller's broker can (`true`) or cannot be reached.
+pub(crate) fn broker_ready(ready: bool) {
+    Threads::mark(|t, _| t.broker_down.store(!ready, Ordering::Relaxed));
+}
+
 /// A cloneable view of a relay's threads, for health checks.
 #[derive(Clone)]
 pub struct RelayProbe {
-    alive: Arc<Vec<AtomicBool>>,
+    alive: Arc<Threads>,
 }
 
 impl RelayProbe {
+    /// How long a thread may be busy with one piece of work (a claim and its
+    /// batch, a cleanup pass) before [`RelayProbe::stuck`] counts it: longer
+    /// than the timeouts of the connections it waits on (a dead PostgreSQL
+    /// connection fails within 60 s, a RabbitMQ connect within 10 s).
+    pub const STUCK_AFTER: Duration = Duration::from_secs(120);
+
     /// `(threads running, threads started)`.
     pub fn threads(&self) -> (usize, usize) {
         let running = self
             .alive
+            .each
             .iter()
-            .filter(|a| a.load(Ordering::Relaxed))
+            .filter(|a| a.alive.load(Ordering::Relaxed))
             .count();
-        (running, self.alive.len())
+        (running, self.alive.each.len())
     }
 
-    /// True while every thread runs.
+    /// Threads running that have been busy with one piece of work for longer
+    /// than `after`: blocked on a connection that neither answers nor fails.
+    pub fn stuck(&self, after: Duration) -> usize {
+        let now = self.alive.epoch.elapsed().as_millis() as u64 + 1;
+        let after = after.as_millis() as u64;
+        self.alive
+            .each
+            .iter()
+            .filter(|t| t.alive.load(Ordering::Relaxed))
+            .filter(|t| {
+                let since = t.busy_since.load(Ordering::Relaxed);
+                since != 0 && now.saturating_sub(since) > after
+            })
+            .count()
+    }
+
+    /// Pollers whose broker cannot be reached now (their events wait, pending).
+    pub fn broker_down(&self) -> usize {
+        let down = |t: &&ThreadState| t.broker_down.load(Ordering::Relaxed);
+        self.alive.each.iter().filter(down).count()
+    }
+
+    /// True while every thread runs and none is stuck ([`RelayProbe::STUCK_AFTER`]).
     pub fn healthy(&self) -> bool {
         let (running, all) = self.threads();
-        running == all && all > 0
+        running == all && all > 0 && self.stuck(Self::STUCK_AFTER) == 0
+    }
+
+    /// Healthy, and every poller's broker can be reached.
+    pub fn ready(&self) -> bool {
+        self.healthy() && self.broker_down() == 0
     }
 }
 
@@ -416,14 +507,18 @@ impl Relay {
             done: done_rx,
             workers: Vec::new(),
             wakers: RelayWaker::default(),
-            alive: Arc::new((0..threads).map(|_| AtomicBool::new(true)).collect()),
+            alive: Arc::new(Threads::new(threads)),
         };
         let spawn = move |relay: &mut Relay, name: String, f: Job| -> Result<()> {
-            let guard = DoneGuard(done_tx.clone(), relay.workers.len(), relay.alive.clone());
+            let index = relay.workers.len();
+            let guard = DoneGuard(done_tx.clone(), index, relay.alive.clone());
+            let threads = relay.alive.clone();
             let handle = std::thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || {
                     let _guard = guard;
+                    THIS_THREAD.with(|t| *t.borrow_mut() = Some((threads, index)));
+                    beat();
                     f()
                 })
                 .map_err(|e| Error::Io {

@@ -127,6 +127,7 @@ impl Poller {
         let mut last_claim = Instant::now();
         let mut gap = WAKE_GAP;
         loop {
+            super::beat();
             // a poller sleeps only with nothing in flight, so only a full batch's
             // successor (no delay) finds batches to finish at a stop
             if delay.is_zero() {
@@ -196,7 +197,9 @@ impl Poller {
         }
         // a broker that cannot be reached: claim nothing (the events stay
         // PENDING, no attempt counted) until it can
-        if let Some(Err(e)) = self.sender.as_mut().map(|s| s.ready()) {
+        let ready = self.sender.as_mut().map(|s| s.ready());
+        super::broker_ready(!matches!(ready, Some(Err(_))));
+        if let Some(Err(e)) = ready {
             self.resume = None;
             self.drain(0, false);
             return Err(Error::Broker(format!("sender not ready: {e}")));

@@ -34,7 +34,7 @@ pub use mysql::{MySqlDialect, MySqlStore};
 #[cfg(feature = "oracle")]
 pub use oracle::{OracleDialect, OracleStore};
 #[cfg(feature = "postgres")]
-pub use postgres::{PgDialect, PgPool, PgStore};
+pub use postgres::{pg_config, PgConnector, PgDialect, PgPool, PgStore, PgTls};
 #[cfg(any(
     feature = "postgres",
     feature = "mysql",

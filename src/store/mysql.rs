@@ -5,6 +5,8 @@
 //! READ, gap locks make concurrent pollers deadlock. A deadlock or lock-wait timeout
 //! is retried, not reported as a failed batch.
 
+use std::time::Duration;
+
 use mysql::prelude::Queryable;
 use mysql::{Params, Value};
 
@@ -205,26 +207,111 @@ pub type MySqlStore = SqlStore<MySqlDialect>;
 
 impl SqlStore<MySqlDialect> {
     /// Connects a pool (up to 16 connections) to `url`
-    /// (`mysql://user:pass@host:port/db`, or `mariadb://`) for the tables of
-    /// `config`.
+    /// (`mysql://user:pass@host:port/db?options`, or `mariadb://`) for the
+    /// tables of `config`.
+    ///
+    /// TLS: the `mysql` crate's own options (`root_cert_path`,
+    /// `danger_skip_domain_validation`, `danger_accept_invalid_certs`,
+    /// `pkcs12_path`, ...), and MySQL's `ssl_mode` as its clients spell it:
+    /// `DISABLED` (the default), `REQUIRED` (encrypted, the certificate
+    /// unchecked unless `root_cert_path` is given), `VERIFY_CA` (signed by
+    /// `root_cert_path` or the system's CAs), `VERIFY_IDENTITY` (and issued for
+    /// the host). `PREFERRED` is refused: the driver cannot fall back to
+    /// plaintext, and txbox does not guess.
+    ///
+    /// Timeouts, unless the URL sets them: `tcp_connect_timeout_ms` 10 s,
+    /// `read_timeout_ms` and `write_timeout_ms` (read by txbox) 120 s,
+    /// `tcp_keepalive_time_ms` 30 s then `tcp_keepalive_probe_interval_secs` 5 ×
+    /// `tcp_keepalive_probe_count` 4, `tcp_user_timeout_ms` 50 s.
+    ///
+    /// The first connection is opened here: an unreachable server, a refused
+    /// login or a certificate that does not verify is [`Error::Connect`] now.
     pub fn connect(url: &str, config: &crate::Config) -> Result<Self> {
         let url = match url.strip_prefix("mariadb:") {
             Some(rest) => format!("mysql:{rest}"),
             None => url.to_owned(),
         };
-        let opts = mysql::Opts::from_url(&url)
-            .map_err(|e| Error::InvalidInput(format!("database url: {e}")))?;
-        let opts = mysql::OptsBuilder::from_opts(opts)
+        let invalid = |e: &dyn std::fmt::Display| Error::InvalidInput(format!("database url: {e}"));
+        let mut parsed = url::Url::parse(&url).map_err(|e| invalid(&e))?;
+        let mut ours = std::collections::BTreeMap::new();
+        let kept: Vec<(String, String)> = parsed
+            .query_pairs()
+            .filter_map(|(k, v)| match k.as_ref() {
+                "ssl_mode" | "read_timeout_ms" | "write_timeout_ms" => {
+                    ours.insert(k.into_owned(), v.into_owned());
+                    None
+                }
+                _ => Some((k.into_owned(), v.into_owned())),
+            })
+            .collect();
+        parsed.set_query(None);
+        if !kept.is_empty() {
+            parsed.query_pairs_mut().extend_pairs(kept);
+        }
+        let opts = mysql::Opts::from_url(parsed.as_str()).map_err(|e| invalid(&e))?;
+        let ms = |key: &str, default: u64| -> Result<Option<Duration>> {
+            match ours.get(key) {
+                None => Ok(Some(Duration::from_millis(default))),
+                Some(v) => v
+                    .parse::<u64>()
+                    .map(|n| (n > 0).then(|| Duration::from_millis(n)))
+                    .map_err(|_| invalid(&format!("{key}={v:?} is not a number of milliseconds"))),
+            }
+        };
+        let (read, write) = (ms("read_timeout_ms", 120_000)?, ms("write_timeout_ms", 120_000)?);
+        let mut ssl = opts.get_ssl_opts().cloned();
+        match ours.get("ssl_mode").map(|m| m.to_ascii_uppercase()).as_deref() {
+            None => {}
+            Some("DISABLED") if ssl.is_none() => {}
+            Some("DISABLED") => return Err(invalid(&"ssl_mode=DISABLED with TLS options")),
+            Some(m @ ("REQUIRED" | "VERIFY_CA" | "VERIFY_IDENTITY")) => {
+                let s = ssl.take().unwrap_or_default();
+                let unchecked = m == "REQUIRED" && s.root_cert_path().is_none();
+                ssl = Some(
+                    s.with_danger_accept_invalid_certs(unchecked)
+                        .with_danger_skip_domain_validation(m != "VERIFY_IDENTITY"),
+                );
+            }
+            Some(m) => {
+                return Err(invalid(&format!(
+                    "ssl_mode {m:?} is not supported: use DISABLED, REQUIRED, VERIFY_CA or VERIFY_IDENTITY"
+                )))
+            }
+        }
+        let to = format!(
+            "MySQL at {}:{}",
+            opts.get_ip_or_hostname(),
+            opts.get_tcp_port()
+        );
+        let mut b = mysql::OptsBuilder::from_opts(opts.clone())
             .init(vec![
                 "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
             ])
+            .read_timeout(read)
+            .write_timeout(write)
+            .tcp_connect_timeout(Some(
+                opts.get_tcp_connect_timeout().unwrap_or(Duration::from_secs(10)),
+            ))
+            .tcp_keepalive_time_ms(Some(opts.get_tcp_keepalive_time_ms().unwrap_or(30_000)))
+            .tcp_keepalive_probe_interval_secs(Some(
+                opts.get_tcp_keepalive_probe_interval_secs().unwrap_or(5),
+            ))
+            .tcp_keepalive_probe_count(Some(opts.get_tcp_keepalive_probe_count().unwrap_or(4)))
+            .tcp_user_timeout_ms(Some(opts.get_tcp_user_timeout_ms().unwrap_or(50_000)))
             .pool_opts(
                 mysql::PoolOpts::default().with_constraints(
                     mysql::PoolConstraints::new(1, 16)
                         .ok_or_else(|| Error::InvalidInput("pool size".into()))?,
                 ),
             );
-        let pool = mysql::Pool::new(opts).map_err(err)?;
+        if ssl.is_some() {
+            // asked for TLS: it is not traded for the server's local socket
+            b = b.ssl_opts(ssl).prefer_socket(false);
+        }
+        let pool = mysql::Pool::new(b).map_err(|e| Error::Connect {
+            to,
+            reason: e.to_string(),
+        })?;
         SqlStore::with_pool(MySqlDialect(pool), config)
     }
 

@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
+use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::types::{ToSql, Type};
-use postgres::{GenericClient, NoTls};
+use postgres::{GenericClient, Socket};
 use r2d2_postgres::PostgresConnectionManager;
 
 use super::sql::{self, Catalog, Conn, Row, SqlStore, Style, Val};
@@ -29,8 +30,39 @@ pub(crate) const SCHEMA_5: &str = include_str!("../../sql/postgres/005_binary_pa
 /// event type in flight), per type, and off for a session (`txbox.wake`).
 pub(crate) const SCHEMA_6: &str = include_str!("../../sql/postgres/006_rationed_wake.sql");
 
-/// A connection pool of the `postgres` crate, as [`PgStore`] uses it.
-pub type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
+/// A connection pool of the `postgres` crate, as [`PgStore`] uses it: TLS
+/// through `T`, txbox's own ([`PgTls`], what [`PgStore::connect`] makes) unless
+/// you give [`PgStore::from_pool`] a pool of another connector (`postgres::NoTls`,
+/// `postgres-openssl`'s, a rustls one).
+pub type PgPool<T = PgTls> = r2d2::Pool<PostgresConnectionManager<T>>;
+
+/// The TLS connector of the pools txbox makes (`postgres-native-tls`): made by
+/// [`pg_config`] from a connection string's `sslmode` and `sslrootcert`.
+pub type PgTls = postgres_native_tls::MakeTlsConnector;
+
+/// What a pool's TLS connector must be for a [`PgStore`]: any `postgres`
+/// connector whose connections can move between threads (`NoTls`, [`PgTls`],
+/// `postgres-openssl`'s, ...). Implemented for every such type.
+pub trait PgConnector:
+    MakeTlsConnect<
+        Socket,
+        Stream: Send,
+        TlsConnect: Send + TlsConnect<Socket, Future: Send>,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<T> PgConnector for T
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+}
 
 const TS: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'";
 
@@ -278,9 +310,10 @@ fn literal(v: &Val) -> String {
 
 sql::conn_impls!(pg_query, pg_execute, pg_batch, pg_script; postgres::Client, postgres::Transaction<'_>);
 
-/// The PostgreSQL dialect of [`SqlStore`]: an r2d2 pool of `postgres` clients.
-pub struct PgDialect(
-    PgPool,
+/// The PostgreSQL dialect of [`SqlStore`]: an r2d2 pool of `postgres` clients,
+/// whose connections use the TLS connector `T`.
+pub struct PgDialect<T: PgConnector = PgTls>(
+    PgPool<T>,
     std::sync::Arc<std::sync::Mutex<Option<ListenerSession>>>,
 );
 
@@ -305,10 +338,10 @@ struct CheckedOut(std::time::Instant);
 /// A pooled connection that forgets when it was handed out as soon as a statement
 /// fails on it: its next check-out tests it, and a dead one is dropped then, not
 /// handed out again for the rest of the window.
-struct Checked(r2d2::PooledConnection<PostgresConnectionManager<NoTls>>);
+struct Checked<T: PgConnector>(r2d2::PooledConnection<PostgresConnectionManager<T>>);
 
-impl Checked {
-    fn watch<T>(&mut self, r: Result<T>) -> Result<T> {
+impl<T: PgConnector> Checked<T> {
+    fn watch<R>(&mut self, r: Result<R>) -> Result<R> {
         if r.is_err() {
             r2d2::PooledConnection::extensions_mut(&mut self.0).remove::<CheckedOut>();
         }
@@ -316,7 +349,7 @@ impl Checked {
     }
 }
 
-impl Conn for Checked {
+impl<T: PgConnector> Conn for Checked<T> {
     fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
         let r = pg_query(&mut *self.0, sql, params);
         self.watch(r)
@@ -335,9 +368,9 @@ impl Conn for Checked {
     }
 }
 
-impl sql::Dialect for PgDialect {}
+impl<T: PgConnector> sql::Dialect for PgDialect<T> {}
 
-impl sql::Backend for PgDialect {
+impl<T: PgConnector> sql::Backend for PgDialect<T> {
     const NAME: &'static str = "postgres";
     const NOTIFIES: bool = true;
     fn catalog(tables: &Tables) -> Catalog {
@@ -437,8 +470,8 @@ impl sql::Backend for PgDialect {
 /// A pooled connection that `LISTEN`s (it stays checked out while the relay runs),
 /// and the query that tells whether publishers that left out their notification
 /// are still committing ([`crate::store::Notifications::settled`]).
-struct Listening {
-    conn: r2d2::PooledConnection<PostgresConnectionManager<NoTls>>,
+struct Listening<T: PgConnector> {
+    conn: r2d2::PooledConnection<PostgresConnectionManager<T>>,
     settled: String,
     hold: String,
     release: String,
@@ -452,7 +485,7 @@ struct Listening {
 
 /// Back in the pool, the connection listens no more, and what it received is
 /// dropped (else it would pile up in a connection that serves other work).
-impl Drop for Listening {
+impl<T: PgConnector> Drop for Listening<T> {
     fn drop(&mut self) {
         use postgres::fallible_iterator::FallibleIterator;
         if !self.conn.is_closed() {
@@ -471,7 +504,7 @@ impl Drop for Listening {
     }
 }
 
-impl crate::store::Notifications for Listening {
+impl<T: PgConnector> crate::store::Notifications for Listening<T> {
     fn next(&mut self, timeout: Duration) -> Result<Option<String>> {
         if self.conn.is_closed() {
             return Err(Error::database(
@@ -509,7 +542,8 @@ impl crate::store::Notifications for Listening {
     }
 }
 
-/// The PostgreSQL store: a connection pool and this dialect's SQL.
+/// The PostgreSQL store: a connection pool and this dialect's SQL. `T` is the
+/// pool's TLS connector ([`PgTls`] for a store from [`PgStore::connect`]).
 ///
 /// ```no_run
 /// # fn main() -> txbox::Result<()> {
@@ -518,7 +552,7 @@ impl crate::store::Notifications for Listening {
 /// txbox::Store::migrate(&store)?;
 /// # Ok(()) }
 /// ```
-pub type PgStore = SqlStore<PgDialect>;
+pub type PgStore<T = PgTls> = SqlStore<PgDialect<T>>;
 
 #[derive(Debug)]
 struct LogErrors;
@@ -534,38 +568,25 @@ impl r2d2::HandleError<postgres::Error> for LogErrors {
 
 impl SqlStore<PgDialect> {
     /// Connects a pool of up to 16 connections to `url`
-    /// (`postgres://user:password@host:port/database` or key=value form) for the
-    /// tables of `config`. For another pool size, give your own pool to
-    /// [`PgStore::from_pool`].
+    /// (`postgres://user:password@host:port/database?options` or the key=value
+    /// form) for the tables of `config`, with TLS as the string's `sslmode`
+    /// asks ([`pg_config`]): TLS when the server offers it by default (`prefer`),
+    /// `require`, `verify-ca` or `verify-full` with `sslrootcert`. The first
+    /// connection is opened here: a server that cannot be reached, a certificate
+    /// that does not verify or a login that is refused is an error now,
+    /// [`Error::Connect`] naming the host. For another pool size, give your own
+    /// pool to [`PgStore::from_pool`].
     pub fn connect(url: &str, config: &crate::Config) -> Result<Self> {
-        let mut pg: postgres::Config = url
-            .parse()
-            .map_err(|e| Error::InvalidInput(format!("database url: {e}")))?;
-        // a connection dropped without a word (a failover, a NAT's idle timeout)
-        // is found within a minute, not two hours: the commit listener sends
-        // nothing, and would wait on such a connection for good
-        if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
-            pg.keepalives_idle(Duration::from_secs(30));
+        let (pg, tls) = pg_config(url)?;
+        let manager = PostgresConnectionManager::new(pg.clone(), tls.clone());
+        // one connection first, for its error: the pool only retries until its
+        // timeout and then says it timed out
+        if let Err(e) = pg.connect(tls) {
+            return Err(Error::Connect {
+                to: format!("PostgreSQL at {}", pg_hosts(&pg)),
+                reason: crate::error::PgError(e).to_string(),
+            });
         }
-        // and then given up after 4 unanswered probes 5 s apart (the OS
-        // defaults, 9 probes 75 s apart, took 12 minutes): 50 s in all
-        if pg.get_keepalives_interval().is_none() {
-            pg.keepalives_interval(Duration::from_secs(5));
-        }
-        if pg.get_keepalives_retries().is_none() {
-            pg.keepalives_retries(4);
-        }
-        // data sent and never acknowledged (a black-holed connection in a
-        // claim) fails the connection after as long, not after 15 minutes of
-        // retransmissions
-        if pg.get_tcp_user_timeout().is_none() {
-            pg.tcp_user_timeout(Duration::from_secs(50));
-        }
-        // a host that never answers the connect is given up after 10 s
-        if pg.get_connect_timeout().is_none() {
-            pg.connect_timeout(Duration::from_secs(10));
-        }
-        let manager = PostgresConnectionManager::new(pg, NoTls);
         let pool = r2d2::Pool::builder()
             .max_size(16)
             .min_idle(Some(1))
@@ -576,11 +597,14 @@ impl SqlStore<PgDialect> {
             .build(manager)?;
         Self::from_pool(pool, config)
     }
+}
 
-    /// A store over an existing pool, for the tables of `config`. A relay uses
-    /// one connection per thread at most (and one per batch in flight with held
-    /// claims).
-    pub fn from_pool(pool: PgPool, config: &crate::Config) -> Result<Self> {
+impl<T: PgConnector> SqlStore<PgDialect<T>> {
+    /// A store over an existing pool, for the tables of `config`: a pool of
+    /// txbox's TLS connector (from [`pg_config`]) or of any other (`NoTls`,
+    /// `postgres-openssl`). A relay uses one connection per thread at most
+    /// (and one per batch in flight with held claims).
+    pub fn from_pool(pool: PgPool<T>, config: &crate::Config) -> Result<Self> {
         SqlStore::with_pool(PgDialect(pool, Default::default()), config)
     }
 
@@ -591,9 +615,205 @@ impl SqlStore<PgDialect> {
     /// that sat unused for 500 ms, and a dead connection that your code takes from
     /// the pool fails its first statement and is dropped when it comes back. A pool
     /// given to [`PgStore::from_pool`] keeps its own setting.
-    pub fn pool(&self) -> &PgPool {
+    pub fn pool(&self) -> &PgPool<T> {
         &self.pool.0
     }
+}
+
+/// The hosts and ports of a configuration, for an error message.
+fn pg_hosts(pg: &postgres::Config) -> String {
+    let ports = pg.get_ports();
+    let hosts: Vec<String> = pg
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match h {
+                postgres::config::Host::Tcp(h) => format!("{h}:{port}"),
+                #[cfg(unix)]
+                postgres::config::Host::Unix(p) => format!("{}:{port}", p.display()),
+            }
+        })
+        .collect();
+    if hosts.is_empty() {
+        "localhost:5432".into()
+    } else {
+        hosts.join(", ")
+    }
+}
+
+/// The connection string's options that txbox reads itself: the driver
+/// (`tokio-postgres`) takes only `sslmode` disable, prefer and require.
+const TLS_OPTIONS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+
+/// The `postgres` configuration and the TLS connector of a connection string,
+/// with its TLS options read as libpq reads them:
+///
+/// | `sslmode` | encrypted | the certificate |
+/// |---|---|---|
+/// | `disable` | no | - |
+/// | `prefer` (default) | when the server offers TLS | not checked (checked against `sslrootcert` when given) |
+/// | `require` | yes, or the connection fails | not checked (checked against `sslrootcert` when given) |
+/// | `verify-ca` | yes | signed by `sslrootcert` (or the system's CAs) |
+/// | `verify-full` | yes | that, and issued for the host connected to |
+///
+/// `sslrootcert` is a PEM file of the CAs to trust instead of the system's, or
+/// `system` for the system's (then `sslmode` defaults to `verify-full`);
+/// `sslcert` and `sslkey` a client certificate and its PKCS #8 key, in PEM. The
+/// keepalives and timeouts get defaults unless the string sets them
+/// (`keepalives_idle` 30 s, `keepalives_interval` 5 s, `keepalives_retries` 4,
+/// `tcp_user_timeout` 50 s, `connect_timeout` 10 s).
+///
+/// For a pool of your own with txbox's TLS:
+///
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let url = "postgres://app@db.internal/shop?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem";
+/// let (pg, tls) = txbox::pg_config(url)?;
+/// let pool = r2d2::Pool::builder()
+///     .max_size(32)
+///     .build(r2d2_postgres::PostgresConnectionManager::new(pg, tls))?;
+/// let store = txbox::PgStore::from_pool(pool, &txbox::Config::builder().build()?)?;
+/// # let _ = store; Ok(()) }
+/// ```
+pub fn pg_config(url: &str) -> Result<(postgres::Config, PgTls)> {
+    let invalid = |e: &dyn std::fmt::Display| Error::InvalidInput(format!("database url: {e}"));
+    let (rest, options) = split_tls_options(url).map_err(|e| invalid(&e))?;
+    let mut pg: postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
+    let get = |key: &str| {
+        options
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    let roots = get("sslrootcert");
+    let system_roots = roots == Some("system");
+    let given_roots = roots.filter(|r| !system_roots && !r.is_empty());
+    use crate::tls::Verify;
+    use postgres::config::SslMode;
+    let (mode, verify) = match get("sslmode").unwrap_or(if system_roots { "verify-full" } else { "prefer" }) {
+        "disable" => (SslMode::Disable, Verify::Nothing),
+        m @ ("prefer" | "require") => {
+            let mode = if m == "prefer" { SslMode::Prefer } else { SslMode::Require };
+            (mode, if given_roots.is_some() { Verify::Chain } else { Verify::Nothing })
+        }
+        "verify-ca" => (SslMode::Require, Verify::Chain),
+        "verify-full" => (SslMode::Require, Verify::Full),
+        other => {
+            return Err(invalid(&format!(
+                "sslmode {other:?} is not supported: use disable, prefer, require, verify-ca or verify-full"
+            )))
+        }
+    };
+    if system_roots && verify != Verify::Full && mode != SslMode::Disable {
+        return Err(invalid(&"sslrootcert=system takes sslmode verify-full (as libpq)"));
+    }
+    pg.ssl_mode(mode);
+    let mut tls = crate::tls::TlsOptions::new(verify);
+    tls.roots = given_roots.map(Into::into);
+    match (get("sslcert"), get("sslkey")) {
+        (Some(c), Some(k)) => tls.identity = Some((c.into(), k.into())),
+        (None, None) => {}
+        _ => return Err(invalid(&"sslcert and sslkey go together")),
+    }
+    // a connection dropped without a word (a failover, a NAT's idle timeout)
+    // is found within a minute, not two hours: the commit listener sends
+    // nothing, and would wait on such a connection for good
+    if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        pg.keepalives_idle(Duration::from_secs(30));
+    }
+    // and then given up after 4 unanswered probes 5 s apart (the OS
+    // defaults, 9 probes 75 s apart, took 12 minutes): 50 s in all
+    if pg.get_keepalives_interval().is_none() {
+        pg.keepalives_interval(Duration::from_secs(5));
+    }
+    if pg.get_keepalives_retries().is_none() {
+        pg.keepalives_retries(4);
+    }
+    // data sent and never acknowledged (a black-holed connection in a
+    // claim) fails the connection after as long, not after 15 minutes of
+    // retransmissions
+    if pg.get_tcp_user_timeout().is_none() {
+        pg.tcp_user_timeout(Duration::from_secs(50));
+    }
+    // a host that never answers the connect is given up after 10 s
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(Duration::from_secs(10));
+    }
+    Ok((pg, postgres_native_tls::MakeTlsConnector::new(tls.connector()?)))
+}
+
+/// The connection string without [`TLS_OPTIONS`], and those options (decoded).
+fn split_tls_options(url: &str) -> std::result::Result<(String, Vec<(String, String)>), String> {
+    let mut ours = Vec::new();
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok((url.to_owned(), ours));
+        };
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .map(|d| d.into_owned())
+                .map_err(|e| format!("{s:?}: {e}"))
+        };
+        let mut kept = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let key = decode(k)?;
+            if TLS_OPTIONS.contains(&key.as_str()) {
+                ours.push((key, decode(v)?));
+            } else {
+                kept.push(pair);
+            }
+        }
+        let rest = match kept.is_empty() {
+            true => base.to_owned(),
+            false => format!("{base}?{}", kept.join("&")),
+        };
+        return Ok((rest, ours));
+    }
+    // key = value pairs; a value may be quoted ('...', with \' and \\)
+    let mut rest = String::new();
+    let mut chars = url.char_indices().peekable();
+    let mut last = 0;
+    loop {
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let Some(&(start, _)) = chars.peek() else { break };
+        let mut key = String::new();
+        while let Some((_, c)) = chars.next_if(|(_, c)| *c != '=' && !c.is_whitespace()) {
+            key.push(c);
+        }
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        if chars.next_if(|(_, c)| *c == '=').is_none() {
+            return Err(format!("{key:?} has no value"));
+        }
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        let quoted = chars.next_if(|(_, c)| *c == '\'').is_some();
+        loop {
+            match chars.next() {
+                None if quoted => return Err(format!("the value of {key:?} is not closed")),
+                None => break,
+                Some((_, '\'')) if quoted => break,
+                Some((_, c)) if c.is_whitespace() && !quoted => break,
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, c)) => value.push(c),
+                    None => return Err(format!("the value of {key:?} ends in a backslash")),
+                },
+                Some((_, c)) => value.push(c),
+            }
+        }
+        let end = chars.peek().map_or(url.len(), |(i, _)| *i);
+        if TLS_OPTIONS.contains(&key.as_str()) {
+            rest.push_str(&url[last..start]);
+            last = end;
+            ours.push((key, value));
+        }
+    }
+    rest.push_str(&url[last..]);
+    Ok((rest, ours))
 }
 
 sql::transaction_impls!(postgres::Transaction<'_>, PgDialect);
