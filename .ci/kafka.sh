@@ -89,11 +89,13 @@ case "${1:-start}" in
     resume)
         pkill -CONT -f "tansu broker --listener-url tcp://$ADDR:$PORT"
         ;;
-    topic)
+    topic | topic-tls)
         name=${2:?topic name}
         parts=${3:-3}
         bin=$(tansu_bin)
-        if out=$("$bin" topic create "$name" --partitions "$parts" --broker "tcp://$ADDR:$PORT" 2>&1); then
+        port=$PORT
+        [ "$1" = topic-tls ] && port=9094
+        if out=$("$bin" topic create "$name" --partitions "$parts" --broker "tcp://$ADDR:$port" 2>&1); then
             exit 0
         fi
         if echo "$out" | grep -qi 'already exists'; then
@@ -103,7 +105,7 @@ case "${1:-start}" in
         exit 1
         ;;
     *)
-        echo "usage: kafka.sh start|start-tls|stop|pause|resume|topic NAME [PARTITIONS]" >&2
+        echo "usage: kafka.sh start|start-tls|stop|pause|resume|topic|topic-tls NAME [PARTITIONS]" >&2
         exit 2
         ;;
 esac

@@ -153,7 +153,7 @@ mod relay;
 mod sender;
 mod store;
 mod tables;
-#[cfg(any(feature = "postgres", feature = "rabbitmq"))]
+#[cfg(any(feature = "postgres", feature = "rabbitmq", feature = "redis"))]
 mod tls;
 mod transaction;
 

@@ -26,6 +26,8 @@ use crate::error::{Error, Result};
 /// ```
 pub struct RedisCache {
     client: redis::Client,
+    /// For `rediss://`: what the TLS handshake trusts (see [`RedisCache::handshake`]).
+    tls: Option<crate::tls::TlsOptions>,
     connect_timeout: Duration,
     command_timeout: Duration,
     conn: Mutex<Option<redis::Connection>>,
@@ -81,8 +83,23 @@ impl RedisCacheBuilder {
                 redis::Client::build_with_tls(self.url.as_str(), certs).map_err(err)?
             }
         };
+        let tls = match self.client_addr(&client) {
+            Some(insecure) => {
+                let verify = if insecure {
+                    crate::tls::Verify::Nothing
+                } else {
+                    crate::tls::Verify::Full
+                };
+                let mut t = crate::tls::TlsOptions::new(verify);
+                t.roots = self.root_cert_file.clone();
+                t.connector()?; // a roots file that cannot be used fails now
+                Some(t)
+            }
+            None => None,
+        };
         Ok(RedisCache {
             client,
+            tls,
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
             conn: Mutex::new(None),
@@ -90,7 +107,52 @@ impl RedisCacheBuilder {
     }
 }
 
+impl RedisCacheBuilder {
+    /// `Some(insecure)` for a TLS address.
+    fn client_addr(&self, client: &redis::Client) -> Option<bool> {
+        match client.get_connection_info().addr() {
+            redis::ConnectionAddr::TcpTls { insecure, .. } => Some(*insecure),
+            _ => None,
+        }
+    }
+}
+
 impl RedisCache {
+    /// A TLS handshake of its own, with the connect timeout on the socket,
+    /// before redis-rs's: redis-rs runs its handshake with no timeout, and a
+    /// server that never answers it (a plaintext Redis at a `rediss://` URL)
+    /// would hold the calling thread for good.
+    fn handshake(&self, tls: &crate::tls::TlsOptions) -> std::result::Result<(), String> {
+        let redis::ConnectionAddr::TcpTls { host, port, .. } = self.client.get_connection_info().addr()
+        else {
+            return Ok(());
+        };
+        let connector = tls.connector().map_err(|e| e.to_string())?;
+        let addrs = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), *port))
+            .map_err(|e| e.to_string())?;
+        let mut last = "no address".to_string();
+        for addr in addrs {
+            let stream = match std::net::TcpStream::connect_timeout(&addr, self.connect_timeout) {
+                Ok(s) => s,
+                Err(e) => {
+                    last = e.to_string();
+                    continue;
+                }
+            };
+            let _ = stream.set_read_timeout(Some(self.connect_timeout));
+            let _ = stream.set_write_timeout(Some(self.connect_timeout));
+            return match connector.connect(host, stream) {
+                Ok(_) => Ok(()),
+                Err(native_tls::HandshakeError::Failure(e)) => Err(format!("TLS: {e}")),
+                Err(native_tls::HandshakeError::WouldBlock(_)) => Err(format!(
+                    "TLS: no handshake within {:?} (is it a TLS port?)",
+                    self.connect_timeout
+                )),
+            };
+        }
+        Err(last)
+    }
+
     /// A cache on the Redis at `url` (`redis://host:port/db`, `rediss://` for
     /// TLS), with the default timeouts. Connects lazily.
     pub fn new(url: &str) -> Result<Self> {
@@ -114,13 +176,17 @@ impl RedisCache {
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
             let info = self.client.get_connection_info();
+            let failed = |reason: String| Error::Connect {
+                to: format!("Redis at {}", crate::redact::urls(&info.addr().to_string())),
+                reason,
+            };
+            if let Some(tls) = &self.tls {
+                self.handshake(tls).map_err(failed)?;
+            }
             let c = self
                 .client
                 .get_connection_with_timeout(self.connect_timeout)
-                .map_err(|e| Error::Connect {
-                    to: format!("Redis at {}", crate::redact::urls(&info.addr().to_string())),
-                    reason: e.to_string(),
-                })?;
+                .map_err(|e| failed(e.to_string()))?;
             c.set_read_timeout(Some(self.command_timeout))
                 .map_err(err)?;
             c.set_write_timeout(Some(self.command_timeout))

@@ -817,3 +817,42 @@ fn split_tls_options(url: &str) -> std::result::Result<(String, Vec<(String, Str
 }
 
 sql::transaction_impls!(postgres::Transaction<'_>, PgDialect);
+
+#[cfg(test)]
+mod tls_option_tests {
+    use super::split_tls_options;
+
+    fn split(url: &str) -> (String, Vec<(String, String)>) {
+        split_tls_options(url).unwrap_or_else(|e| panic!("{url}: {e}"))
+    }
+
+    /// What the driver refuses is taken out and decoded; the rest is left as it was.
+    #[test]
+    fn the_tls_options_are_taken_out_of_both_forms() {
+        let (rest, ours) = split(
+            "postgres://u:p%40ss@db:5432/shop?application_name=a&sslmode=verify-full&sslrootcert=%2Fetc%2Fca%20x.pem",
+        );
+        assert_eq!(rest, "postgres://u:p%40ss@db:5432/shop?application_name=a");
+        assert_eq!(
+            ours,
+            [
+                ("sslmode".into(), "verify-full".into()),
+                ("sslrootcert".into(), "/etc/ca x.pem".into())
+            ]
+        );
+        let (rest, ours) = split("postgresql://db/shop?sslmode=require");
+        assert_eq!((rest.as_str(), ours.len()), ("postgresql://db/shop", 1));
+        let (rest, ours) =
+            split("host=db  sslmode = verify-ca sslrootcert='/a b/it\\'s.pem' user=u");
+        assert_eq!(rest.split_whitespace().collect::<Vec<_>>(), ["host=db", "user=u"]);
+        assert_eq!(
+            ours,
+            [
+                ("sslmode".into(), "verify-ca".into()),
+                ("sslrootcert".into(), "/a b/it's.pem".into())
+            ]
+        );
+        assert!(split_tls_options("host=db sslrootcert='open").is_err());
+        assert!(split_tls_options("host").is_err());
+    }
+}

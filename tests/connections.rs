@@ -1,0 +1,460 @@
+//! TLS on every connection and timeouts that free a stuck thread, against the
+//! real services with the TLS that `.ci/tls.sh` sets up (a test CA, a server
+//! certificate for `localhost` only, a second CA that signed nothing).
+#![cfg(all(
+    feature = "postgres",
+    feature = "rabbitmq",
+    feature = "mysql",
+    feature = "redis",
+    feature = "kafka",
+    feature = "admin-http"
+))]
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
+use txbox::{Config, InboxCache, Outbox, Relay, Sender, SenderFactory, Store};
+
+/// The test CA's folder (`TXBOX_TLS_DIR`), or `None` with the reason printed
+/// (a failure in CI).
+fn tls_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(
+        std::env::var("TXBOX_TLS_DIR").unwrap_or_else(|_| "/var/lib/txbox-tls".into()),
+    );
+    if dir.join("ca.pem").exists() {
+        return Some(dir);
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{} has no test CA: run .ci/tls.sh", dir.display());
+    }
+    eprintln!("SKIPPED: no test CA in {} (run .ci/tls.sh)", dir.display());
+    None
+}
+
+fn ca(dir: &std::path::Path, name: &str) -> String {
+    dir.join(name).display().to_string()
+}
+
+/// The TLS-only PostgreSQL user, its connections named `app`.
+fn pg_tls_url(host: &str, mode: &str, roots: &str, app: &str) -> String {
+    format!(
+        "postgres://txbox_tls@{host}:5432/test?sslmode={mode}&sslrootcert={roots}&application_name={app}"
+    )
+}
+
+fn connect_error(r: txbox::Result<impl Sized>) -> (String, String) {
+    match r {
+        Err(txbox::Error::Connect { to, reason }) => (to, reason),
+        Err(e) => panic!("not a connect error: {e}"),
+        Ok(_) => panic!("connected"),
+    }
+}
+
+/// Publish over TLS, relay over TLS to RabbitMQ (`amqps://`), consume over
+/// TLS: every PostgreSQL connection of the relay is encrypted as the server
+/// sees it (`pg_stat_ssl`), and so is every RabbitMQ connection on 5671.
+#[test]
+fn postgres_and_rabbitmq_over_tls_publish_relay_and_consume() {
+    let Some(dir) = tls_dir() else { return };
+    if !service_up("RabbitMQ over TLS", "127.0.0.1:5671") {
+        return;
+    }
+    let p = "t_tls_pg_";
+    let app = format!("txbox_tls_{}", unique());
+    let url = pg_tls_url("localhost", "verify-full", &ca(&dir, "ca.pem"), &app);
+    let Some((store, mut plain)) = fresh_with_url(p, &url) else {
+        return;
+    };
+    let exchange = format!("txbox-tls-{}", unique());
+    let queue = format!("{exchange}-q");
+    durable_queue(&exchange, &queue, "e");
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(|e| e.adaptive_polling(Duration::from_millis(20), Duration::from_millis(200), 1.5))
+        .event("e", |e| e.destination(&exchange).routing_key("e"))
+        .build()
+        .unwrap();
+    let amqps = format!(
+        "amqps://guest:guest@localhost:5671?cacertfile={}",
+        ca(&dir, "ca.pem")
+    );
+    let relay = Relay::start(store.clone(), &config, RabbitSender::builder(&amqps).build()).unwrap();
+
+    // the business transaction over TLS too, with txbox's reading of the URL
+    let (pg, tls) = txbox::pg_config(&url).unwrap();
+    let mut db = pg.connect(tls).unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = db.transaction().unwrap();
+    let ids: Vec<_> = (0..20)
+        .map(|i| outbox.publish(&mut tx, "e", &json!({ "n": i })).unwrap())
+        .collect();
+    tx.commit().unwrap();
+
+    let consumer_url = amqps.clone();
+    let got = consume_ids(ids.len(), move |h| {
+        let consumer = RabbitConsumer::builder(&consumer_url, &queue).build();
+        spawn_loop(move |s| consumer.run(s, h).unwrap())
+    });
+    assert_eq!(
+        got.into_iter().collect::<std::collections::BTreeSet<_>>(),
+        ids.iter().copied().collect()
+    );
+
+    let row = plain
+        .query_one(
+            "SELECT count(*) FILTER (WHERE s.ssl), count(*) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = $1",
+            &[&app],
+        )
+        .unwrap();
+    let (encrypted, all): (i64, i64) = (row.get(0), row.get(1));
+    assert!(all >= 3, "the pool, the listener and the publisher: {all}");
+    assert_eq!(encrypted, all, "every connection of the relay is encrypted");
+
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", "port", "ssl"])
+        .output()
+        .expect("rabbitmqctl");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let on_tls: Vec<&str> = listed
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some("5671"))
+        .collect();
+    assert!(!on_tls.is_empty(), "the relay's connection on 5671: {listed}");
+    assert!(
+        on_tls.iter().all(|l| l.split_whitespace().nth(1) == Some("true")),
+        "{listed}"
+    );
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(count(&mut plain, p, "PROCESSED"), 20);
+}
+
+/// A certificate that does not verify, or a server without TLS where TLS is
+/// required, is an error naming the host, at once; never plaintext.
+#[test]
+fn postgres_refuses_what_it_cannot_verify() {
+    let Some(dir) = tls_dir() else { return };
+    if client().is_none() {
+        return;
+    }
+    let config = Config::builder().build().unwrap();
+    let root = ca(&dir, "ca.pem");
+    // the certificate is for localhost, not 127.0.0.1
+    let (to, reason) = connect_error(txbox::PgStore::connect(
+        &pg_tls_url("127.0.0.1", "verify-full", &root, "t"),
+        &config,
+    ));
+    assert!(to.contains("127.0.0.1:5432"), "{to}");
+    assert!(reason.contains("certificate"), "{reason}");
+    // verify-ca does not check the name
+    txbox::PgStore::connect(&pg_tls_url("127.0.0.1", "verify-ca", &root, "t"), &config).unwrap();
+    // a CA that did not sign it
+    let (_, reason) = connect_error(txbox::PgStore::connect(
+        &pg_tls_url("localhost", "verify-full", &ca(&dir, "other-ca.pem"), "t"),
+        &config,
+    ));
+    assert!(reason.contains("certificate verify failed"), "{reason}");
+    // a server without TLS (the second cluster), within a second, not the pool's 10 s
+    let started = Instant::now();
+    let (to, reason) = connect_error(txbox::PgStore::connect(
+        "postgres://postgres@127.0.0.1:5433/postgres?sslmode=require",
+        &config,
+    ));
+    assert!(to.contains("127.0.0.1:5433"), "{to}");
+    assert!(reason.to_lowercase().contains("tls"), "{reason}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // the key=value form, its values quoted
+    let kv = format!(
+        "host=localhost user=txbox_tls dbname=test sslmode = verify-full sslrootcert='{root}'"
+    );
+    txbox::PgStore::connect(&kv, &config).unwrap();
+    for bad in ["sslmode=allow", "sslmode=verify-full&sslrootcert=/nonexistent.pem"] {
+        let url = format!("postgres://txbox_tls@localhost/test?{bad}");
+        let e = txbox::PgStore::connect(&url, &config).err().expect(bad);
+        assert!(
+            e.to_string().contains("allow") || e.to_string().contains("/nonexistent.pem"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+/// `amqps://`: a host name the certificate does not carry, a CA that did
+/// not sign it and a plaintext port each fail the connect with an error
+/// naming the broker; the events wait.
+#[test]
+fn rabbitmq_refuses_what_it_cannot_verify() {
+    let Some(dir) = tls_dir() else { return };
+    if !service_up("RabbitMQ over TLS", "127.0.0.1:5671") {
+        return;
+    }
+    let cases = [
+        (format!("amqps://guest:guest@127.0.0.1:5671?cacertfile={}", ca(&dir, "ca.pem")), "certificate"),
+        (format!("amqps://guest:guest@localhost:5671?cacertfile={}", ca(&dir, "other-ca.pem")), "certificate verify failed"),
+        (format!("amqps://guest:guest@localhost:5672?cacertfile={}", ca(&dir, "ca.pem")), ""),
+    ];
+    for (url, says) in cases {
+        let mut sender = RabbitSender::builder(&url).build().create().unwrap();
+        let started = Instant::now();
+        let e = sender.ready().expect_err(&url);
+        assert_eq!(e.kind, txbox::SendErrorKind::Transient, "{url}: events wait, no attempt counted");
+        assert!(e.message.contains("RabbitMQ at amqps://"), "{url}: {}", e.message);
+        assert!(e.message.contains(says), "{url}: {}", e.message);
+        assert!(started.elapsed() < Duration::from_secs(11), "{url}");
+    }
+    // verify_none: encrypted, unchecked
+    let url = "amqps://guest:guest@127.0.0.1:5671?verify=verify_none";
+    let mut sender = RabbitSender::builder(url).build().create().unwrap();
+    sender.ready().unwrap();
+}
+
+/// A broker that accepts the connection and never answers: the sender gives
+/// up within its connection timeout, the relay is not ready (`/ready` 503,
+/// `/health` 200: the relay runs), and `shutdown` returns within its deadline.
+/// With a timeout longer than the probe's `stuck_after`, `/health` says the
+/// poller is stuck.
+#[test]
+fn a_broker_that_never_answers_frees_the_thread_and_is_reported() {
+    let p = "t_tls_silent_";
+    let Some((store, _client)) = fresh(p) else { return };
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    std::thread::spawn(move || {
+        for s in silent.incoming().flatten() {
+            keep.lock().unwrap().push(s);
+        }
+    });
+    // the default timeout, on the sender alone
+    let url = format!("amqp://guest:guest@127.0.0.1:{port}");
+    let mut sender = RabbitSender::builder(&url).build().create().unwrap();
+    let started = Instant::now();
+    let e = sender.ready().expect_err("a silent broker");
+    let took = started.elapsed();
+    assert!(
+        took >= txbox::rabbitmq::CONNECTION_TIMEOUT - Duration::from_millis(100)
+            && took < txbox::rabbitmq::CONNECTION_TIMEOUT + Duration::from_secs(3),
+        "gave up after {took:?}: {e:?}"
+    );
+
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.destination("x").fixed_polling(Duration::from_millis(50)))
+        .build()
+        .unwrap();
+    let fast = format!("amqp://guest:guest@127.0.0.1:{port}?connection_timeout=500");
+    let relay = Relay::start(store.clone(), &config, RabbitSender::builder(&fast).build()).unwrap();
+    let admin = txbox::admin::AdminServer::start(
+        store.clone(),
+        txbox::admin::AdminOptions::new().relay(relay.probe()),
+    )
+    .unwrap();
+    let get = |path: &str| {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut r = agent
+            .get(format!("http://{}{path}", admin.addr()))
+            .call()
+            .unwrap();
+        (r.status().as_u16(), r.body_mut().read_json::<serde_json::Value>().unwrap())
+    };
+    wait_until("/ready says the broker is unreachable", Duration::from_secs(10), || {
+        let (code, body) = get("/ready");
+        code == 503 && body["relays"][0]["broker"] == "unreachable"
+    });
+    let (code, body) = get("/health");
+    assert_eq!(code, 200, "the relay runs: {body}");
+    let started = Instant::now();
+    relay.shutdown(Duration::from_secs(3)).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    admin.shutdown();
+
+    // a timeout longer than stuck_after: the poller is stuck until the
+    // broker's connections close
+    let slow = format!("amqp://guest:guest@127.0.0.1:{port}?connection_timeout=600000");
+    let relay = Relay::start(store.clone(), &config, RabbitSender::builder(&slow).build()).unwrap();
+    let admin = txbox::admin::AdminServer::start(
+        store.clone(),
+        txbox::admin::AdminOptions::new()
+            .relay(relay.probe())
+            .stuck_after(Duration::from_millis(500)),
+    )
+    .unwrap();
+    let health = |path: &str| {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut r = agent
+            .get(format!("http://{}{path}", admin.addr()))
+            .call()
+            .unwrap();
+        (r.status().as_u16(), r.body_mut().read_json::<serde_json::Value>().unwrap())
+    };
+    wait_until("/health says a thread is stuck", Duration::from_secs(10), || {
+        let (code, body) = health("/health");
+        code == 503 && body["relays"][0]["stuck"] == 1
+    });
+    held.lock().unwrap().clear(); // the broker hangs up: the connect fails
+    wait_until("/health is 200 again", Duration::from_secs(10), || {
+        health("/health").0 == 200
+    });
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    admin.shutdown();
+}
+
+/// MariaDB over TLS (`ssl_mode`), the session encrypted as the server says;
+/// a name the certificate does not carry and a CA that did not sign it fail.
+#[test]
+fn mysql_over_tls() {
+    let Some(dir) = tls_dir() else { return };
+    if !service_up("MariaDB", "127.0.0.1:3306") {
+        return;
+    }
+    let config = Config::builder().table_prefix("t_tls_my_").build().unwrap();
+    let url = |host: &str, mode: &str, roots: &str| {
+        format!("mysql://root@{host}:3306/test?ssl_mode={mode}&root_cert_path={roots}")
+    };
+    let root = ca(&dir, "ca.pem");
+    let store = txbox::MySqlStore::connect(&url("localhost", "VERIFY_IDENTITY", &root), &config).unwrap();
+    store.migrate().unwrap();
+    use mysql::prelude::Queryable;
+    let mut c = store.pool().get_conn().unwrap();
+    let cipher: Option<(String, String)> = c.query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'").unwrap();
+    assert!(cipher.is_some_and(|(_, v)| !v.is_empty()), "the session is encrypted");
+    let (to, reason) = connect_error(txbox::MySqlStore::connect(
+        &url("127.0.0.1", "VERIFY_IDENTITY", &root),
+        &config,
+    ));
+    assert!(to.contains("127.0.0.1:3306"), "{to}");
+    assert!(!reason.is_empty());
+    txbox::MySqlStore::connect(&url("127.0.0.1", "VERIFY_CA", &root), &config).unwrap();
+    connect_error(txbox::MySqlStore::connect(
+        &url("localhost", "VERIFY_IDENTITY", &ca(&dir, "other-ca.pem")),
+        &config,
+    ));
+    let e = txbox::MySqlStore::connect("mysql://root@127.0.0.1/test?ssl_mode=PREFERRED", &config)
+        .err()
+        .expect("PREFERRED");
+    assert!(e.to_string().contains("PREFERRED"), "{e}");
+}
+
+/// The Redis cache over `rediss://` with the test CA; a wrong CA and a
+/// plaintext server fail; a Redis that never answers fails within the
+/// command timeout.
+#[test]
+fn redis_over_tls_and_its_timeouts() {
+    let Some(dir) = tls_dir() else { return };
+    if !service_up("Redis over TLS", "127.0.0.1:6380") {
+        return;
+    }
+    let cache = txbox::RedisCache::builder("rediss://localhost:6380")
+        .root_cert_file(dir.join("ca.pem"))
+        .build()
+        .unwrap();
+    let key = format!("txbox-tls-{}", unique());
+    cache.insert(&key, Duration::from_secs(60)).unwrap();
+    assert!(cache.contains(&key).unwrap());
+    for (url, roots) in [
+        ("rediss://localhost:6380", "other-ca.pem"),
+        ("rediss://127.0.0.1:6380", "ca.pem"),
+        ("rediss://localhost:6379", "ca.pem"),
+    ] {
+        let cache = txbox::RedisCache::builder(url)
+            .root_cert_file(dir.join(roots))
+            .build()
+            .unwrap();
+        let (to, _) = connect_error(cache.contains("k"));
+        assert!(to.contains("Redis at"), "{to}");
+    }
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://127.0.0.1:{}", silent.local_addr().unwrap().port());
+    let cache = txbox::RedisCache::builder(&url)
+        .connect_timeout(Duration::from_millis(300))
+        .command_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    assert!(cache.contains("k").is_err());
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+}
+
+/// Kafka over TLS (`security.protocol=ssl`, librdkafka's OpenSSL): relayed
+/// and read back through the TLS listener; a CA that did not sign the broker's
+/// certificate leaves the events pending.
+#[test]
+fn kafka_over_tls() {
+    let Some(dir) = tls_dir() else { return };
+    if !service_up("Kafka over TLS", "127.0.0.1:9093") {
+        return;
+    }
+    let p = "t_tls_kafka_";
+    let Some((store, mut client)) = fresh(p) else { return };
+    let topic = format!("txbox-tls-{}", unique());
+    let out = std::process::Command::new("bash")
+        .arg(format!("{}/.ci/kafka.sh", env!("CARGO_MANIFEST_DIR")))
+        .args(["topic-tls", &topic, "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(|e| e.adaptive_polling(Duration::from_millis(20), Duration::from_millis(200), 1.5))
+        .event("e", |e| e.destination(&topic))
+        .build()
+        .unwrap();
+    let ssl = |roots: &str| {
+        txbox::kafka::KafkaSender::builder("localhost:9093")
+            .property("message.timeout.ms", "3000")
+            .property("security.protocol", "ssl")
+            .property("ssl.ca.location", ca(&dir, roots))
+            .build()
+            .unwrap()
+    };
+    // the wrong CA first: nothing is sent, nothing counted
+    let relay = Relay::start(store.clone(), &config, ssl("other-ca.pem")).unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let id = outbox.publish(&mut tx, "e", &json!({"over": "tls"})).unwrap();
+    tx.commit().unwrap();
+    let probe = relay.probe();
+    wait_until("the relay sees the broker unreachable", Duration::from_secs(30), || {
+        probe.broker_down() > 0
+    });
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(count(&mut client, p, "PROCESSED"), 0, "sent past a certificate that does not verify");
+
+    let relay = Relay::start(store.clone(), &config, ssl("ca.pem")).unwrap();
+    wait_until("relayed over TLS", Duration::from_secs(30), || {
+        count(&mut client, p, "PROCESSED") == 1
+    });
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+    let reader: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", "localhost:9093")
+        .set("security.protocol", "ssl")
+        .set("ssl.ca.location", ca(&dir, "ca.pem"))
+        .set("group.id", format!("g-{}", unique()))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    reader.subscribe(&[&topic]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "nothing read back over TLS");
+        if let Some(Ok(m)) = reader.poll(Duration::from_millis(500)) {
+            assert_eq!(kafka_event_id(&m), Some(id));
+            assert_eq!(m.payload(), Some(&br#"{"over":"tls"}"#[..]));
+            break;
+        }
+    }
+}
