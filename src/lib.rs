@@ -169,16 +169,18 @@ pub use event::{
     JSON_CONTENT_TYPE, RESERVED_HEADER_PREFIX,
 };
 pub use id::{EventId, ParseEventIdError};
-#[cfg(feature = "redis")]
-pub use inbox::{RedisCache, RedisCacheBuilder};
 pub use inbox::{
     Handled, Inbox, InboxCache, InboxCleanup, InboxStats, MemoryCache, MissingIdPolicy,
 };
+#[cfg(feature = "redis")]
+pub use inbox::{RedisCache, RedisCacheBuilder};
 pub use outbox::Outbox;
 #[cfg(feature = "postgres")]
 pub use outbox::{PgPrepared, PgPreparedTx};
 pub use relay::{Delivery, Relay, RelayProbe, RelayWaker, TypeDelivery};
 pub use sender::{MemorySender, SendError, SendErrorKind, Sender, SenderFactory, Started};
+#[cfg(feature = "postgres")]
+pub use store::{pg_config, PgConnector, PgDialect, PgPool, PgStore, PgTls};
 pub use store::{
     BlockedKey, ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus,
     FullStore, HeldBatch, HeldClaim, InboxStore, MaintenanceStore, Notifications, Outcome, Store,
@@ -195,8 +197,6 @@ pub use store::{Dialect, SqlStore};
 pub use store::{MySqlDialect, MySqlStore};
 #[cfg(feature = "oracle")]
 pub use store::{OracleDialect, OracleStore};
-#[cfg(feature = "postgres")]
-pub use store::{pg_config, PgConnector, PgDialect, PgPool, PgStore, PgTls};
 #[cfg(feature = "sqlite")]
 pub use store::{SqliteDialect, SqliteStore};
 pub use transaction::Transaction;

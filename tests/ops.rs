@@ -881,7 +881,10 @@ fn stalled_clients_however_many_leave_health_answering() {
         .unwrap();
     let read = stalled[0].read(&mut first);
     assert!(
-        matches!(read, Ok(0)) || read.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        matches!(read, Ok(0))
+            || read
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
         "the oldest stalled client is still connected: {read:?}"
     );
     drop(stalled);

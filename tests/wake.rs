@@ -357,9 +357,10 @@ impl SilencingProxy {
         proxy
     }
 
-    /// A database URL through the proxy.
+    /// A database URL through the proxy, in plaintext: the proxy reads the
+    /// statements to find the listener's connection.
     fn url(&self) -> String {
-        format!("postgres://postgres@{}/test", self.addr)
+        format!("postgres://postgres@{}/test?sslmode=disable", self.addr)
     }
 
     /// The connections that `LISTEN` now stop forwarding (later ones do not).

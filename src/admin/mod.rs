@@ -329,8 +329,7 @@ fn serve(
     let taken = busy.fetch_add(1, Ordering::AcqRel);
     let _slot = Slot(busy.clone());
     let probes_only = taken >= MAX_CONCURRENT_REQUESTS;
-    if taken >= MAX_CONCURRENT_REQUESTS + PROBE_RESERVE || (probes_only && !is_probe(&head.call))
-    {
+    if taken >= MAX_CONCURRENT_REQUESTS + PROBE_RESERVE || (probes_only && !is_probe(&head.call)) {
         return answer(stream, &busy_answer(), false);
     }
     if let Err(refused) = authorize(options, &head.call, head.auth.as_deref()) {
@@ -469,12 +468,16 @@ fn health(store: &Arc<dyn FullStore>, options: &AdminOptions, readiness: bool) -
         .map(|p| {
             let (running, threads) = p.threads();
             let stuck = p.stuck(options.stuck_after);
-            (running == threads && stuck == 0, p.broker_down() == 0, serde_json::json!({
-                "running": running,
-                "threads": threads,
-                "stuck": stuck,
-                "broker": if p.broker_down() == 0 { "ok" } else { "unreachable" },
-            }))
+            (
+                running == threads && stuck == 0,
+                p.broker_down() == 0,
+                serde_json::json!({
+                    "running": running,
+                    "threads": threads,
+                    "stuck": stuck,
+                    "broker": if p.broker_down() == 0 { "ok" } else { "unreachable" },
+                }),
+            )
         })
         .collect();
     let healthy = database == "ok" && relays.iter().all(|r| r.0);

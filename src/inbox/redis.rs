@@ -123,7 +123,8 @@ impl RedisCache {
     /// server that never answers it (a plaintext Redis at a `rediss://` URL)
     /// would hold the calling thread for good.
     fn handshake(&self, tls: &crate::tls::TlsOptions) -> std::result::Result<(), String> {
-        let redis::ConnectionAddr::TcpTls { host, port, .. } = self.client.get_connection_info().addr()
+        let redis::ConnectionAddr::TcpTls { host, port, .. } =
+            self.client.get_connection_info().addr()
         else {
             return Ok(());
         };

@@ -129,18 +129,24 @@ fn nodelay_target(url: &str) -> crate::Result<Option<Target>> {
         "amqps" => Some(tls_of(&parsed)?),
         _ => return Ok(None),
     };
-    Ok(amqp_target(&parsed, tls.is_some()).map(|(addrs, options)| Target {
-        addrs,
-        options,
-        tls,
-    }))
+    Ok(
+        amqp_target(&parsed, tls.is_some()).map(|(addrs, options)| Target {
+            addrs,
+            options,
+            tls,
+        }),
+    )
 }
 
 /// The URL's TLS parameters (RabbitMQ's URI spec) as a connector, and the name
 /// the server's certificate must carry.
 fn tls_of(url: &url::Url) -> crate::Result<(native_tls::TlsConnector, String)> {
     use crate::tls::{TlsOptions, Verify};
-    let get = |key: &str| url.query_pairs().find(|(k, _)| k == key).map(|(_, v)| v.into_owned());
+    let get = |key: &str| {
+        url.query_pairs()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+    };
     let bad = |message: String| crate::Error::Config {
         path: "rabbitmq url".into(),
         message,
@@ -158,7 +164,10 @@ fn tls_of(url: &url::Url) -> crate::Result<(native_tls::TlsConnector, String)> {
         _ => return Err(bad("certfile and keyfile go together".into())),
     }
     let name = get("server_name_indication")
-        .or_else(|| url.host_str().map(|h| h.trim_matches(['[', ']']).to_owned()))
+        .or_else(|| {
+            url.host_str()
+                .map(|h| h.trim_matches(['[', ']']).to_owned())
+        })
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into());
     Ok((tls.connector()?, name))
@@ -181,7 +190,8 @@ fn amqp_target(
             .ok()
             .map(|s| s.into_owned())
     };
-    let mut options = ConnectionOptions::<Auth>::default().connection_timeout(Some(CONNECTION_TIMEOUT));
+    let mut options =
+        ConnectionOptions::<Auth>::default().connection_timeout(Some(CONNECTION_TIMEOUT));
     // `amqp://host` has no path at all, `amqp://host/` an empty one: both the
     // default virtual host
     if let Some(mut path) = url.path_segments() {
@@ -252,8 +262,14 @@ mod tests {
             ("amqp://[::1]:5672", 5672),
             ("amqp://localhost", 5672),
             ("amqps://localhost", 5671),
-            ("amqps://guest:guest@127.0.0.1:5681/?verify=verify_none", 5681),
-            ("amqps://localhost?server_name_indication=rabbit.internal", 5671),
+            (
+                "amqps://guest:guest@127.0.0.1:5681/?verify=verify_none",
+                5681,
+            ),
+            (
+                "amqps://localhost?server_name_indication=rabbit.internal",
+                5671,
+            ),
         ] {
             let t = target(url).unwrap_or_else(|| panic!("{url} not read"));
             assert_eq!(t.tls.is_some(), url.starts_with("amqps"), "{url}");
@@ -312,9 +328,14 @@ mod tests {
         for (url, says) in [
             ("amqps://localhost?verify=maybe", "verify"),
             ("amqps://localhost?certfile=/c.pem", "keyfile"),
-            ("amqps://localhost?cacertfile=/nonexistent/ca.pem", "/nonexistent/ca.pem"),
+            (
+                "amqps://localhost?cacertfile=/nonexistent/ca.pem",
+                "/nonexistent/ca.pem",
+            ),
         ] {
-            let e = nodelay_target(url).err().unwrap_or_else(|| panic!("{url} accepted"));
+            let e = nodelay_target(url)
+                .err()
+                .unwrap_or_else(|| panic!("{url} accepted"));
             assert!(e.to_string().contains(says), "{url}: {e}");
         }
     }

@@ -167,7 +167,10 @@ impl RabbitChannel {
                     let e = crate::redact::urls(&e.to_string());
                     // the events wait (PENDING, no attempt counted): the log
                     // says why, once per try, and the relay is not ready
-                    log::warn!("txbox: rabbitmq sender: {e}; next try in {:?}", self.backoff);
+                    log::warn!(
+                        "txbox: rabbitmq sender: {e}; next try in {:?}",
+                        self.backoff
+                    );
                     self.last_error = e.clone();
                     self.retry_at = now + self.backoff;
                     self.backoff = (self.backoff * 2).min(MAX_RECONNECT);

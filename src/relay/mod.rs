@@ -177,6 +177,9 @@ impl Drop for DoneGuard {
 /// What a relay's threads tell its probe, one entry each.
 struct Threads {
     epoch: Instant,
+    /// The shortest "stuck" of this relay: longer than its sender's longest
+    /// wait for an ack (a batch legitimately waits that long).
+    stuck_floor: std::sync::atomic::AtomicU64,
     each: Vec<ThreadState>,
 }
 
@@ -200,6 +203,7 @@ impl Threads {
     fn new(n: usize) -> Self {
         Threads {
             epoch: Instant::now(),
+            stuck_floor: AtomicU64::new(0),
             each: (0..n)
                 .map(|_| ThreadState {
                     alive: AtomicBool::new(true),
@@ -258,10 +262,12 @@ impl RelayProbe {
     }
 
     /// Threads running that have been busy with one piece of work for longer
-    /// than `after`: blocked on a connection that neither answers nor fails.
+    /// than `after` (and than twice the sender's longest wait for an ack):
+    /// blocked on a connection that neither answers nor fails.
     pub fn stuck(&self, after: Duration) -> usize {
         let now = self.alive.epoch.elapsed().as_millis() as u64 + 1;
-        let after = after.as_millis() as u64;
+        let floor = self.alive.stuck_floor.load(Ordering::Relaxed);
+        let after = (after.as_millis() as u64).max(floor);
         self.alive
             .each
             .iter()
@@ -275,7 +281,9 @@ impl RelayProbe {
 
     /// Pollers whose broker cannot be reached now (their events wait, pending).
     pub fn broker_down(&self) -> usize {
-        let down = |t: &&ThreadState| t.broker_down.load(Ordering::Relaxed);
+        let down = |t: &&ThreadState| {
+            t.alive.load(Ordering::Relaxed) && t.broker_down.load(Ordering::Relaxed)
+        };
         self.alive.each.iter().filter(down).count()
     }
 
@@ -431,6 +439,10 @@ impl Relay {
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
         let threads = config.events.len() + jobs.len() + usize::from(listens);
         let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
+        if let Some(wait) = sender.ack_wait() {
+            let floor = (wait * 2).as_millis() as u64;
+            relay.alive.stuck_floor.store(floor, Ordering::Relaxed);
+        }
         let mut wakers = BTreeMap::new();
         let mut claims = BTreeMap::new();
         for (event_type, settings) in &config.events {

@@ -215,8 +215,8 @@ impl SqlStore<MySqlDialect> {
     /// `pkcs12_path`, ...), and MySQL's `ssl_mode` as its clients spell it:
     /// `DISABLED` (the default), `REQUIRED` (encrypted, the certificate
     /// unchecked unless `root_cert_path` is given), `VERIFY_CA` (signed by
-    /// `root_cert_path` or the system's CAs), `VERIFY_IDENTITY` (and issued for
-    /// the host). `PREFERRED` is refused: the driver cannot fall back to
+    /// a CA of `root_cert_path`, required), `VERIFY_IDENTITY` (signed by those
+    /// or the system's CAs, and issued for the host). `PREFERRED` is refused: the driver cannot fall back to
     /// plaintext, and txbox does not guess.
     ///
     /// Timeouts, unless the URL sets them: `tcp_connect_timeout_ms` 10 s,
@@ -258,12 +258,18 @@ impl SqlStore<MySqlDialect> {
                     .map_err(|_| invalid(&format!("{key}={v:?} is not a number of milliseconds"))),
             }
         };
-        let (read, write) = (ms("read_timeout_ms", 120_000)?, ms("write_timeout_ms", 120_000)?);
+        let (read, write) = (
+            ms("read_timeout_ms", 120_000)?,
+            ms("write_timeout_ms", 120_000)?,
+        );
         let mut ssl = opts.get_ssl_opts().cloned();
         match ours.get("ssl_mode").map(|m| m.to_ascii_uppercase()).as_deref() {
             None => {}
             Some("DISABLED") if ssl.is_none() => {}
             Some("DISABLED") => return Err(invalid(&"ssl_mode=DISABLED with TLS options")),
+            Some("VERIFY_CA") if ssl.as_ref().is_none_or(|s| s.root_cert_path().is_none()) => {
+                return Err(invalid(&"ssl_mode=VERIFY_CA takes root_cert_path, a file of the CAs to trust"))
+            }
             Some(m @ ("REQUIRED" | "VERIFY_CA" | "VERIFY_IDENTITY")) => {
                 let s = ssl.take().unwrap_or_default();
                 let unchecked = m == "REQUIRED" && s.root_cert_path().is_none();
@@ -290,7 +296,8 @@ impl SqlStore<MySqlDialect> {
             .read_timeout(read)
             .write_timeout(write)
             .tcp_connect_timeout(Some(
-                opts.get_tcp_connect_timeout().unwrap_or(Duration::from_secs(10)),
+                opts.get_tcp_connect_timeout()
+                    .unwrap_or(Duration::from_secs(10)),
             ))
             .tcp_keepalive_time_ms(Some(opts.get_tcp_keepalive_time_ms().unwrap_or(30_000)))
             .tcp_keepalive_probe_interval_secs(Some(

@@ -44,11 +44,8 @@ pub type PgTls = postgres_native_tls::MakeTlsConnector;
 /// connector whose connections can move between threads (`NoTls`, [`PgTls`],
 /// `postgres-openssl`'s, ...). Implemented for every such type.
 pub trait PgConnector:
-    MakeTlsConnect<
-        Socket,
-        Stream: Send,
-        TlsConnect: Send + TlsConnect<Socket, Future: Send>,
-    > + Clone
+    MakeTlsConnect<Socket, Stream: Send, TlsConnect: Send + TlsConnect<Socket, Future: Send>>
+    + Clone
     + Send
     + Sync
     + 'static
@@ -655,8 +652,8 @@ const TLS_OPTIONS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 /// | `disable` | no | - |
 /// | `prefer` (default) | when the server offers TLS | not checked (checked against `sslrootcert` when given) |
 /// | `require` | yes, or the connection fails | not checked (checked against `sslrootcert` when given) |
-/// | `verify-ca` | yes | signed by `sslrootcert` (or the system's CAs) |
-/// | `verify-full` | yes | that, and issued for the host connected to |
+/// | `verify-ca` | yes | signed by a CA of `sslrootcert` (required) |
+/// | `verify-full` | yes | signed by a CA of `sslrootcert` (or the system's), and issued for the host connected to |
 ///
 /// `sslrootcert` is a PEM file of the CAs to trust instead of the system's, or
 /// `system` for the system's (then `sslmode` defaults to `verify-full`);
@@ -699,6 +696,12 @@ pub fn pg_config(url: &str) -> Result<(postgres::Config, PgTls)> {
             let mode = if m == "prefer" { SslMode::Prefer } else { SslMode::Require };
             (mode, if given_roots.is_some() { Verify::Chain } else { Verify::Nothing })
         }
+        // the chain without the name is only as good as the roots: the
+        // system's would let any public certificate through (libpq, too,
+        // wants a file)
+        "verify-ca" if given_roots.is_none() => {
+            return Err(invalid(&"sslmode=verify-ca takes sslrootcert, a file of the CAs to trust"))
+        }
         "verify-ca" => (SslMode::Require, Verify::Chain),
         "verify-full" => (SslMode::Require, Verify::Full),
         other => {
@@ -708,7 +711,9 @@ pub fn pg_config(url: &str) -> Result<(postgres::Config, PgTls)> {
         }
     };
     if system_roots && verify != Verify::Full && mode != SslMode::Disable {
-        return Err(invalid(&"sslrootcert=system takes sslmode verify-full (as libpq)"));
+        return Err(invalid(
+            &"sslrootcert=system takes sslmode verify-full (as libpq)",
+        ));
     }
     pg.ssl_mode(mode);
     let mut tls = crate::tls::TlsOptions::new(verify);
@@ -742,16 +747,22 @@ pub fn pg_config(url: &str) -> Result<(postgres::Config, PgTls)> {
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(Duration::from_secs(10));
     }
-    Ok((pg, postgres_native_tls::MakeTlsConnector::new(tls.connector()?)))
+    Ok((
+        pg,
+        postgres_native_tls::MakeTlsConnector::new(tls.connector()?),
+    ))
 }
 
 /// The connection string without [`TLS_OPTIONS`], and those options (decoded).
 fn split_tls_options(url: &str) -> std::result::Result<(String, Vec<(String, String)>), String> {
     let mut ours = Vec::new();
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let Some((base, query)) = url.split_once('?') else {
+        // the query starts after the credentials: a password may hold a `?`
+        let from = url.rfind('@').map_or(0, |at| at + 1);
+        let Some(q) = url[from..].find('?').map(|i| from + i) else {
             return Ok((url.to_owned(), ours));
         };
+        let (base, query) = (&url[..q], &url[q + 1..]);
         let decode = |s: &str| {
             percent_encoding::percent_decode_str(s)
                 .decode_utf8()
@@ -780,7 +791,9 @@ fn split_tls_options(url: &str) -> std::result::Result<(String, Vec<(String, Str
     let mut last = 0;
     loop {
         while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
-        let Some(&(start, _)) = chars.peek() else { break };
+        let Some(&(start, _)) = chars.peek() else {
+            break;
+        };
         let mut key = String::new();
         while let Some((_, c)) = chars.next_if(|(_, c)| *c != '=' && !c.is_whitespace()) {
             key.push(c);
@@ -844,7 +857,10 @@ mod tls_option_tests {
         assert_eq!((rest.as_str(), ours.len()), ("postgresql://db/shop", 1));
         let (rest, ours) =
             split("host=db  sslmode = verify-ca sslrootcert='/a b/it\\'s.pem' user=u");
-        assert_eq!(rest.split_whitespace().collect::<Vec<_>>(), ["host=db", "user=u"]);
+        assert_eq!(
+            rest.split_whitespace().collect::<Vec<_>>(),
+            ["host=db", "user=u"]
+        );
         assert_eq!(
             ours,
             [
