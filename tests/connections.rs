@@ -261,6 +261,22 @@ fn rabbitmq_refuses_what_it_cannot_verify() {
     sender.ready().unwrap();
 }
 
+/// The code and JSON body of an admin route.
+fn probe(admin: &txbox::admin::AdminServer, path: &str) -> (u16, serde_json::Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut r = agent
+        .get(format!("http://{}{path}", admin.addr()))
+        .call()
+        .unwrap();
+    (
+        r.status().as_u16(),
+        r.body_mut().read_json::<serde_json::Value>().unwrap(),
+    )
+}
+
 /// A broker that accepts the connection and never answers: the sender gives
 /// up within its connection timeout, the relay is not ready (`/ready` 503,
 /// `/health` 200: the relay runs), and `shutdown` returns within its deadline.
@@ -307,20 +323,7 @@ fn a_broker_that_never_answers_frees_the_thread_and_is_reported() {
         txbox::admin::AdminOptions::new().relay(relay.probe()),
     )
     .unwrap();
-    let get = |path: &str| {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
-        let mut r = agent
-            .get(format!("http://{}{path}", admin.addr()))
-            .call()
-            .unwrap();
-        (
-            r.status().as_u16(),
-            r.body_mut().read_json::<serde_json::Value>().unwrap(),
-        )
-    };
+    let get = |path: &str| probe(&admin, path);
     wait_until(
         "/ready says the broker is unreachable",
         Duration::from_secs(10),
@@ -352,20 +355,7 @@ fn a_broker_that_never_answers_frees_the_thread_and_is_reported() {
             .stuck_after(Duration::from_millis(500)),
     )
     .unwrap();
-    let health = |path: &str| {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
-        let mut r = agent
-            .get(format!("http://{}{path}", admin.addr()))
-            .call()
-            .unwrap();
-        (
-            r.status().as_u16(),
-            r.body_mut().read_json::<serde_json::Value>().unwrap(),
-        )
-    };
+    let health = |path: &str| probe(&admin, path);
     wait_until(
         "/health says a thread is stuck",
         Duration::from_secs(10),

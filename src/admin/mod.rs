@@ -275,7 +275,10 @@ impl Drop for AdminServer {
 /// [`MAX_READING`]: past it the oldest is closed (it answers 408), so clients
 /// that connect and send nothing never keep a probe from being read.
 #[derive(Clone, Default)]
-struct Readers(Arc<std::sync::Mutex<(u64, std::collections::VecDeque<(u64, TcpStream)>)>>);
+struct Readers(Arc<std::sync::Mutex<Waiting>>);
+
+/// The last id handed out, and the connections reading their head, oldest first.
+type Waiting = (u64, std::collections::VecDeque<(u64, TcpStream)>);
 
 /// Connections read at once before the oldest is given up.
 const MAX_READING: usize = 256;
