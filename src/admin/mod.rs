@@ -272,8 +272,8 @@ impl Drop for AdminServer {
 /// a route that takes one reads it), all before the deadline; one answer, then
 /// the connection closes.
 /// Connections whose request head has not arrived yet, at most
-/// [`MAX_READING`]: past it the oldest is closed (it answers 408), so clients
-/// that connect and send nothing never keep a probe from being read.
+/// [`MAX_READING`]: past it the oldest is closed, so clients that connect and
+/// send nothing never keep a probe from being read.
 #[derive(Clone, Default)]
 struct Readers(Arc<std::sync::Mutex<Waiting>>);
 
@@ -471,14 +471,15 @@ fn health(store: &Arc<dyn FullStore>, options: &AdminOptions, readiness: bool) -
         .map(|p| {
             let (running, threads) = p.threads();
             let stuck = p.stuck(options.stuck_after);
+            let broker_up = p.broker_down() == 0;
             (
                 running == threads && stuck == 0,
-                p.broker_down() == 0,
+                broker_up,
                 serde_json::json!({
                     "running": running,
                     "threads": threads,
                     "stuck": stuck,
-                    "broker": if p.broker_down() == 0 { "ok" } else { "unreachable" },
+                    "broker": if broker_up { "ok" } else { "unreachable" },
                 }),
             )
         })

@@ -83,9 +83,9 @@ impl RedisCacheBuilder {
                 redis::Client::build_with_tls(self.url.as_str(), certs).map_err(err)?
             }
         };
-        let tls = match self.client_addr(&client) {
-            Some(insecure) => {
-                let verify = if insecure {
+        let tls = match client.get_connection_info().addr() {
+            redis::ConnectionAddr::TcpTls { insecure, .. } => {
+                let verify = if *insecure {
                     crate::tls::Verify::Nothing
                 } else {
                     crate::tls::Verify::Full
@@ -95,7 +95,7 @@ impl RedisCacheBuilder {
                 t.connector()?; // a roots file that cannot be used fails now
                 Some(t)
             }
-            None => None,
+            _ => None,
         };
         Ok(RedisCache {
             client,
@@ -104,16 +104,6 @@ impl RedisCacheBuilder {
             command_timeout: self.command_timeout,
             conn: Mutex::new(None),
         })
-    }
-}
-
-impl RedisCacheBuilder {
-    /// `Some(insecure)` for a TLS address.
-    fn client_addr(&self, client: &redis::Client) -> Option<bool> {
-        match client.get_connection_info().addr() {
-            redis::ConnectionAddr::TcpTls { insecure, .. } => Some(*insecure),
-            _ => None,
-        }
     }
 }
 

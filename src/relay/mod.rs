@@ -22,7 +22,7 @@
 //! [`RelayWaker`]) take effect at once.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -41,6 +41,7 @@ mod flush;
 mod listener;
 mod maintenance;
 mod poller;
+mod probe;
 mod retry;
 
 pub(crate) use delay::PollState;
@@ -48,6 +49,9 @@ use maintenance::{MaintenanceStep, Periodic};
 use poller::Poller;
 
 pub use flush::{Delivery, TypeDelivery};
+use probe::broker_ready;
+pub use probe::RelayProbe;
+use probe::{beat, Threads};
 
 /// The running relay. Dropping it stops the threads without waiting; call
 /// [`Relay::shutdown`] to let in-flight batches finish.
@@ -143,7 +147,7 @@ impl Ctx {
     fn sleep(&self, d: Duration, wake: Option<&Receiver<()>>) -> Slept {
         let never = crossbeam_channel::never();
         let wake = wake.unwrap_or(&never);
-        Threads::mark(|t, _| t.busy_since.store(0, Ordering::Relaxed));
+        probe::idle();
         let slept = select! {
             recv(self.stop) -> _ => Slept::Stop,
             recv(wake) -> _ => Slept::Go,
@@ -167,135 +171,8 @@ struct DoneGuard(crossbeam_channel::Sender<usize>, usize, Arc<Threads>);
 
 impl Drop for DoneGuard {
     fn drop(&mut self) {
-        if let Some(a) = self.2.each.get(self.1) {
-            a.alive.store(false, Ordering::Relaxed);
-        }
+        self.2.ended(self.1);
         let _ = self.0.send(self.1);
-    }
-}
-
-/// What a relay's threads tell its probe, one entry each.
-struct Threads {
-    epoch: Instant,
-    /// The shortest "stuck" of this relay: longer than its sender's longest
-    /// wait for an ack (a batch legitimately waits that long).
-    stuck_floor: std::sync::atomic::AtomicU64,
-    each: Vec<ThreadState>,
-}
-
-#[derive(Default)]
-struct ThreadState {
-    alive: AtomicBool,
-    /// When the thread's current piece of work began, in ms after `epoch`
-    /// plus one; 0 while it sleeps.
-    busy_since: AtomicU64,
-    /// A poller whose broker is not ready (cannot be connected to).
-    broker_down: AtomicBool,
-}
-
-thread_local! {
-    /// The relay thread this is, once its body runs.
-    static THIS_THREAD: std::cell::RefCell<Option<(Arc<Threads>, usize)>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-impl Threads {
-    fn new(n: usize) -> Self {
-        Threads {
-            epoch: Instant::now(),
-            stuck_floor: AtomicU64::new(0),
-            each: (0..n)
-                .map(|_| ThreadState {
-                    alive: AtomicBool::new(true),
-                    ..Default::default()
-                })
-                .collect(),
-        }
-    }
-
-    /// Runs `f` on this thread's entry (nothing off a relay thread), with the
-    /// time now as `busy_since` counts it.
-    fn mark(f: impl FnOnce(&ThreadState, u64)) {
-        THIS_THREAD.with(|t| {
-            if let Some((threads, i)) = t.borrow().as_ref() {
-                if let Some(state) = threads.each.get(*i) {
-                    f(state, threads.epoch.elapsed().as_millis() as u64 + 1);
-                }
-            }
-        });
-    }
-}
-
-/// The calling relay thread starts a piece of work now (a claim, a batch, a
-/// cleanup): one that goes on longer than a probe's `stuck_after` is stuck.
-pub(crate) fn beat() {
-    Threads::mark(|t, now| t.busy_since.store(now, Ordering::Relaxed));
-}
-
-/// The calling poller's broker can (`true`) or cannot be reached.
-pub(crate) fn broker_ready(ready: bool) {
-    Threads::mark(|t, _| t.broker_down.store(!ready, Ordering::Relaxed));
-}
-
-/// A cloneable view of a relay's threads, for health checks.
-#[derive(Clone)]
-pub struct RelayProbe {
-    alive: Arc<Threads>,
-}
-
-impl RelayProbe {
-    /// How long a thread may be busy with one piece of work (a claim and its
-    /// batch, a cleanup pass) before [`RelayProbe::stuck`] counts it: longer
-    /// than the timeouts of the connections it waits on (a dead PostgreSQL
-    /// connection fails within 60 s, a RabbitMQ connect within 10 s).
-    pub const STUCK_AFTER: Duration = Duration::from_secs(120);
-
-    /// `(threads running, threads started)`.
-    pub fn threads(&self) -> (usize, usize) {
-        let running = self
-            .alive
-            .each
-            .iter()
-            .filter(|a| a.alive.load(Ordering::Relaxed))
-            .count();
-        (running, self.alive.each.len())
-    }
-
-    /// Threads running that have been busy with one piece of work for longer
-    /// than `after` (and than twice the sender's longest wait for an ack):
-    /// blocked on a connection that neither answers nor fails.
-    pub fn stuck(&self, after: Duration) -> usize {
-        let now = self.alive.epoch.elapsed().as_millis() as u64 + 1;
-        let floor = self.alive.stuck_floor.load(Ordering::Relaxed);
-        let after = (after.as_millis() as u64).max(floor);
-        self.alive
-            .each
-            .iter()
-            .filter(|t| t.alive.load(Ordering::Relaxed))
-            .filter(|t| {
-                let since = t.busy_since.load(Ordering::Relaxed);
-                since != 0 && now.saturating_sub(since) > after
-            })
-            .count()
-    }
-
-    /// Pollers whose broker cannot be reached now (their events wait, pending).
-    pub fn broker_down(&self) -> usize {
-        let down = |t: &&ThreadState| {
-            t.alive.load(Ordering::Relaxed) && t.broker_down.load(Ordering::Relaxed)
-        };
-        self.alive.each.iter().filter(down).count()
-    }
-
-    /// True while every thread runs and none is stuck ([`RelayProbe::STUCK_AFTER`]).
-    pub fn healthy(&self) -> bool {
-        let (running, all) = self.threads();
-        running == all && all > 0 && self.stuck(Self::STUCK_AFTER) == 0
-    }
-
-    /// Healthy, and every poller's broker can be reached.
-    pub fn ready(&self) -> bool {
-        self.healthy() && self.broker_down() == 0
     }
 }
 
@@ -441,7 +318,7 @@ impl Relay {
         let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
         if let Some(wait) = sender.ack_wait() {
             let floor = (wait * 2).as_millis() as u64;
-            relay.alive.stuck_floor.store(floor, Ordering::Relaxed);
+            relay.alive.stuck_floor(floor);
         }
         let mut wakers = BTreeMap::new();
         let mut claims = BTreeMap::new();
@@ -529,8 +406,7 @@ impl Relay {
                 .name(name.clone())
                 .spawn(move || {
                     let _guard = guard;
-                    THIS_THREAD.with(|t| *t.borrow_mut() = Some((threads, index)));
-                    beat();
+                    probe::enter(threads, index);
                     f()
                 })
                 .map_err(|e| Error::Io {
