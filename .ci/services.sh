@@ -5,28 +5,8 @@ set -euo pipefail
 
 log() { echo "[services] $*"; }
 
-apt_updated=0
-apt_install() {
-    if [ "$apt_updated" = 0 ]; then
-        apt-get update -qq
-        apt_updated=1
-    fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
-
-wait_for() { # name, seconds, command...
-    local name=$1 secs=$2
-    shift 2
-    for _ in $(seq 1 "$secs"); do
-        if "$@" >/dev/null 2>&1; then
-            log "$name is up"
-            return 0
-        fi
-        sleep 1
-    done
-    log "$name did not come up within ${secs}s"
-    return 1
-}
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 ensure_postgres() {
     if pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null &&
@@ -130,12 +110,20 @@ ensure_kafka() {
     bash "$(dirname "$0")/kafka.sh" start
 }
 
+# the tests black-hole connections of their own with iptables
+ensure_tools() {
+    command -v iptables >/dev/null 2>&1 || {
+        log "installing iptables"
+        apt_install iptables
+    }
+}
+
 # TLS on each of them (a test CA, certificates, listeners): after they are up
 ensure_tls() {
     bash "$(dirname "$0")/tls.sh"
 }
 
-for s in ${@:-postgres mariadb rabbitmq kafka redis tls}; do
+for s in ${@:-postgres mariadb rabbitmq kafka redis tls tools}; do
     case "$s" in
         postgres) ensure_postgres ;;
         rabbitmq) ensure_rabbitmq ;;
@@ -143,6 +131,7 @@ for s in ${@:-postgres mariadb rabbitmq kafka redis tls}; do
         redis) ensure_redis ;;
         mariadb) ensure_mariadb ;;
         tls) ensure_tls ;;
+        tools) ensure_tools ;;
         *) log "unknown service $s"; exit 2 ;;
     esac
 done

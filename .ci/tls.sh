@@ -4,13 +4,13 @@
 # a second CA that signed nothing the servers use, and each service set up with
 # them. Safe to run again: what is in place is left alone.
 #
-#   tls.sh [certs|postgres|mariadb|rabbitmq|redis|kafka ...]   (default: all)
+#   tls.sh [certs|postgres|mariadb|mariadb_plain|rabbitmq|redis|kafka ...]   (default: all)
 #
 # What the tests find (TXBOX_TLS_DIR, default /var/lib/txbox-tls):
 #   ca.pem, other-ca.pem, client.pem/client.key (signed by ca.pem)
 #   PostgreSQL: user txbox_tls, hostssl only, on 127.0.0.1:5432 (the main cluster);
 #               a cluster without TLS on 127.0.0.1:5433
-#   MariaDB:    TLS on 127.0.0.1:3306
+#   MariaDB:    TLS on 127.0.0.1:3306; a server without TLS on 127.0.0.1:3307
 #   RabbitMQ:   amqps on 127.0.0.1:5671 (amqp stays on 5672)
 #   Redis:      TLS on 127.0.0.1:6380 (plain stays on 6379)
 #   Kafka:      TLS on localhost:9093 (socat in front of a Tansu that advertises it)
@@ -19,25 +19,14 @@ set -euo pipefail
 DIR=${TXBOX_TLS_DIR:-/var/lib/txbox-tls}
 log() { echo "[tls] $*"; }
 
-need() { # command, Debian package
-    command -v "$1" >/dev/null 2>&1 && return
-    log "installing $2"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
-}
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
-wait_for() { # name, seconds, command...
-    local name=$1 secs=$2
-    shift 2
-    for _ in $(seq 1 "$secs"); do
-        if "$@" >/dev/null 2>&1; then
-            log "$name is up"
-            return 0
-        fi
-        sleep 1
-    done
-    log "$name did not come up within ${secs}s"
-    return 1
+need() { # command, Debian package
+    command -v "$1" >/dev/null 2>&1 || {
+        log "installing $2"
+        apt_install "$2"
+    }
 }
 
 certs() {
@@ -125,6 +114,27 @@ mariadb() {
     wait_for "MariaDB with TLS" 60 sh -c "mysql -h 127.0.0.1 -uroot -Nse \"SHOW VARIABLES LIKE 'have_ssl'\" | grep -q YES"
 }
 
+# a MariaDB without TLS on 3307 (its own data, no grant tables: loopback only,
+# for "ssl_mode=REQUIRED fails against it")
+mariadb_plain() {
+    if (exec 3<>/dev/tcp/127.0.0.1/3307) 2>/dev/null; then
+        return
+    fi
+    local data=/var/lib/txbox-mariadb-plain
+    if [ ! -d "$data/mysql" ]; then
+        log "MariaDB: a server without TLS on 3307"
+        mkdir -p "$data" && chown mysql:mysql "$data"
+        mariadb-install-db --no-defaults --datadir="$data" --user=mysql >/dev/null
+    fi
+    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
+    start-stop-daemon --start --oknodo --background --pidfile /run/mysqld/plain.pid \
+        --exec /usr/sbin/mariadbd -- --no-defaults \
+        --user=mysql --datadir="$data" --port=3307 --bind-address=127.0.0.1 \
+        --socket=/run/mysqld/plain.sock --pid-file=/run/mysqld/plain.pid --skip-ssl \
+        --skip-grant-tables --log-error=/tmp/txbox-mariadb-plain.log
+    wait_for "MariaDB without TLS on 3307" 60 bash -c '(exec 3<>/dev/tcp/127.0.0.1/3307)'
+}
+
 rabbitmq() {
     local conf=/etc/rabbitmq/rabbitmq.conf
     if (exec 3<>/dev/tcp/127.0.0.1/5671) 2>/dev/null; then
@@ -178,10 +188,10 @@ kafka() {
 
 cd "$(dirname "$0")"
 here=$PWD
-for step in ${@:-certs postgres mariadb rabbitmq redis kafka}; do
+for step in ${@:-certs postgres mariadb mariadb_plain rabbitmq redis kafka}; do
     cd "$here"
     case "$step" in
-        certs | postgres | mariadb | rabbitmq | redis | kafka) "$step" ;;
+        certs | postgres | mariadb | mariadb_plain | rabbitmq | redis | kafka) "$step" ;;
         *) log "unknown step $step"; exit 2 ;;
     esac
 done

@@ -48,6 +48,14 @@ fn pg_tls_url(host: &str, mode: &str, roots: &str, app: &str) -> String {
     )
 }
 
+/// `r` failed, and its error says `says`.
+fn refused<T>(r: txbox::Result<T>, says: &str) {
+    match r {
+        Ok(_) => panic!("accepted; expected an error saying {says:?}"),
+        Err(e) => assert!(e.to_string().contains(says), "{e}"),
+    }
+}
+
 fn connect_error(r: txbox::Result<impl Sized>) -> (String, String) {
     match r {
         Err(txbox::Error::Connect { to, reason }) => (to, reason),
@@ -196,14 +204,11 @@ fn postgres_refuses_what_it_cannot_verify() {
         ("sslmode=verify-ca", "sslrootcert"),
     ] {
         let url = format!("postgres://txbox_tls@localhost/test?{bad}");
-        let e = txbox::PgStore::connect(&url, &config).err().expect(bad);
-        assert!(e.to_string().contains(says), "{bad}: {e}");
+        refused(txbox::PgStore::connect(&url, &config), says);
     }
     // a password with a `?` in it: the query is still read
-    let e = txbox::PgStore::connect("postgres://u:p?ss@localhost/test?sslmode=allow", &config)
-        .err()
-        .expect("sslmode read past the password");
-    assert!(e.to_string().contains("allow"), "{e}");
+    let url = "postgres://u:p?ss@localhost/test?sslmode=allow";
+    refused(txbox::PgStore::connect(url, &config), "allow");
 }
 
 /// `amqps://`: a host name the certificate does not carry, a CA that did
@@ -408,10 +413,26 @@ fn mysql_over_tls() {
         &url("localhost", "VERIFY_IDENTITY", &ca(&dir, "other-ca.pem")),
         &config,
     ));
-    let e = txbox::MySqlStore::connect("mysql://root@127.0.0.1/test?ssl_mode=PREFERRED", &config)
-        .err()
-        .expect("PREFERRED");
-    assert!(e.to_string().contains("PREFERRED"), "{e}");
+    let url = "mysql://root@127.0.0.1/test?ssl_mode=PREFERRED";
+    refused(txbox::MySqlStore::connect(url, &config), "PREFERRED");
+    refused(
+        txbox::MySqlStore::connect("mysql://root@127.0.0.1/test?ssl_mode=VERIFY_CA", &config),
+        "root_cert_path",
+    );
+    // a server without TLS (the second one, on 3307), at once
+    if service_up("MariaDB without TLS", "127.0.0.1:3307") {
+        let started = Instant::now();
+        let (to, reason) = connect_error(txbox::MySqlStore::connect(
+            "mysql://root@127.0.0.1:3307/mysql?ssl_mode=REQUIRED",
+            &config,
+        ));
+        assert!(to.contains("127.0.0.1:3307"), "{to}");
+        assert!(
+            reason.to_lowercase().contains("secure") || reason.contains("TLS"),
+            "{reason}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
 }
 
 /// The Redis cache over `rediss://` with the test CA; a wrong CA and a
@@ -490,36 +511,44 @@ fn kafka_over_tls() {
         .event("e", |e| e.destination(&topic))
         .build()
         .unwrap();
-    let ssl = |roots: &str| {
-        txbox::kafka::KafkaSender::builder("localhost:9093")
+    let ssl = |servers: &str, roots: &str| {
+        txbox::kafka::KafkaSender::builder(servers)
             .property("message.timeout.ms", "3000")
             .property("security.protocol", "ssl")
             .property("ssl.ca.location", ca(&dir, roots))
             .build()
             .unwrap()
     };
-    // the wrong CA first: nothing is sent, nothing counted
-    let relay = Relay::start(store.clone(), &config, ssl("other-ca.pem")).unwrap();
     let outbox = Outbox::new(&config).unwrap();
     let mut tx = client.transaction().unwrap();
     let id = outbox
         .publish(&mut tx, "e", &json!({"over": "tls"}))
         .unwrap();
     tx.commit().unwrap();
-    let probe = relay.probe();
-    wait_until(
-        "the relay sees the broker unreachable",
-        Duration::from_secs(30),
-        || probe.broker_down() > 0,
-    );
-    relay.shutdown(Duration::from_secs(10)).unwrap();
-    assert_eq!(
-        count(&mut client, p, "PROCESSED"),
-        0,
-        "sent past a certificate that does not verify"
-    );
+    // a CA that did not sign the broker's certificate, a host name it was not
+    // issued for, a broker without TLS: nothing is sent, nothing counted
+    for (servers, roots) in [
+        ("localhost:9093", "other-ca.pem"),
+        ("127.0.0.1:9093", "ca.pem"),
+        ("127.0.0.1:9092", "ca.pem"),
+    ] {
+        let relay = Relay::start(store.clone(), &config, ssl(servers, roots)).unwrap();
+        let probe = relay.probe();
+        wait_until(
+            &format!("the relay sees {servers} with {roots} unreachable"),
+            Duration::from_secs(30),
+            || probe.broker_down() > 0,
+        );
+        relay.shutdown(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            count(&mut client, p, "PROCESSED"),
+            0,
+            "sent to {servers} with {roots}"
+        );
+        assert_eq!(count(&mut client, p, "PENDING"), 1);
+    }
 
-    let relay = Relay::start(store.clone(), &config, ssl("ca.pem")).unwrap();
+    let relay = Relay::start(store.clone(), &config, ssl("localhost:9093", "ca.pem")).unwrap();
     wait_until("relayed over TLS", Duration::from_secs(30), || {
         count(&mut client, p, "PROCESSED") == 1
     });
@@ -544,4 +573,139 @@ fn kafka_over_tls() {
             break;
         }
     }
+}
+
+/// Drops, while it lives, every packet the local ports `ports` send (a
+/// black-holed connection: nothing answers, nothing is refused).
+struct BlackHole(Vec<u16>);
+
+impl BlackHole {
+    fn new(ports: Vec<u16>) -> BlackHole {
+        assert!(!ports.is_empty(), "no connection to black-hole");
+        for p in &ports {
+            iptables("-I", *p);
+        }
+        BlackHole(ports)
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            iptables("-D", *p);
+        }
+    }
+}
+
+fn iptables(op: &str, port: u16) {
+    let out = std::process::Command::new("iptables")
+        .args([
+            "-w",
+            op,
+            "OUTPUT",
+            "-p",
+            "tcp",
+            "--sport",
+            &port.to_string(),
+            "-j",
+            "DROP",
+        ])
+        .output()
+        .expect("iptables (installed by .ci/services.sh)");
+    assert!(
+        out.status.success(),
+        "iptables {op}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs `f` on a thread of its own and returns how long it took, failing the
+/// test if it has not returned after `limit` (a call that hangs on a dead
+/// connection would hang the test too).
+fn returns_within<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> (T, Duration) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    let out = rx
+        .recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("still waiting after {limit:?}"));
+    (out, started.elapsed())
+}
+
+/// A database connection that goes black (a failover, a dropped route: sent
+/// data is never acknowledged) fails its call within the connection's
+/// timeout, instead of holding the thread for the OS's 15 minutes: the
+/// PostgreSQL store through `tcp_user_timeout`, the MySQL store through its
+/// read timeout. The next call takes a fresh connection.
+#[test]
+fn black_holed_database_connections_fail_within_their_timeouts() {
+    let Some(mut plain) = client() else { return };
+    if !service_up("MariaDB", "127.0.0.1:3306") {
+        return;
+    }
+    let config = Config::builder()
+        .table_prefix("t_conn_black_")
+        .build()
+        .unwrap();
+
+    // PostgreSQL: `tcp_user_timeout` in seconds, as the postgres crate reads it
+    let app = format!("txbox_black_{}", unique());
+    let url = format!("{}&tcp_user_timeout=2", pg_url_as(&app));
+    let store = std::sync::Arc::new(txbox::PgStore::connect(&url, &config).unwrap());
+    store.migrate().unwrap();
+    txbox::MaintenanceStore::status(store.as_ref()).unwrap();
+    let ports: Vec<u16> = plain
+        .query(
+            "SELECT client_port FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, i32>(0) as u16)
+        .collect();
+    let hole = BlackHole::new(ports);
+    std::thread::sleep(Duration::from_millis(600)); // past the pool's tested-recently window
+    let s = store.clone();
+    let (_, took) = returns_within(Duration::from_secs(30), move || {
+        txbox::MaintenanceStore::status(s.as_ref()).map(drop)
+    });
+    assert!(
+        took >= Duration::from_secs(1),
+        "the black hole was not in the way ({took:?})"
+    );
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    drop(hole);
+    txbox::MaintenanceStore::status(store.as_ref()).unwrap();
+
+    // MySQL: the read timeout
+    // over TCP (the driver otherwise moves to the local socket)
+    let url = "mysql://root@127.0.0.1:3306/test?prefer_socket=false&read_timeout_ms=1000&write_timeout_ms=1000";
+    let store = std::sync::Arc::new(txbox::MySqlStore::connect(url, &config).unwrap());
+    store.migrate().unwrap();
+    use mysql::prelude::Queryable;
+    let host: String = store
+        .pool()
+        .get_conn()
+        .unwrap()
+        .query_first("SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()")
+        .unwrap()
+        .unwrap();
+    let port: u16 = host.rsplit(':').next().unwrap().parse().unwrap();
+    let hole = BlackHole::new(vec![port]);
+    let s = store.clone();
+    let (_, took) = returns_within(Duration::from_secs(30), move || {
+        txbox::MaintenanceStore::status(s.as_ref()).map(drop)
+    });
+    assert!(
+        took >= Duration::from_millis(900),
+        "the black hole was not in the way ({took:?})"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    drop(hole);
+    txbox::MaintenanceStore::status(store.as_ref()).unwrap();
 }
