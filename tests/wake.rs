@@ -148,7 +148,16 @@ fn a_commit_that_skipped_its_notification_is_sent_when_it_completes() {
         })
     };
     let a = slow_commit(1000);
-    std::thread::sleep(ms(300));
+    // A is in its commit (its business trigger sleeps) before B begins
+    wait_until("A committing", Duration::from_secs(5), || {
+        client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'",
+                &[],
+            )
+            .map(|r| r.get::<_, i64>(0) >= 1)
+            .unwrap_or(false)
+    });
     let b = slow_commit(2000);
     let (a, _) = a.join().unwrap();
     wait_until("A sent on its notification", Duration::from_secs(5), || {
@@ -287,9 +296,16 @@ fn a_prepared_transaction_publishes_with_the_wake_up_off() {
     drop(tx); // prepared: the session has no transaction left to roll back
     let sender = MemorySender::new();
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
-    std::thread::sleep(ms(300));
+    // an event committed after the prepared one is sent: the relay has
+    // claimed past the prepared one, which it did not see
+    let mut tx = client.transaction().unwrap();
+    let after = outbox.publish(&mut tx, "t", &2).unwrap();
+    tx.commit().unwrap();
+    wait_until("the later event sent", Duration::from_secs(10), || {
+        sent_ids(&sender).contains(&after)
+    });
     assert!(
-        sender.is_empty(),
+        !sent_ids(&sender).contains(&id),
         "a prepared event was sent before its commit"
     );
     client
@@ -298,7 +314,9 @@ fn a_prepared_transaction_publishes_with_the_wake_up_off() {
     wait_until("the prepared event sent", Duration::from_secs(10), || {
         sent_ids(&sender).contains(&id)
     });
-    assert_eq!(sender.len(), 1, "only the committed event");
+    // and nothing else: the event of the refused PREPARE was rolled back
+    assert_eq!(sender.len(), 2, "only the committed events");
+    assert_eq!(sent_ids(&sender), HashSet::from([after, id]));
     relay.shutdown(Duration::from_secs(5)).unwrap();
 }
 
