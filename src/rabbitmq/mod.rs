@@ -55,12 +55,29 @@ pub(crate) fn open(
         to: format!("RabbitMQ at {}", crate::redact::urls(url)),
         reason: crate::redact::urls(&e.to_string()),
     };
+    // what this does not read, amiquip reads: with the same timeout
+    let amiquip_open = |tuning| {
+        amiquip::Connection::insecure_open_tuned(&with_timeout(url), tuning).map_err(broker)
+    };
     let Some(target) = nodelay_target(url)? else {
-        return amiquip::Connection::insecure_open_tuned(url, tuning).map_err(broker);
+        return amiquip_open(tuning);
     };
     match open_first(&target, &tuning) {
         Some(result) => result.map_err(broker),
-        None => amiquip::Connection::insecure_open_tuned(url, tuning).map_err(broker),
+        None => amiquip_open(tuning),
+    }
+}
+
+/// `url` with `connection_timeout` [`CONNECTION_TIMEOUT`] unless it sets one
+/// (or is no URL: amiquip then says what is wrong with it).
+fn with_timeout(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if !u.query_pairs().any(|(k, _)| k == "connection_timeout") => {
+            let ms = CONNECTION_TIMEOUT.as_millis().to_string();
+            u.query_pairs_mut().append_pair("connection_timeout", &ms);
+            u.into()
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -320,6 +337,20 @@ mod tests {
         ] {
             assert!(target(url).is_none(), "{url} read");
         }
+    }
+
+    /// A URL left to amiquip gets the connection timeout too.
+    #[test]
+    fn urls_left_to_amiquip_get_the_timeout() {
+        assert_eq!(
+            super::with_timeout("amqps://h/a/b?auth_mechanism=external"),
+            "amqps://h/a/b?auth_mechanism=external&connection_timeout=10000"
+        );
+        assert_eq!(
+            super::with_timeout("amqp://h?connection_timeout=5"),
+            "amqp://h?connection_timeout=5"
+        );
+        assert_eq!(super::with_timeout("not a url"), "not a url");
     }
 
     /// TLS settings that cannot work are an error naming what is wrong.

@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Ctx, RelayWaker, Slept};
+use crossbeam_channel::Sender;
+
+use super::{Ctx, Slept};
 use crate::store::{ClaimStore, Notifications};
 
 /// How long one wait for a notification lasts: how soon a stop is seen (and so
@@ -48,11 +50,17 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) struct Listener {
     pub(super) store: Arc<dyn ClaimStore>,
-    /// Wakes the pollers whose wake-up is `notify` (and ignores other types).
-    pub(super) waker: RelayWaker,
-    /// The claims each poller started ([`Notifications::hold`] lasts until
+    /// The pollers it wakes: those whose wake-up is `notify` (a notification
+    /// of any other type is ignored).
+    pub(super) types: BTreeMap<String, Listened>,
+}
+
+/// A poller the listener wakes.
+pub(super) struct Listened {
+    pub(super) wake: Sender<()>,
+    /// The claims the poller started ([`Notifications::hold`] lasts until
     /// the next one).
-    pub(super) claims: BTreeMap<String, Arc<AtomicU64>>,
+    pub(super) claims: Arc<AtomicU64>,
 }
 
 /// What went wrong with the listening connection.
@@ -68,7 +76,7 @@ impl Listener {
                     // while the connection was lost): a commit in between woke
                     // nobody, so every LISTEN wakes them all
                     log::info!("txbox: listening for commits");
-                    self.waker.wake_all();
+                    self.wake_all();
                     backoff = MIN_BACKOFF;
                     match self.listen(ctx, notifications.as_mut()) {
                         Ok(()) => return,
@@ -94,7 +102,7 @@ impl Listener {
         // committing: they are woken again once those are done. At first every
         // type: commits that skipped before this LISTEN (beside a hold of a
         // lost connection, or a notification that went to it) are waited for
-        let mut owed: BTreeSet<String> = self.claims.keys().cloned().collect();
+        let mut owed: BTreeSet<String> = self.types.keys().cloned().collect();
         // types whose notifications this listener holds back, with their
         // poller's claim count and the time when the hold began
         let mut held: BTreeMap<String, (u64, Instant)> = BTreeMap::new();
@@ -128,21 +136,21 @@ impl Listener {
             let ask: Vec<String> = woken
                 .iter()
                 .chain(owed.iter().filter(|_| due))
-                .filter(|t| !settled.contains_key(*t) && self.claims.contains_key(*t))
+                .filter(|t| !settled.contains_key(*t) && self.types.contains_key(*t))
                 .cloned()
                 .collect();
             if !ask.is_empty() {
                 settled.extend(n.settled(&ask).map_err(Lost)?);
             }
             for t in &woken {
-                self.waker.wake(t);
+                self.wake(t);
             }
             let mut waiting = false;
             for (t, done) in settled {
                 if done {
                     // the commits that skipped are visible now: wake it again
                     if owed.remove(&t) && !woken.contains(&t) {
-                        self.waker.wake(&t);
+                        self.wake(&t);
                     }
                 } else {
                     owed.insert(t);
@@ -185,7 +193,7 @@ impl Listener {
         for t in &woken {
             // only this relay's types: another relay's (configured otherwise)
             // would miss its commits' notifications and their follow-up
-            if held.contains_key(t) || !self.claims.contains_key(t) {
+            if held.contains_key(t) || !self.types.contains_key(t) {
                 continue;
             }
             let (on, s) = n.hold(t).map_err(Lost)?;
@@ -214,9 +222,23 @@ impl Listener {
 
     /// How many claims the poller of `event_type` has started.
     fn claims_of(&self, event_type: &str) -> u64 {
-        self.claims
+        self.types
             .get(event_type)
-            .map_or(0, |c| c.load(Ordering::Relaxed))
+            .map_or(0, |l| l.claims.load(Ordering::Relaxed))
+    }
+
+    /// Makes the poller of `event_type` claim now (a full channel already
+    /// holds a wake-up: they coalesce). Other types are ignored.
+    fn wake(&self, event_type: &str) {
+        if let Some(l) = self.types.get(event_type) {
+            let _ = l.wake.try_send(());
+        }
+    }
+
+    fn wake_all(&self) {
+        for l in self.types.values() {
+            let _ = l.wake.try_send(());
+        }
     }
 }
 

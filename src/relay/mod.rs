@@ -321,12 +321,19 @@ impl Relay {
             relay.alive.stuck_floor(floor);
         }
         let mut wakers = BTreeMap::new();
-        let mut claims = BTreeMap::new();
+        // the pollers the listener wakes (those whose wake-up is `notify`)
+        let mut listened = BTreeMap::new();
         for (event_type, settings) in &config.events {
             let (wake_tx, wake_rx) = bounded(1);
-            wakers.insert(event_type.clone(), wake_tx);
             let started = Arc::new(AtomicU64::new(0));
-            claims.insert(event_type.clone(), started.clone());
+            if notify.contains(event_type) {
+                let l = listener::Listened {
+                    wake: wake_tx.clone(),
+                    claims: started.clone(),
+                };
+                listened.insert(event_type.clone(), l);
+            }
+            wakers.insert(event_type.clone(), wake_tx);
             let poller = Poller::new(
                 ctx.clone(),
                 store.clone(),
@@ -345,19 +352,9 @@ impl Relay {
             )?;
         }
         if listens {
-            // it wakes the pollers whose wake-up is `notify`, no others
-            let notified = wakers
-                .iter()
-                .filter(|(t, _)| notify.contains(*t))
-                .map(|(t, w)| (t.clone(), w.clone()))
-                .collect();
             let listener = listener::Listener {
                 store: store.clone(),
-                waker: RelayWaker(Arc::new(notified)),
-                claims: claims
-                    .into_iter()
-                    .filter(|(t, _)| notify.contains(t))
-                    .collect(),
+                types: listened,
             };
             let c = ctx.clone();
             spawn(
