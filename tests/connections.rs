@@ -668,44 +668,53 @@ fn black_holed_database_connections_fail_within_their_timeouts() {
         .iter()
         .map(|r| r.get::<_, i32>(0) as u16)
         .collect();
-    let hole = BlackHole::new(ports);
-    std::thread::sleep(Duration::from_millis(600)); // past the pool's tested-recently window
-    let s = store.clone();
-    let (_, took) = returns_within(Duration::from_secs(30), move || {
-        txbox::MaintenanceStore::status(s.as_ref()).map(drop)
-    });
-    assert!(
-        took >= Duration::from_secs(1),
-        "the black hole was not in the way ({took:?})"
-    );
-    assert!(took < Duration::from_secs(15), "took {took:?}");
-    drop(hole);
-    txbox::MaintenanceStore::status(store.as_ref()).unwrap();
+    // past the pool's tested-recently window: the call tests the connection
+    let wait = Duration::from_millis(600);
+    let (min, max) = (Duration::from_secs(1), Duration::from_secs(15));
+    status_through_black_hole("PostgreSQL", store, ports, wait, min, max);
 
-    // MySQL: the read timeout
-    // over TCP (the driver otherwise moves to the local socket)
-    let url = "mysql://root@127.0.0.1:3306/test?prefer_socket=false&read_timeout_ms=1000&write_timeout_ms=1000";
+    // MySQL: the read timeout; over TCP (the driver otherwise moves to the
+    // local socket), in a database of its own to find every connection
+    use mysql::prelude::Queryable;
+    let mut admin = mysql::Conn::new("mysql://root@127.0.0.1:3306/test").unwrap();
+    admin
+        .query_drop("CREATE DATABASE IF NOT EXISTS txbox_black")
+        .unwrap();
+    let url = "mysql://root@127.0.0.1:3306/txbox_black?prefer_socket=false\
+               &read_timeout_ms=1000&write_timeout_ms=1000";
     let store = std::sync::Arc::new(txbox::MySqlStore::connect(url, &config).unwrap());
     store.migrate().unwrap();
-    use mysql::prelude::Queryable;
-    let host: String = store
-        .pool()
-        .get_conn()
-        .unwrap()
-        .query_first("SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()")
-        .unwrap()
+    let hosts: Vec<String> = admin
+        .query("SELECT HOST FROM information_schema.PROCESSLIST WHERE DB = 'txbox_black'")
         .unwrap();
-    let port: u16 = host.rsplit(':').next().unwrap().parse().unwrap();
-    let hole = BlackHole::new(vec![port]);
+    let ports = hosts
+        .iter()
+        .map(|h| h.rsplit(':').next().unwrap().parse().unwrap())
+        .collect();
+    let (min, max) = (Duration::from_millis(900), Duration::from_secs(10));
+    status_through_black_hole("MySQL", store, ports, Duration::ZERO, min, max);
+}
+
+/// With `ports` black-holed (after `wait`), a `status` call on `store` returns
+/// after `min` (the black hole was in its way) and before `max`; with them
+/// back, the next call succeeds.
+fn status_through_black_hole(
+    what: &str,
+    store: std::sync::Arc<dyn txbox::FullStore>,
+    ports: Vec<u16>,
+    wait: Duration,
+    min: Duration,
+    max: Duration,
+) {
+    let hole = BlackHole::new(ports);
+    std::thread::sleep(wait);
     let s = store.clone();
-    let (_, took) = returns_within(Duration::from_secs(30), move || {
-        txbox::MaintenanceStore::status(s.as_ref()).map(drop)
-    });
+    let (_, took) = returns_within(Duration::from_secs(30), move || s.status().map(drop));
     assert!(
-        took >= Duration::from_millis(900),
-        "the black hole was not in the way ({took:?})"
+        took >= min,
+        "{what}: the black hole was not in the way ({took:?})"
     );
-    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(took < max, "{what}: took {took:?}");
     drop(hole);
-    txbox::MaintenanceStore::status(store.as_ref()).unwrap();
+    store.status().unwrap();
 }
