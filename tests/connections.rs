@@ -659,15 +659,26 @@ fn black_holed_database_connections_fail_within_their_timeouts() {
     let store = std::sync::Arc::new(txbox::PgStore::connect(&url, &config).unwrap());
     store.migrate().unwrap();
     txbox::MaintenanceStore::status(store.as_ref()).unwrap();
-    let ports: Vec<u16> = plain
-        .query(
-            "SELECT client_port FROM pg_stat_activity WHERE application_name = $1",
-            &[&app],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<_, i32>(0) as u16)
-        .collect();
+    // every connection of the pool (it opens some in the background): the
+    // server lists as many as the pool holds
+    let mut ports: Vec<u16> = Vec::new();
+    wait_until(
+        "the pool's connections listed",
+        Duration::from_secs(10),
+        || {
+            ports = plain
+                .query(
+                    "SELECT client_port FROM pg_stat_activity WHERE application_name = $1",
+                    &[&app],
+                )
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<_, i32>(0) as u16)
+                .collect();
+            let state = store.pool().state();
+            state.idle_connections == state.connections && ports.len() == state.connections as usize
+        },
+    );
     // past the pool's tested-recently window: the call tests the connection
     let wait = Duration::from_millis(600);
     let (min, max) = (Duration::from_secs(1), Duration::from_secs(15));
