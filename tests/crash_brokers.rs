@@ -138,6 +138,15 @@ fn waiting(client: &mut postgres::Client, p: &str) -> i64 {
         .get(0)
 }
 
+/// Committed events no longer waiting: acked and marked (or deleted) by a relay.
+fn finished(client: &mut postgres::Client, p: &str) -> i64 {
+    let orders: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {p}orders"), &[])
+        .unwrap()
+        .get(0);
+    orders - waiting(client, p)
+}
+
 /// What a scenario counted.
 struct Run {
     committed: HashSet<EventId>,
@@ -167,6 +176,14 @@ fn kill_relays_under_load(p: &str, broker: &str, destination: &str, held: bool) 
     while kills < KILLS && Instant::now() < deadline {
         let mut child = spawn_worker(p, broker, destination, held);
         std::thread::sleep(ms(300 + fastrand::u64(0..700)));
+        // until a relay got a first batch through, each one lives until it did:
+        // on a loaded machine the first connection to the broker can take
+        // longer than the lives above, and the kills would test nothing
+        if kills == 0 {
+            wait_until("a relay's first batch acked", Duration::from_secs(60), || {
+                finished(&mut client, p) > 0
+            });
+        }
         // only a relay still running counts as killed (not one that died on its own)
         if child.try_wait().unwrap().is_none() {
             // at a random moment, or a little later when a batch is claimed and
@@ -296,11 +313,7 @@ fn drain(
     k: Kills,
     drainers: impl FnOnce() -> Vec<std::process::Child>,
 ) -> Run {
-    let orders: i64 = client
-        .query_one(&format!("SELECT count(*) FROM {p}orders"), &[])
-        .unwrap()
-        .get(0);
-    let finished_while_killing = orders - waiting(client, p);
+    let finished_while_killing = finished(client, p);
     let relays = drainers();
     wait_until("the outbox drained", Duration::from_secs(180), || {
         waiting(client, p) == 0
