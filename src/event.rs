@@ -19,8 +19,14 @@ pub const RESERVED_HEADER_PREFIX: &str = "txbox-";
 /// Kafka record header that carries the content type of an event published as
 /// bytes ([`NewEvent::bytes`]); RabbitMQ messages carry it in their
 /// `content_type` property. A JSON event has no such header on Kafka (its
-/// content type is [`JSON_CONTENT_TYPE`]).
+/// content type is [`JSON_CONTENT_TYPE`]). Reserved: publish refuses a user
+/// header of this name (in any case) on every event.
 pub const HEADER_CONTENT_TYPE: &str = "content-type";
+/// The most bytes an event's headers may have, names and values together
+/// (refused at publish): a RabbitMQ message carries them in one content-header
+/// frame, which must fit the connection's `frame_max` (131,072 bytes by
+/// default), beside txbox's own headers.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// The content type of events published as JSON.
 pub const JSON_CONTENT_TYPE: &str = "application/json";
 
@@ -199,7 +205,9 @@ impl NewEvent {
         self
     }
 
-    /// Adds a header. Names starting with `txbox-` are reserved and refused at publish.
+    /// Adds a header. Names starting with `txbox-` and the name `content-type`
+    /// (any case; [`HEADER_CONTENT_TYPE`]) are reserved and refused at publish,
+    /// and so are headers over [`MAX_HEADER_BYTES`] in all.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());
         self

@@ -185,6 +185,31 @@ fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
             "{ct:?}: {err}"
         );
     }
+    // the content-type header is txbox's on every payload: a JSON event's own
+    // would be its content type on Kafka and dropped on RabbitMQ
+    let json_ct = NewEvent::new("order-created", &1)
+        .unwrap()
+        .header("content-type", "text/plain");
+    let err = outbox.publish_all(&mut tx, [json_ct]).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(_)) && err.to_string().contains("\"content-type\""),
+        "{err}"
+    );
+    // header values are bounded in total (an AMQP content header must fit one
+    // frame): 64 KiB of names and values
+    let big = NewEvent::new("order-created", &1)
+        .unwrap()
+        .header("a", "x".repeat(40_000))
+        .header("b", "x".repeat(40_000));
+    let err = outbox.publish_all(&mut tx, [big]).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(_)) && err.to_string().contains("65536"),
+        "{err}"
+    );
+    let fits = NewEvent::new("order-created", &1)
+        .unwrap()
+        .header("a", "x".repeat(65_535));
+    outbox.publish_all(&mut tx, [fits]).unwrap();
     let twice = NewEvent::bytes("order-created", vec![0xff], "application/x-protobuf")
         .header("Content-Type", "text/plain");
     let err = outbox.publish_all(&mut tx, [twice]).unwrap_err();
@@ -224,7 +249,7 @@ fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
         .publish_bytes(&mut tx, "order-created", &[0xff], &longest)
         .unwrap();
     tx.commit().unwrap();
-    assert_eq!(count(&mut client, p, "PENDING"), 2);
+    assert_eq!(count(&mut client, p, "PENDING"), 3);
 }
 
 #[test]

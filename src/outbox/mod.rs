@@ -7,7 +7,9 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::event::{EventId, NewEvent, HEADER_CONTENT_TYPE, RESERVED_HEADER_PREFIX};
+use crate::event::{
+    EventId, NewEvent, HEADER_CONTENT_TYPE, MAX_HEADER_BYTES, RESERVED_HEADER_PREFIX,
+};
 use crate::tables::Tables;
 use crate::transaction::Transaction;
 
@@ -187,17 +189,6 @@ impl Outbox {
                     e.event_type
                 )));
             }
-            if let Some(name) = e
-                .headers
-                .keys()
-                .find(|n| n.eq_ignore_ascii_case(HEADER_CONTENT_TYPE))
-            {
-                return Err(Error::InvalidInput(format!(
-                    "header {name:?} of event type {:?}: an event published as bytes sends its content type \
-                     in that header itself",
-                    e.event_type
-                )));
-            }
         }
         if let Some(k) = &e.key {
             if k.len() > 255 {
@@ -229,6 +220,28 @@ impl Outbox {
         {
             return Err(Error::InvalidInput(format!(
                 "header {name:?} of event type {:?}: names starting with {RESERVED_HEADER_PREFIX:?} are reserved",
+                e.event_type
+            )));
+        }
+        // txbox sends every event's content type itself (Kafka's header, the
+        // AMQP property): a JSON event's own header would be read as its
+        // content type on Kafka and dropped on RabbitMQ
+        if let Some(name) = e
+            .headers
+            .keys()
+            .find(|n| n.eq_ignore_ascii_case(HEADER_CONTENT_TYPE))
+        {
+            return Err(Error::InvalidInput(format!(
+                "header {name:?} of event type {:?}: txbox sends the content type in it; \
+                 publish bytes with their content type (NewEvent::bytes) to set one",
+                e.event_type
+            )));
+        }
+        let header_bytes: usize = e.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if header_bytes > MAX_HEADER_BYTES {
+            return Err(Error::InvalidInput(format!(
+                "headers of event type {:?} are {header_bytes} bytes (names and values), \
+                 at most {MAX_HEADER_BYTES}",
                 e.event_type
             )));
         }
