@@ -180,9 +180,11 @@ fn kill_relays_under_load(p: &str, broker: &str, destination: &str, held: bool) 
         // on a loaded machine the first connection to the broker can take
         // longer than the lives above, and the kills would test nothing
         if kills == 0 {
-            wait_until("a relay's first batch acked", Duration::from_secs(60), || {
-                finished(&mut client, p) > 0
-            });
+            wait_until(
+                "a relay's first batch acked",
+                Duration::from_secs(60),
+                || finished(&mut client, p) > 0,
+            );
         }
         // only a relay still running counts as killed (not one that died on its own)
         if child.try_wait().unwrap().is_none() {

@@ -526,3 +526,187 @@ fn a_full_queue_that_rejects_publishes_is_not_the_events_fault() {
         assert_eq!(err.kind, SendErrorKind::Transient, "{err:?}");
     }
 }
+
+/// The largest message the local RabbitMQ takes (`max_message_size`, which
+/// `.ci/services.sh` lowers to 2 MiB), read with rabbitmqctl.
+fn broker_max_message() -> usize {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "eval",
+            "application:get_env(rabbit, max_message_size).",
+        ])
+        .output()
+        .expect("rabbitmqctl runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let digits: String = text.chars().filter(char::is_ascii_digit).collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("max_message_size from rabbitmqctl: {text:?}"))
+}
+
+/// How many messages `queue` holds, read by a passive declare.
+fn queue_depth(queue: &str) -> u32 {
+    let mut conn = Connection::insecure_open(&rabbit_url()).unwrap();
+    let ch = conn.open_channel(None).unwrap();
+    let q = ch.queue_declare_passive(queue).unwrap();
+    let n = q.declared_message_count().unwrap_or(0);
+    conn.close().unwrap();
+    n
+}
+
+/// A message over the broker's `max_message_size` makes RabbitMQ close the
+/// channel: only that message fails (a verdict on it), its neighbours in its
+/// batch and in the batch in flight behind it go back without one, none that
+/// the broker confirmed is failed; and the sender then knows the limit and
+/// refuses the next such message before publishing it, the channel kept.
+#[test]
+fn a_message_over_the_brokers_size_limit_fails_alone() {
+    use txbox::{SendErrorKind, Sender, Started};
+    if !rabbit_up() {
+        return;
+    }
+    let limit = broker_max_message();
+    let (exchange, queue) = direct("k");
+    let small = |n: usize| claimed(&exchange, "k", format!("{{\"n\":{n}}}"));
+    let big = claimed(&exchange, "k", format!("\"{}\"", "x".repeat(limit)));
+    // the sender assumes a higher limit than the operator set
+    let mut sender = RabbitSender::builder(&rabbit_url())
+        .max_message_size(limit * 4)
+        .build()
+        .create()
+        .unwrap();
+    let mut first: Vec<txbox::Event> = (0..150).map(small).collect();
+    first.push(big.clone());
+    first.extend((150..300).map(small));
+    let behind: Vec<txbox::Event> = (300..350).map(small).collect();
+    assert!(matches!(sender.start(&first), Started::InFlight));
+    assert!(matches!(sender.start(&behind), Started::InFlight));
+    let (ra, rb) = (sender.wait(), sender.wait());
+    assert_eq!((ra.len(), rb.len()), (301, 50));
+    let refused = ra[150].as_ref().expect_err("the broker refused it");
+    assert_eq!(refused.kind, SendErrorKind::Permanent, "{refused:?}");
+    assert!(refused.message.contains("max size"), "{refused:?}");
+    let results: Vec<_> = ra.iter().chain(&rb).enumerate().collect();
+    for (i, r) in &results {
+        if *i != 150 {
+            assert!(
+                r.as_ref().is_ok() || r.as_ref().is_err_and(|e| e.is_transient()),
+                "message {i} is not the refused one: {r:?}"
+            );
+        }
+    }
+    let acked = results.iter().filter(|(_, r)| r.is_ok()).count() as u32;
+    wait_until("the acked messages in the queue", ms(5000), || {
+        queue_depth(&queue) >= acked
+    });
+
+    // the sender learned the limit: the next one is refused before it is
+    // published, and its neighbours go through on the same channel
+    wait_until("the sender reconnected", Duration::from_secs(10), || {
+        sender.ready().is_ok()
+    });
+    let before = queue_depth(&queue);
+    let r = sender.send(&[small(400), big, small(401)]);
+    assert!(r[0].is_ok() && r[2].is_ok(), "{r:?}");
+    let e = r[1].as_ref().expect_err("refused by its size");
+    assert_eq!(e.kind, SendErrorKind::Permanent);
+    assert!(e.message.contains(&limit.to_string()), "{e:?}");
+    wait_until("the two neighbours in the queue", ms(5000), || {
+        queue_depth(&queue) == before + 2
+    });
+}
+
+/// Through the relay, with no retries: one event over the broker's limit among
+/// 300 small ones in one transaction is the only dead letter; the 300 arrive.
+#[test]
+fn a_relay_dead_letters_only_the_event_the_broker_refused() {
+    if !rabbit_up() {
+        return;
+    }
+    let limit = broker_max_message();
+    let (exchange, queue) = direct("doc");
+    let p = "t_rabbit_too_big_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .max_payload_bytes(limit * 2)
+        .event("doc", |e| {
+            e.destination(&exchange)
+                .fixed_polling(ms(20))
+                .batch_size(200)
+                .max_retries(0)
+        })
+        .dlq(true)
+        .dlq_move_interval(ms(100))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let mut small = Vec::new();
+    for i in 0..300 {
+        if i == 150 {
+            outbox.publish(&mut tx, "doc", &"x".repeat(limit)).unwrap();
+        }
+        small.push(outbox.publish(&mut tx, "doc", &json!({ "i": i })).unwrap());
+    }
+    tx.commit().unwrap();
+    let relay = Relay::start(
+        store.clone(),
+        &config,
+        RabbitSender::builder(&rabbit_url()).build(),
+    )
+    .unwrap();
+    let dlq = Dlq::new(store);
+    wait_until(
+        "the big event dead-lettered",
+        Duration::from_secs(30),
+        || dlq.count(&Default::default()).unwrap_or(0) >= 1,
+    );
+    wait_until("the 300 sent", Duration::from_secs(30), || {
+        count(&mut client, p, "PROCESSED") == 300
+    });
+    assert_eq!(
+        dlq.count(&Default::default()).unwrap(),
+        1,
+        "one dead letter"
+    );
+    let want: std::collections::HashSet<_> = small.iter().copied().collect();
+    let got: std::collections::HashSet<_> = read_rabbitmq_queue(&queue, &want, |_| {})
+        .into_iter()
+        .collect();
+    assert!(want.is_subset(&got), "all 300 arrived");
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+}
+
+/// A content header larger than the connection's `frame_max` is a connection
+/// error at the broker (501): the sender refuses that message alone, as its
+/// own permanent failure, and its neighbours are sent.
+#[test]
+fn a_header_too_large_for_a_frame_fails_alone() {
+    use txbox::{SendErrorKind, Sender};
+    if !rabbit_up() {
+        return;
+    }
+    let (exchange, queue) = direct("k");
+    let mut big = claimed(&exchange, "k", "{}".into());
+    big.headers.insert("big".into(), "x".repeat(200_000));
+    let mut sender = RabbitSender::builder(&rabbit_url())
+        .build()
+        .create()
+        .unwrap();
+    let r = sender.send(&[
+        claimed(&exchange, "k", "1".into()),
+        big,
+        claimed(&exchange, "k", "2".into()),
+    ]);
+    assert!(r[0].is_ok() && r[2].is_ok(), "{r:?}");
+    let e = r[1].as_ref().expect_err("too large for a frame");
+    assert_eq!(e.kind, SendErrorKind::Permanent, "{e:?}");
+    assert!(e.message.contains("frame"), "{e:?}");
+    wait_until("the two neighbours in the queue", ms(5000), || {
+        queue_depth(&queue) == 2
+    });
+}

@@ -28,7 +28,7 @@ mod consumer;
 mod sender;
 
 pub use consumer::{OnError, RabbitConsumer, RabbitConsumerBuilder};
-pub use sender::{RabbitSender, RabbitSenderBuilder};
+pub use sender::{RabbitSender, RabbitSenderBuilder, DEFAULT_MAX_MESSAGE_SIZE};
 
 /// Opens an AMQP connection (`amqp://`, or `amqps://` over TLS) with
 /// `TCP_NODELAY` set, giving up on a broker that does not finish the handshake
@@ -87,6 +87,11 @@ fn with_timeout(url: &str) -> String {
 /// without a backend, a frozen host) fails it then, instead of holding the
 /// relay thread for good.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest frame a connection asks for (the broker's default): the
+/// sender refuses a message whose content header would not fit one
+/// ([`RabbitSenderBuilder::max_message_size`] bounds the body).
+pub const FRAME_MAX: usize = 131_072;
 
 /// Where a URL connects, and how.
 struct Target {
@@ -207,8 +212,9 @@ fn amqp_target(
             .ok()
             .map(|s| s.into_owned())
     };
-    let mut options =
-        ConnectionOptions::<Auth>::default().connection_timeout(Some(CONNECTION_TIMEOUT));
+    let mut options = ConnectionOptions::<Auth>::default()
+        .connection_timeout(Some(CONNECTION_TIMEOUT))
+        .frame_max(FRAME_MAX as u32);
     // `amqp://host` has no path at all, `amqp://host/` an empty one: both the
     // default virtual host
     if let Some(mut path) = url.path_segments() {

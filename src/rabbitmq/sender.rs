@@ -9,7 +9,7 @@ use amiquip::{
 };
 use crossbeam_channel::Receiver;
 
-use super::{MAX_RECONNECT, MIN_RECONNECT};
+use super::{FRAME_MAX, MAX_RECONNECT, MIN_RECONNECT};
 use crate::error::Result;
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE};
 use crate::sender::{SendError, Sender, SenderFactory};
@@ -45,7 +45,13 @@ fn open_publisher(url: &str) -> crate::Result<Connection> {
 pub struct RabbitSender {
     url: String,
     confirm_timeout: Duration,
+    max_message_size: usize,
 }
+
+/// The largest message body a [`RabbitSender`] publishes unless told
+/// otherwise ([`RabbitSenderBuilder::max_message_size`]): RabbitMQ's own
+/// default `max_message_size` since 4.0, 16 MiB.
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
 
 /// Builds a [`RabbitSender`]. Its `Debug` redacts the URL's password.
 #[derive(Clone)]
@@ -59,6 +65,7 @@ impl std::fmt::Debug for RabbitSender {
         f.debug_struct("RabbitSender")
             .field("url", &crate::redact::urls(&self.url))
             .field("confirm_timeout", &self.confirm_timeout)
+            .field("max_message_size", &self.max_message_size)
             .finish()
     }
 }
@@ -78,6 +85,7 @@ impl RabbitSender {
             sender: RabbitSender {
                 url: url.to_string(),
                 confirm_timeout: Duration::from_secs(30),
+                max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             },
         }
     }
@@ -87,6 +95,19 @@ impl RabbitSenderBuilder {
     /// Longest wait for the broker's confirms of one batch (default 30s).
     pub fn confirm_timeout(mut self, d: Duration) -> Self {
         self.sender.confirm_timeout = d;
+        self
+    }
+
+    /// The largest message body the broker takes: its `max_message_size`
+    /// (default [`DEFAULT_MAX_MESSAGE_SIZE`]; RabbitMQ before 4.0 takes 128
+    /// MiB unless its operator set less). A larger event fails alone, as its
+    /// own permanent failure, without being published: RabbitMQ would close
+    /// the channel for it, and every message in flight on it would go back.
+    /// Should the broker refuse a message for its size all the same (its limit
+    /// is lower than this), only the message over the limit it names fails,
+    /// and the sender uses that limit from then on.
+    pub fn max_message_size(mut self, bytes: usize) -> Self {
+        self.sender.max_message_size = bytes;
         self
     }
 
@@ -101,6 +122,7 @@ impl SenderFactory for RabbitSender {
         Ok(Box::new(RabbitChannel::new(
             &self.url,
             self.confirm_timeout,
+            self.max_message_size,
         )))
     }
 
@@ -122,6 +144,9 @@ struct Open {
 pub(crate) struct RabbitChannel {
     url: String,
     confirm_timeout: Duration,
+    /// The largest body published: the builder's, or the lower limit the
+    /// broker named when it refused a message.
+    max_message: usize,
     open: Option<Open>,
     retry_at: Instant,
     backoff: Duration,
@@ -132,10 +157,11 @@ pub(crate) struct RabbitChannel {
 
 impl RabbitChannel {
     /// A sender that connects on its first batch.
-    pub(crate) fn new(url: &str, confirm_timeout: Duration) -> Self {
+    pub(crate) fn new(url: &str, confirm_timeout: Duration, max_message: usize) -> Self {
         RabbitChannel {
             url: url.to_string(),
             confirm_timeout,
+            max_message,
             open: None,
             retry_at: Instant::now(),
             backoff: MIN_RECONNECT,
@@ -201,14 +227,18 @@ impl RabbitChannel {
         })
     }
 
-    /// Closes the channel; the unconfirmed messages of the batches in flight fail.
-    fn drop_connection(&mut self, why: &SendError) {
+    /// Closes the channel; the unconfirmed messages of the batches in flight
+    /// get the verdict of `why`.
+    fn drop_connection(&mut self, why: &Breakage) {
         for b in &mut self.in_flight {
-            b.broken.get_or_insert_with(|| why.clone());
+            b.break_off(why);
+        }
+        if let Blame::BodyOver(limit) = why.blame {
+            self.max_message = self.max_message.min(limit);
         }
         if self.open.take().is_some() {
-            log::warn!("txbox: rabbitmq sender: {why}; reconnecting");
-            self.last_error = why.message.clone();
+            log::warn!("txbox: rabbitmq sender: {}; reconnecting", why.error);
+            self.last_error = why.error.message.clone();
             self.retry_at = Instant::now() + self.backoff;
         }
     }
@@ -220,17 +250,112 @@ impl RabbitChannel {
     }
 }
 
-/// Whose fault a channel or connection error is: the server closes a channel for
-/// what was sent on it (404 a missing exchange, 403 access refused, 406 a message
-/// over the broker's size limit): a verdict on the batch, counted as an attempt.
-/// Anything else (a lost, refused or forced-closed connection) is the transport's.
-fn classify(context: String, err: &amiquip::Error) -> SendError {
+/// Why a channel broke, and whose fault that is for each message it left
+/// unconfirmed.
+struct Breakage {
+    error: SendError,
+    blame: Blame,
+}
+
+/// Which unconfirmed messages a broken channel is the fault of.
+#[derive(Clone, Copy)]
+enum Blame {
+    /// None: the transport failed (no attempt counted).
+    Nobody,
+    /// Every one: the destination refused them all (a missing exchange, access
+    /// refused), counted as an attempt each.
+    Every,
+    /// The ones whose body is over this many bytes (the broker's
+    /// `max_message_size`); the others go back without an attempt.
+    BodyOver(usize),
+    /// The ones whose content header frame is over this many bytes (a frame
+    /// the broker refused as too large); the others go back.
+    HeaderOver(usize),
+}
+
+impl Breakage {
+    fn transport(error: SendError) -> Self {
+        Breakage {
+            error,
+            blame: Blame::Nobody,
+        }
+    }
+
+    /// The verdict on a published, unconfirmed message of `sizes` (body, header).
+    fn verdict(&self, (body, header): (usize, usize)) -> SendError {
+        let guilty = match self.blame {
+            Blame::Nobody => false,
+            Blame::Every => true,
+            Blame::BodyOver(limit) => body > limit,
+            Blame::HeaderOver(limit) => header > limit,
+        };
+        if guilty {
+            SendError::new(self.error.message.clone())
+        } else if matches!(self.blame, Blame::Nobody) {
+            self.error.clone()
+        } else {
+            SendError::transient(format!(
+                "{} (another message's fault: this one goes back)",
+                self.error.message
+            ))
+        }
+    }
+}
+
+/// The smallest frame every AMQP broker takes: a content header over it is
+/// what a frame error (501) blames.
+const FRAME_MIN: usize = 4096;
+
+/// Whose fault a channel or connection error is: the server closes a channel
+/// for what was sent on it: 406 for a message over its size limit (that
+/// message's fault alone), 404 a missing exchange, 403 access refused (the
+/// destination's: every message's). It closes the connection with 501 for a
+/// frame too large (the message with the large header). Anything else (a lost,
+/// refused or forced-closed connection) is the transport's.
+fn classify(context: String, err: &amiquip::Error) -> Breakage {
     // amiquip's errors may name the URL, password included
     let text = format!("{context}: {}", crate::redact::urls(&err.to_string()));
-    match err {
-        amiquip::Error::ServerClosedChannel { .. } => SendError::new(text),
-        _ => SendError::transient(text),
+    let blame = match err {
+        amiquip::Error::ServerClosedChannel {
+            code: 406, message, ..
+        } => match size_limit(message) {
+            Some(limit) => Blame::BodyOver(limit),
+            None => Blame::Every,
+        },
+        amiquip::Error::ServerClosedChannel { .. } => Blame::Every,
+        amiquip::Error::ServerClosedConnection { code: 501, .. } => Blame::HeaderOver(FRAME_MIN),
+        _ => Blame::Nobody,
+    };
+    let error = match blame {
+        Blame::Nobody => SendError::transient(text),
+        _ => SendError::new(text),
+    };
+    Breakage { error, blame }
+}
+
+/// The limit in RabbitMQ's refusal of a message for its size ("message size
+/// 3145728 is larger than configured max size 2097152").
+fn size_limit(message: &str) -> Option<usize> {
+    let (_, after) = message.split_once("max size ")?;
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// The bytes of the content-header frame that carries `e`'s properties
+/// ([`properties`]), as AMQP 0-9-1 encodes them.
+fn header_frame_bytes(e: &Event) -> usize {
+    let short = |s: &str| 1 + s.len();
+    // a table entry: name (short string), type tag, long string
+    let entry = |k: &str, v: &str| short(k) + 1 + 4 + v.len();
+    let id = 36;
+    let mut table = 4 + short(HEADER_EVENT_ID) + 5 + id + entry(HEADER_EVENT_TYPE, &e.event_type);
+    if let Some(key) = &e.key {
+        table += entry(HEADER_EVENT_KEY, key);
     }
+    table += e.headers.iter().map(|(k, v)| entry(k, v)).sum::<usize>();
+    // frame header and end, class, weight, body size, flags; then the
+    // properties: message id, type, content type, delivery mode, headers
+    8 + 14 + (1 + id) + short(&e.event_type) + short(e.content_type()) + 1 + table
 }
 
 fn properties(e: &Event) -> AmqpProperties {
@@ -263,28 +388,33 @@ fn properties(e: &Event) -> AmqpProperties {
 
 /// A batch published on the current channel, waiting for its confirms.
 struct Unconfirmed {
-    /// Delivery tag of the first message; the others follow in order.
+    /// Delivery tag of the first message published; the others follow in order.
     first: u64,
-    /// Messages published (tags `first..first + published`).
-    published: u64,
+    /// The event (index into `results`) of each message published: tag
+    /// `first + n` is event `published[n]` (an event refused before
+    /// publishing has no tag).
+    published: Vec<usize>,
     /// Event ids (each message's id), to match returns.
     ids: Vec<crate::EventId>,
+    /// Each event's body and content-header frame bytes, for a broken
+    /// channel's verdict.
+    sizes: Vec<(usize, usize)>,
     results: Vec<Option<Result<(), SendError>>>,
     deadline: Instant,
-    /// Why the batch's unsettled messages failed (channel lost, no confirm).
-    broken: Option<SendError>,
+    /// The channel broke: every message has its verdict, no confirm applies.
+    broken: bool,
 }
 
 impl Unconfirmed {
     /// Applies the broker's confirm of tags `from..=upto` (of the current channel:
     /// a broken batch's tags belonged to a closed one).
     fn confirm(&mut self, from: u64, upto: u64, ok: bool) {
-        if self.broken.is_some() {
+        if self.broken {
             return;
         }
-        let last = self.first + self.published;
+        let last = self.first + self.published.len() as u64;
         for tag in from.max(self.first)..(upto + 1).min(last) {
-            let slot = &mut self.results[(tag - self.first) as usize];
+            let slot = &mut self.results[self.published[(tag - self.first) as usize]];
             if slot.is_none() {
                 *slot = Some(if ok {
                     Ok(())
@@ -319,13 +449,32 @@ impl Unconfirmed {
         }
     }
 
+    /// The channel broke for `why`: each message published and not yet
+    /// settled gets its verdict, each one not published goes back.
+    fn break_off(&mut self, why: &Breakage) {
+        if self.broken {
+            return;
+        }
+        self.broken = true;
+        for &i in &self.published {
+            if self.results[i].is_none() {
+                self.results[i] = Some(Err(why.verdict(self.sizes[i])));
+            }
+        }
+        for slot in self.results.iter_mut().filter(|r| r.is_none()) {
+            *slot = Some(Err(SendError::transient(format!(
+                "not published: {}",
+                why.error.message
+            ))));
+        }
+    }
+
     fn into_results(self) -> Vec<Result<(), SendError>> {
-        let why = self
-            .broken
-            .unwrap_or_else(|| SendError::transient("rabbitmq: no publisher confirm"));
         self.results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(why.clone())))
+            .map(|r| {
+                r.unwrap_or_else(|| Err(SendError::transient("rabbitmq: no publisher confirm")))
+            })
             .collect()
     }
 }
@@ -335,21 +484,44 @@ impl RabbitChannel {
     fn publish(&mut self, events: &[Event]) -> Unconfirmed {
         let mut batch = Unconfirmed {
             first: 0,
-            published: 0,
+            published: Vec::with_capacity(events.len()),
             ids: events.iter().map(|e| e.id).collect(),
+            sizes: events
+                .iter()
+                .map(|e| (e.payload.len(), header_frame_bytes(e)))
+                .collect(),
             results: vec![None; events.len()],
             deadline: Instant::now() + self.confirm_timeout,
-            broken: None,
+            broken: false,
         };
+        // what the broker would refuse by closing the channel (or the
+        // connection) fails alone here, unpublished
+        for (i, &(body, header)) in batch.sizes.iter().enumerate() {
+            if body > self.max_message {
+                batch.results[i] = Some(Err(SendError::new(format!(
+                    "rabbitmq: the message is {body} bytes, over the broker's max message size of {} bytes \
+                     (RabbitSenderBuilder::max_message_size, RabbitMQ's max_message_size)",
+                    self.max_message
+                ))));
+            } else if header > FRAME_MAX {
+                batch.results[i] = Some(Err(SendError::new(format!(
+                    "rabbitmq: the message's content header is {header} bytes, over one frame \
+                     (frame_max {FRAME_MAX} bytes): fewer or shorter headers"
+                ))));
+            }
+        }
         let open = match self.connect() {
             Ok(o) => o,
             Err(why) => {
-                batch.broken = Some(why);
+                batch.break_off(&Breakage::transport(why));
                 return batch;
             }
         };
         batch.first = open.next_tag;
-        for e in events {
+        for (i, e) in events.iter().enumerate() {
+            if batch.results[i].is_some() {
+                continue;
+            }
             let mut publish =
                 Publish::with_properties(&e.payload, e.routing_key.clone(), properties(e));
             publish.mandatory = true;
@@ -358,12 +530,12 @@ impl RabbitChannel {
                     format!("rabbitmq publish to exchange {:?}", e.destination),
                     &err,
                 );
-                batch.broken = Some(why.clone());
+                batch.break_off(&why);
                 self.drop_connection(&why);
                 return batch;
             }
             open.next_tag += 1;
-            batch.published += 1;
+            batch.published.push(i);
         }
         batch
     }
@@ -376,11 +548,11 @@ impl RabbitChannel {
     /// ack never marks a returned message sent, whatever happens to its batch or
     /// the connection afterwards.
     fn collect(&mut self, mut batch: Unconfirmed) -> Vec<Result<(), SendError>> {
-        while !batch.settled() && batch.broken.is_none() {
+        while !batch.settled() && !batch.broken {
             let Some(open) = &self.open else {
-                batch.broken = Some(SendError::transient(
+                batch.break_off(&Breakage::transport(SendError::transient(
                     "rabbitmq: connection lost before the confirms",
-                ));
+                )));
                 break;
             };
             let wait = batch.deadline.saturating_duration_since(Instant::now());
@@ -392,23 +564,23 @@ impl RabbitChannel {
                 Err(lost) => {
                     let why = match lost {
                         crossbeam_channel::RecvTimeoutError::Timeout => {
-                            SendError::transient(format!(
+                            Breakage::transport(SendError::transient(format!(
                                 "rabbitmq: no publisher confirm within {:?}",
                                 self.confirm_timeout
-                            ))
+                            )))
                         }
                         // the channel is gone: its next call tells why (a missing
                         // exchange closes it with 404)
                         crossbeam_channel::RecvTimeoutError::Disconnected => {
                             match open.channel.qos(0, 0, false) {
                                 Err(err) => classify("rabbitmq channel closed".into(), &err),
-                                Ok(()) => {
-                                    SendError::transient("rabbitmq: publisher confirms stopped")
-                                }
+                                Ok(()) => Breakage::transport(SendError::transient(
+                                    "rabbitmq: publisher confirms stopped",
+                                )),
                             }
                         }
                     };
-                    batch.broken = Some(why.clone());
+                    batch.break_off(&why);
                     self.drop_connection(&why);
                     break;
                 }
@@ -439,3 +611,37 @@ impl RabbitChannel {
 }
 
 crate::sender::pipelined_sender!(RabbitChannel);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_is_read_from_rabbitmqs_refusal() {
+        let refusal =
+            "PRECONDITION_FAILED - message size 3145728 is larger than configured max size 2097152";
+        assert_eq!(size_limit(refusal), Some(2_097_152));
+        let default =
+            "PRECONDITION_FAILED - message size 200000000 is larger than max size 134217728";
+        assert_eq!(size_limit(default), Some(134_217_728));
+        assert_eq!(size_limit("PRECONDITION_FAILED - inequivalent arg"), None);
+    }
+
+    #[test]
+    fn a_verdict_blames_only_the_guilty_message() {
+        let over = Breakage {
+            error: SendError::new("406"),
+            blame: Blame::BodyOver(100),
+        };
+        assert!(!over.verdict((101, 10)).is_transient());
+        assert!(over.verdict((100, 10)).is_transient());
+        let frame = Breakage {
+            error: SendError::new("501"),
+            blame: Blame::HeaderOver(FRAME_MIN),
+        };
+        assert!(!frame.verdict((1, FRAME_MIN + 1)).is_transient());
+        assert!(frame.verdict((1_000_000, 300)).is_transient());
+        let lost = Breakage::transport(SendError::transient("reset"));
+        assert!(lost.verdict((1 << 30, 1 << 20)).is_transient());
+    }
+}
