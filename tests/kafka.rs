@@ -563,3 +563,81 @@ fn headers_that_are_not_utf8_neither_panic_nor_stop_the_consumer() {
         "no id: the missing-id policy applies"
     );
 }
+
+/// Producer settings under which a row could become PROCESSED without a
+/// durable ack are refused, naming the property.
+#[test]
+fn settings_that_ack_before_the_data_is_safe_are_refused() {
+    for (key, value) in [
+        ("acks", "1"),
+        ("acks", "0"),
+        ("request.required.acks", "1"),
+        ("enable.idempotence", "false"),
+    ] {
+        let err = KafkaSender::builder(&kafka_brokers())
+            .property(key, value)
+            .build()
+            .err()
+            .unwrap_or_else(|| panic!("{key}={value} accepted"))
+            .to_string();
+        assert!(err.starts_with(&format!("kafka.{key} ")), "{key}: {err}");
+    }
+    for (key, value) in [
+        ("acks", "all"),
+        ("acks", "-1"),
+        ("request.required.acks", "all"),
+        ("enable.idempotence", "true"),
+    ] {
+        KafkaSender::builder(&kafka_brokers())
+            .property(key, value)
+            .build()
+            .unwrap_or_else(|e| panic!("{key}={value}: {e}"));
+    }
+}
+
+/// A destination that is no Kafka topic name is refused when the relay
+/// starts, not found out at send (where the events would be dead-lettered).
+#[test]
+fn a_destination_that_is_no_topic_name_is_refused_at_start() {
+    let p = "t_kafka_topic_name_";
+    let Some((store, _client)) = fresh(p) else {
+        return;
+    };
+    for bad in ["orders placed", "orders/eu", "..", &"x".repeat(250)] {
+        let config = Config::builder()
+            .table_prefix(p)
+            .event("e", |e| e.destination(bad))
+            .build()
+            .unwrap();
+        let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
+        let err = Relay::start(store.clone(), &config, sender)
+            .err()
+            .unwrap_or_else(|| panic!("{bad:?} accepted"))
+            .to_string();
+        assert!(
+            err.starts_with("events.e.destination ") && err.contains("Kafka topic"),
+            "{bad:?}: {err}"
+        );
+    }
+    // an event type without a destination sends to a topic of its name
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("order placed", |e| e)
+        .build()
+        .unwrap();
+    let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
+    let err = Relay::start(store.clone(), &config, sender)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("Kafka topic"), "{err}");
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.destination("orders.eu_v-2"))
+        .build()
+        .unwrap();
+    let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
+    Relay::start(store, &config, sender)
+        .unwrap()
+        .shutdown(Duration::from_secs(10))
+        .unwrap();
+}

@@ -207,6 +207,7 @@ impl KafkaSenderBuilder {
 
     /// Creates the producer. Fails on a bad property (named in the error).
     pub fn build(self) -> Result<KafkaSender> {
+        refuse_unsafe(&self.properties)?;
         // librdkafka's alias: the one set last wins there; two that differ
         // are refused here rather than guessed
         let timeouts: Vec<(&str, &String)> = ["message.timeout.ms", "delivery.timeout.ms"]
@@ -257,6 +258,57 @@ impl KafkaSenderBuilder {
             in_flight: VecDeque::new(),
         })
     }
+}
+
+/// Refuses settings under which the broker acks a record before it is safe:
+/// a row would become PROCESSED for a record a broker failure can lose
+/// (`acks` other than `all`), or a retried send could write a record twice
+/// or out of its key's order (`enable.idempotence` off).
+fn refuse_unsafe(properties: &BTreeMap<String, String>) -> Result<()> {
+    for key in ["acks", "request.required.acks"] {
+        if let Some(v) = properties.get(key) {
+            if !matches!(v.trim(), "all" | "-1") {
+                return Err(Error::config(
+                    format!("kafka.{key}"),
+                    format!(
+                        "is {v:?}: txbox marks an event sent only once every in-sync replica has it, \
+                         so it must be \"all\" (or -1)"
+                    ),
+                ));
+            }
+        }
+    }
+    match properties.get("enable.idempotence") {
+        Some(v) if v.trim() != "true" => Err(Error::config(
+            "kafka.enable.idempotence",
+            format!(
+                "is {v:?}: it must be true, or a retried send could write an event twice or out \
+                 of its key's order"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Why `name` is no Kafka topic name (1 to 249 ASCII letters, digits, `.`,
+/// `_` and `-`, and neither `.` nor `..`), or `None`.
+fn topic_name_error(name: &str) -> Option<String> {
+    if name.is_empty() || name.len() > 249 {
+        return Some(format!(
+            "is {} bytes: a Kafka topic name has 1 to 249",
+            name.len()
+        ));
+    }
+    if name == "." || name == ".." {
+        return Some(format!("{name:?} cannot be a Kafka topic name"));
+    }
+    let bad = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))?;
+    Some(format!(
+        "{:?} has {bad:?}: a Kafka topic name has only ASCII letters, digits, '.', '_' and '-'",
+        name.escape_debug().to_string()
+    ))
 }
 
 impl KafkaSender {
@@ -495,5 +547,9 @@ impl SenderFactory for KafkaSender {
 
     fn ack_wait(&self) -> Option<Duration> {
         Some(self.shared.wait)
+    }
+
+    fn check_destination(&self, destination: &str) -> std::result::Result<(), String> {
+        topic_name_error(destination).map_or(Ok(()), Err)
     }
 }

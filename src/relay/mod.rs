@@ -311,6 +311,7 @@ impl Relay {
             .collect();
         let listens = store.can_notify() && !notify.is_empty();
         check_lease(config, sender.ack_wait())?;
+        check_destinations(config, &sender)?;
         // the listener keeps a connection of the store's pool
         check_connections(store.as_ref(), config, jobs.len(), listens)?;
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
@@ -573,6 +574,20 @@ fn check_lease(config: &Config, ack_wait: Option<Duration>) -> Result<()> {
         )),
         None => Ok(()),
     }
+}
+
+/// Refuses a destination the sender says its broker cannot have.
+fn check_destinations(config: &Config, sender: &dyn SenderFactory) -> Result<()> {
+    for (t, s) in &config.events {
+        let (destination, _) = s.address(t);
+        if let Err(why) = sender.check_destination(destination) {
+            return Err(Error::config(
+                format!("events.{}.destination", t.escape_debug()),
+                why,
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses held claims that need more connections than the store's pool has:

@@ -182,6 +182,16 @@ pub trait SenderFactory: Send + Sync + 'static {
     fn ack_wait(&self) -> Option<std::time::Duration> {
         None
     }
+
+    /// Why the broker cannot take `destination` (an event type's topic or
+    /// exchange), or `Ok`. [`Relay::start`](crate::Relay::start) asks for each
+    /// event type and refuses to start on an error, naming the type: a
+    /// destination no broker can have would otherwise fail every event of
+    /// the type at send. The default: every destination is fine.
+    fn check_destination(&self, destination: &str) -> std::result::Result<(), String> {
+        let _ = destination;
+        Ok(())
+    }
 }
 
 impl<F> SenderFactory for F
