@@ -537,3 +537,160 @@ fn an_inbox_store_on_other_tables_than_the_configuration_is_refused() {
         .with_store(store)
         .unwrap();
 }
+
+/// Two inboxes of one service name on other tables (another prefix, or
+/// another database that says so) share one Redis without seeing each
+/// other's ids: each runs its handler for an id the other consumed.
+#[test]
+fn redis_cache_keeps_table_prefixes_and_databases_apart() {
+    use txbox::RedisCache;
+    let url = std::env::var("TXBOX_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    if !service_up("Redis", "127.0.0.1:6379") {
+        return;
+    }
+    let (pa, pb) = ("t_inbox_scope_a_", "t_inbox_scope_b_");
+    let Some((store_a, _c)) = fresh(pa) else {
+        return;
+    };
+    let Some((store_b, _c)) = fresh(pb) else {
+        return;
+    };
+    let inbox = |p: &str| {
+        Inbox::new(&config(p), "billing")
+            .unwrap()
+            .with_cache(RedisCache::new(&url).unwrap())
+    };
+    let (a, b) = (inbox(pa), inbox(pb));
+    let id = EventId::new();
+    for (inbox, store) in [(&a, &store_a), (&b, &store_b)] {
+        let mut ran = false;
+        let handled = inbox
+            .handle_pg(store.pool(), id, |_| {
+                ran = true;
+                Ok::<_, Error>(())
+            })
+            .unwrap();
+        assert!(ran && !handled.is_duplicate(), "new on these tables");
+    }
+    assert_ne!(a.cache_key(id), b.cache_key(id));
+    // one prefix in two databases: the database named for the cache
+    let c = Inbox::new(&config(pa), "billing")
+        .unwrap()
+        .cache_database("orders-eu")
+        .with_cache(RedisCache::new(&url).unwrap());
+    assert_ne!(a.cache_key(id), c.cache_key(id));
+    assert!(!RedisCache::new(&url)
+        .unwrap()
+        .contains(&c.cache_key(id))
+        .unwrap());
+}
+
+/// A Redis that takes connections and never answers (a hung server): the
+/// inbox goes on without its cache, and its calls do not queue behind one
+/// another's timeouts: after the first ones time out together, the cache is
+/// skipped at once for a while instead of tried again by every call.
+#[test]
+fn a_hung_redis_neither_serializes_nor_slows_the_inbox() {
+    use txbox::RedisCache;
+    let p = "t_inbox_redis_hung_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().flatten() {
+            counter.fetch_add(1, Ordering::SeqCst);
+            held.push(s); // read nothing, answer nothing
+        }
+    });
+    let timeout = Duration::from_millis(500);
+    let cache = RedisCache::builder(&format!("redis://{addr}"))
+        .connect_timeout(timeout)
+        .command_timeout(timeout)
+        .build()
+        .unwrap();
+    let inbox = Inbox::new(&config(p), "billing").unwrap().with_cache(cache);
+    let (threads, calls) = (8, 5);
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let (inbox, store) = (inbox.clone(), store.clone());
+            s.spawn(move || {
+                for _ in 0..calls {
+                    let id = EventId::new();
+                    let handled = inbox
+                        .handle_pg(store.pool(), id, |_| Ok::<_, Error>(()))
+                        .unwrap();
+                    assert!(!handled.is_duplicate());
+                }
+            });
+        }
+    });
+    let took = started.elapsed();
+    let total: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {p}inbox_consumed"), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(total, (threads * calls) as i64, "every call handled");
+    // one at a time, each waiting for its timeout, 40 calls took 20 s and more
+    assert!(
+        took < timeout * 6,
+        "{} calls took {took:?} with a command timeout of {timeout:?}",
+        threads * calls
+    );
+    assert!(
+        accepted.load(Ordering::SeqCst) <= threads,
+        "{} connections to the hung Redis",
+        accepted.load(Ordering::SeqCst)
+    );
+}
+
+/// After a failure (its connections killed by the server) the cache is
+/// skipped for a moment, then used again.
+#[test]
+fn the_redis_cache_is_used_again_after_a_failure() {
+    use txbox::RedisCache;
+    if !service_up("Redis", "127.0.0.1:6379") {
+        return;
+    }
+    // a database of its own: the connections to kill are those on it
+    let url = "redis://127.0.0.1:6379/7";
+    let redis_cli = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-u", url])
+            .args(args)
+            .output()
+            .expect("redis-cli runs");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let cache = RedisCache::new(url).unwrap();
+    let key = format!("txbox:test:{}", unique());
+    cache.insert(&key, Duration::from_secs(60)).unwrap();
+    assert!(cache.contains(&key).unwrap());
+    // the server drops the cache's idle connection
+    let ids: Vec<String> = redis_cli(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|l| l.contains(" db=7 ") && !l.contains("cmd=client"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .strip_prefix("id=")
+                .map(str::to_owned)
+        })
+        .collect();
+    assert!(!ids.is_empty(), "the cache's connection is listed");
+    for id in &ids {
+        redis_cli(&["CLIENT", "KILL", "ID", id]);
+    }
+    let failed = cache.contains(&key);
+    assert!(failed.is_err(), "its connection was killed: {failed:?}");
+    assert!(cache.contains(&key).is_err(), "skipped right after");
+    wait_until("the cache answers again", Duration::from_secs(2), || {
+        cache.contains(&key).unwrap_or(false)
+    });
+}

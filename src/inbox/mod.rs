@@ -18,8 +18,9 @@
 //! ## Cache
 //! An optional [`InboxCache`] in front of the table: a hit skips the database. An id
 //! is cached only after its transaction committed. Keys are
-//! `txbox:inbox:<service>:<event id>`, so services sharing one Redis never see each
-//! other's ids. The rule: **cache TTL <= inbox TTL <= how long a duplicate can still
+//! `txbox:inbox:<service>:<table prefix>:<database>:<event id>` (the database as
+//! [`Inbox::cache_database`] names it, empty by default), so services, table
+//! prefixes and databases sharing one Redis never see each other's ids. The rule: **cache TTL <= inbox TTL <= how long a duplicate can still
 //! arrive** (the broker's retention or redelivery window). A shorter cache TTL only
 //! costs database look-ups; an inbox TTL shorter than the redelivery window lets a
 //! late duplicate through.
@@ -142,6 +143,7 @@ pub struct Inbox {
 struct Inner {
     tables: Tables,
     service: String,
+    database: String,
     cache: Option<Box<dyn InboxCache>>,
     cache_ttl: Duration,
     store: Option<Arc<dyn InboxStore>>,
@@ -157,6 +159,7 @@ impl Inbox {
             inner: Arc::new(Inner {
                 tables: Tables::new(&config.table_prefix)?,
                 service: service_name.to_string(),
+                database: String::new(),
                 cache: None,
                 cache_ttl: config.inbox.cache_ttl,
                 store: None,
@@ -185,9 +188,24 @@ impl Inbox {
         Ok(self)
     }
 
-    /// The cache key of `id`.
+    /// Names this inbox's database in its cache keys (set before cloning the
+    /// inbox): where inboxes of one service and table prefix in several
+    /// databases share one cache, each needs a name of its own (such as
+    /// `orders-eu`), or an id consumed in one would be a duplicate in the
+    /// others.
+    pub fn cache_database(mut self, name: &str) -> Self {
+        self.inner_mut().database = name.to_string();
+        self
+    }
+
+    /// The cache key of `id`: the service, the table prefix, the database
+    /// ([`Inbox::cache_database`]) and the id.
     pub fn cache_key(&self, id: EventId) -> String {
-        format!("txbox:inbox:{}:{id}", self.inner.service)
+        let i = &self.inner;
+        format!(
+            "txbox:inbox:{}:{}:{}:{id}",
+            i.service, i.tables.prefix, i.database
+        )
     }
 
     /// Counters so far.

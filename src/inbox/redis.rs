@@ -1,13 +1,20 @@
 //! The Redis inbox cache (feature `redis`).
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::InboxCache;
 use crate::error::{Error, Result};
 
 /// Caches consumed ids in Redis (`SET key 1 PX ttl`, `EXISTS key`), shared by every
-/// instance of a service. One connection, opened again after an error.
+/// instance of a service. Calls run concurrently, each on a connection of its
+/// own from a small pool of idle ones.
+///
+/// It is a cache: when Redis fails (a connect or a command that errs or times
+/// out), the call fails at once to the inbox, which asks the database
+/// instead, and the cache is skipped for a while (100 ms, doubling to 5 s
+/// while it keeps failing): one call then tries again, the others do not
+/// wait for it.
 ///
 /// `rediss://` connects over TLS, verifying the server's certificate against
 /// the system's CAs, or those of [`RedisCacheBuilder::root_cert_file`];
@@ -30,8 +37,24 @@ pub struct RedisCache {
     tls: Option<crate::tls::TlsOptions>,
     connect_timeout: Duration,
     command_timeout: Duration,
-    conn: Mutex<Option<redis::Connection>>,
+    state: Mutex<State>,
 }
+
+/// The idle connections, and when to try Redis again after a failure.
+struct State {
+    idle: Vec<redis::Connection>,
+    /// Skipped until then, and why (after a failure).
+    down: Option<(Instant, String)>,
+    /// The wait after the next failure.
+    backoff: Duration,
+    /// A call is trying Redis again after a failure: the others skip it.
+    trying: bool,
+}
+
+/// Idle connections kept for later calls, at most.
+const MAX_IDLE: usize = 16;
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Builds a [`RedisCache`]: TLS roots and timeouts.
 #[derive(Debug, Clone)]
@@ -102,7 +125,12 @@ impl RedisCacheBuilder {
             tls,
             connect_timeout: self.connect_timeout,
             command_timeout: self.command_timeout,
-            conn: Mutex::new(None),
+            state: Mutex::new(State {
+                idle: Vec::new(),
+                down: None,
+                backoff: MIN_BACKOFF,
+                trying: false,
+            }),
         })
     }
 }
@@ -160,38 +188,77 @@ impl RedisCache {
         }
     }
 
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on a connection: an idle one, or one opened now (outside
+    /// the lock, so calls connect concurrently). While Redis is skipped after
+    /// a failure, fails at once.
     fn with<T>(
         &self,
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            let info = self.client.get_connection_info();
-            let failed = |reason: String| Error::Connect {
-                to: format!("Redis at {}", crate::redact::urls(&info.addr().to_string())),
-                reason,
-            };
-            if let Some(tls) = &self.tls {
-                self.handshake(tls).map_err(failed)?;
+        let idle = {
+            let mut s = self.state();
+            if let Some((until, why)) = &s.down {
+                let now = Instant::now();
+                if now < *until || s.trying {
+                    return Err(Error::Broker(format!(
+                        "redis: skipped for {:?} after a failure ({why})",
+                        until.saturating_duration_since(now)
+                    )));
+                }
+                s.trying = true; // this call tries again; the others skip
             }
-            let c = self
-                .client
-                .get_connection_with_timeout(self.connect_timeout)
-                .map_err(|e| failed(e.to_string()))?;
-            c.set_read_timeout(Some(self.command_timeout))
-                .map_err(err)?;
-            c.set_write_timeout(Some(self.command_timeout))
-                .map_err(err)?;
-            *guard = Some(c);
+            s.idle.pop()
+        };
+        let conn = match idle {
+            Some(c) => Ok(c),
+            None => self.connect(),
+        };
+        let out = conn.and_then(|mut c| f(&mut c).map(|v| (v, c)).map_err(err));
+        let mut s = self.state();
+        s.trying = false;
+        match out {
+            Ok((v, c)) => {
+                s.down = None;
+                s.backoff = MIN_BACKOFF;
+                if s.idle.len() < MAX_IDLE {
+                    s.idle.push(c);
+                }
+                Ok(v)
+            }
+            Err(e) => {
+                // the connection is dropped; so are the idle ones, which
+                // would likely fail the same way
+                s.idle.clear();
+                s.down = Some((Instant::now() + s.backoff, e.to_string()));
+                s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
+                Err(e)
+            }
         }
-        let conn = guard
-            .as_mut()
-            .ok_or_else(|| Error::Broker("redis: not connected".into()))?;
-        let out = f(conn);
-        if out.is_err() {
-            *guard = None; // open a fresh connection next time
+    }
+
+    /// A new connection with the timeouts set.
+    fn connect(&self) -> Result<redis::Connection> {
+        let info = self.client.get_connection_info();
+        let failed = |reason: String| Error::Connect {
+            to: format!("Redis at {}", crate::redact::urls(&info.addr().to_string())),
+            reason,
+        };
+        if let Some(tls) = &self.tls {
+            self.handshake(tls).map_err(failed)?;
         }
-        out.map_err(err)
+        let c = self
+            .client
+            .get_connection_with_timeout(self.connect_timeout)
+            .map_err(|e| failed(e.to_string()))?;
+        c.set_read_timeout(Some(self.command_timeout))
+            .map_err(err)?;
+        c.set_write_timeout(Some(self.command_timeout))
+            .map_err(err)?;
+        Ok(c)
     }
 }
 
