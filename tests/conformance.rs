@@ -1442,3 +1442,66 @@ fn mysql_resumes_an_upgrade_that_stopped_half_way() {
         .unwrap();
     assert_eq!(versions, vec![2, 3, 4]);
 }
+
+/// Suspected: the MySQL/MariaDB inbox insert (`INSERT IGNORE ... SELECT ...
+/// WHERE NOT EXISTS`) takes next-key locks under the caller's default
+/// REPEATABLE READ, and new UUIDv7 ids share the last gap, so concurrent
+/// consumers could deadlock (error 1213). Eight threads record fresh ids in
+/// default-isolation transactions for 10 s, from an empty inbox on: no
+/// deadlock, and every id recorded once.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_inbox_inserts_from_concurrent_consumers_do_not_deadlock() {
+    use ::mysql::prelude::Queryable;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let p = "cmy_inbox_race_";
+    let Some(_fx) = Fixture::new(Backend::MySql, p) else {
+        return;
+    };
+    let config = txbox::Config::builder().table_prefix(p).build().unwrap();
+    let inbox = txbox::Inbox::new(&config, "billing").unwrap();
+    let pool = ::mysql::Pool::new(common::backend::mysql_url().as_str()).unwrap();
+    let (recorded, deadlocks, other) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            let (inbox, pool) = (inbox.clone(), pool.clone());
+            let (recorded, deadlocks, other) = (&recorded, &deadlocks, &other);
+            s.spawn(move || {
+                let mut c = pool.get_conn().unwrap();
+                while std::time::Instant::now() < until {
+                    let mut tx = c.start_transaction(::mysql::TxOpts::default()).unwrap();
+                    let r = inbox.handle_in(&mut tx, EventId::new(), |_| Ok::<_, txbox::Error>(()));
+                    match r {
+                        Ok(h) if !h.is_duplicate() => {
+                            tx.commit().unwrap();
+                            recorded.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => panic!("a fresh id was a duplicate"),
+                        Err(e) if e.to_string().contains("1213") => {
+                            deadlocks.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            eprintln!("inbox insert: {e}");
+                            other.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let (recorded, deadlocks, other) = (
+        recorded.into_inner(),
+        deadlocks.into_inner(),
+        other.into_inner(),
+    );
+    eprintln!("mysql inbox, 8 threads for 10 s: {recorded} recorded, {deadlocks} deadlocks, {other} other errors");
+    assert_eq!((deadlocks, other), (0, 0));
+    let mut c = pool.get_conn().unwrap();
+    let rows: u64 = c
+        .query_first(format!("SELECT COUNT(*) FROM {p}inbox_consumed"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(rows, recorded, "every id recorded once");
+    assert!(recorded > 100, "the consumers made progress: {recorded}");
+}

@@ -106,9 +106,12 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
              FROM {o} WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') GROUP BY event_type ORDER BY event_type"
         ),
         inbox_insert: format!(
-            "INSERT IGNORE INTO {i} (consumer, event_id, consumed_at) SELECT $1, $2, {NOW} FROM DUAL \
-             WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2)"
+            "INSERT IGNORE INTO {i} (consumer, event_id, consumed_at) VALUES ($1, $2, {NOW})"
         ),
+        // no '*' row is written any more: a plain, non-locking read suffices
+        inbox_legacy: Some(format!(
+            "SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $1"
+        )),
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) VALUES "
         ),

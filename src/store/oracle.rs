@@ -113,6 +113,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             "INSERT INTO {i} (consumer, event_id, consumed_at) SELECT $1, $2, {NOW} FROM dual \
              WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2)"
         ),
+        inbox_legacy: None,
         insert_events: "INSERT ALL ".into(),
         insert_event_row: format!(
             "INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) \

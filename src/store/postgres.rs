@@ -203,6 +203,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
              WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2) \
              ON CONFLICT (consumer, event_id) DO NOTHING"
         ),
+        inbox_legacy: None,
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}) VALUES "
         ),

@@ -89,6 +89,9 @@ impl Catalog {
         if let Some(r) = &self.claim_returning {
             out.push(("claim_returning", r));
         }
+        if let Some(r) = &self.inbox_legacy {
+            out.push(("inbox_legacy", r));
+        }
         if let (Some(skip), Some(block)) = (&c.walk_skip, &c.walk_block) {
             out.push(("walk_skip", skip));
             out.push(("walk_block", block));

@@ -229,6 +229,12 @@ pub(crate) fn insert_inbox_ids(
     crate::tables::validate_consumer(consumer)?;
     let mut new = Vec::new();
     for id in ids {
+        if let Some(legacy) = &d.inbox_legacy {
+            let seen = run_query(conn, d, legacy, &[Val::Id(id.as_uuid())], &[])?;
+            if !seen.is_empty() {
+                continue;
+            }
+        }
         let values = [consumer.into(), Val::Id(id.as_uuid())];
         match run_execute(conn, d, &d.inbox_insert, &values, &[]) {
             Ok(1) => new.push(*id),

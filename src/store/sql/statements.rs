@@ -431,9 +431,16 @@ pub struct Catalog {
     pub dlq_lock: String,
     /// -> type, pending, in process, failed, oldest pending age in seconds
     pub status: String,
-    /// $1 consumer, $2 id -> affected rows 1 when new (for this consumer, and
-    /// not recorded before the per-consumer key by the consumer `'*'`)
+    /// $1 consumer, $2 id -> affected rows 1 when new (for this consumer, and,
+    /// unless `inbox_legacy` asks that first, not recorded before the
+    /// per-consumer key by the consumer `'*'`)
     pub inbox_insert: String,
+    /// $1 id -> a row when the consumer `'*'` recorded it (before the
+    /// per-consumer key), asked before `inbox_insert` by a plain read:
+    /// MySQL/MariaDB, whose `INSERT ... SELECT` would lock the gap the id
+    /// goes in, under REPEATABLE READ, and deadlock concurrent consumers
+    /// (new ids share the last gap). `None`: `inbox_insert` asks it itself.
+    pub inbox_legacy: Option<String>,
     /// `INSERT INTO outbox (id, event_type, event_key, headers, payload{bytes_columns}) VALUES `
     /// (`{bytes_columns}` is filled in by [`insert_events_sql`])
     pub insert_events: String,
