@@ -80,7 +80,9 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     {
         std::thread::sleep(Duration::from_millis(50));
     }
-    relay.shutdown(Duration::from_secs(10))?;
+    // long enough for the batches in flight to get their acks
+    let deadline = relay.ack_wait().unwrap_or_default() + Duration::from_secs(5);
+    relay.shutdown(deadline)?;
     let again: Vec<txbox::Event> = ids[..10]
         .iter()
         .enumerate()

@@ -201,7 +201,9 @@ fn run(broker: &str) -> Result<bool, Box<dyn std::error::Error>> {
     while got() < published.len() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    relay.shutdown(Duration::from_secs(10))?;
+    // long enough for the batches in flight to get their acks
+    let deadline = relay.ack_wait().unwrap_or_default() + Duration::from_secs(5);
+    relay.shutdown(deadline)?;
     stop.stop();
     let _ = consumer.join();
     let got = got();

@@ -218,7 +218,9 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
     while !delivered_all() && Instant::now() < deadline {
         sender.wait_for(sender.len() + 1, Duration::from_millis(200));
     }
-    relay.shutdown(Duration::from_secs(10))?;
+    // long enough for the batches in flight to get their acks
+    let deadline = relay.ack_wait().unwrap_or_default() + Duration::from_secs(5);
+    relay.shutdown(deadline)?;
     let sent = sender.sent();
     println!(
         "relay: delivered {} events to destination {:?}, each acked before its row was marked PROCESSED",

@@ -80,7 +80,9 @@ impl Service {
         for w in self.workers {
             let _ = w.join();
         }
-        self.relay.shutdown(Duration::from_secs(10))?;
+        // long enough for the batches in flight to get their acks
+        let deadline = self.relay.ack_wait().unwrap_or_default() + Duration::from_secs(5);
+        self.relay.shutdown(deadline)?;
         Ok(())
     }
 }

@@ -275,3 +275,88 @@ fn rabbitmq_outage(p: &str, claim: ClaimMode) {
     let _ = ch.queue_delete(queue, Default::default());
     let _ = ch.exchange_delete(exchange, false);
 }
+
+/// A shutdown whose deadline comes while a batch still waits for the broker's
+/// acks (Kafka frozen: its default wait is 35 s) releases the batch at once:
+/// its rows are PENDING when `shutdown` returns, with no attempt counted,
+/// instead of IN_PROCESS until the lease runs out; and the next relay sends
+/// them once the broker is back.
+#[test]
+fn a_shutdown_that_times_out_releases_the_batches_in_flight() {
+    use txbox::kafka::KafkaSender;
+    let _one = KAFKA.lock().unwrap_or_else(|e| e.into_inner());
+    if std::env::var("TXBOX_KAFKA_BROKERS").is_ok() {
+        eprintln!("SKIPPED when TXBOX_KAFKA_BROKERS points at an external Kafka: this test freezes the local Tansu");
+        return;
+    }
+    if !service_up("Kafka", &kafka_brokers()) {
+        return;
+    }
+    let p = "t_out_shutdown_";
+    let topic = format!("txbox-shutdown-{}", unique());
+    create_topic(&topic, 1);
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.destination(&topic).fixed_polling(ms(20)))
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let relay = Relay::start(
+        store.clone(),
+        &config,
+        KafkaSender::builder(&kafka_brokers()).build().unwrap(),
+    )
+    .unwrap();
+    let first = publish(&mut client, &outbox, "e", 1);
+    wait_until("the first event sent", Duration::from_secs(30), || {
+        common::count(&mut client, p, "PROCESSED") == 1
+    });
+    let _resume = Restart(
+        "bash",
+        &[
+            concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/kafka.sh"),
+            "resume",
+        ],
+    );
+    ci_script("kafka.sh", &["pause"]);
+    let stuck: HashSet<EventId> = publish(&mut client, &outbox, "e", 20).into_iter().collect();
+    wait_until(
+        "the batch with the frozen broker",
+        Duration::from_secs(10),
+        || common::count(&mut client, p, "IN_PROCESS") == 20,
+    );
+    let err = relay.shutdown(Duration::from_secs(2)).unwrap_err();
+    assert!(matches!(err, txbox::Error::ShutdownTimeout(1)), "{err}");
+    assert_eq!(
+        common::count(&mut client, p, "PENDING"),
+        20,
+        "released when shutdown returned"
+    );
+    assert_eq!(max_attempts(&mut client, p), 0, "no attempt counted");
+
+    ci_script("kafka.sh", &["resume"]);
+    let relay = Relay::start(
+        store,
+        &config,
+        KafkaSender::builder(&kafka_brokers()).build().unwrap(),
+    )
+    .unwrap();
+    wait_until(
+        "all sent after the broker came back",
+        Duration::from_secs(60),
+        || common::count(&mut client, p, "PROCESSED") == 21,
+    );
+    relay.shutdown(Duration::from_secs(40)).unwrap();
+    let consumer = kafka_reader(&topic, 1);
+    let want: HashSet<EventId> = stuck.iter().chain(&first).copied().collect();
+    let got: HashSet<EventId> = read_all(&want, || match consumer.poll(ms(200)) {
+        Some(Ok(m)) => kafka_event_id(&m),
+        _ => None,
+    })
+    .into_iter()
+    .collect();
+    assert!(want.is_subset(&got), "every event at the broker");
+}

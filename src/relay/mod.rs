@@ -75,6 +75,34 @@ pub struct Relay {
     workers: Vec<(String, JoinHandle<()>)>,
     wakers: RelayWaker,
     alive: Arc<Threads>,
+    /// The pollers' leased batches with the broker, and the store that
+    /// releases them when a shutdown times out.
+    leased: Leased,
+    store: Option<Arc<dyn FullStore>>,
+    ack_wait: Option<Duration>,
+}
+
+/// The leased batches a relay's pollers have handed to the broker and not yet
+/// finished, by claim token: what a shutdown that times out releases.
+#[derive(Clone, Default)]
+struct Leased(Arc<std::sync::Mutex<BTreeMap<Uuid, Vec<crate::EventId>>>>);
+
+impl Leased {
+    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<Uuid, Vec<crate::EventId>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, token: Uuid, ids: Vec<crate::EventId>) {
+        self.map().insert(token, ids);
+    }
+
+    fn remove(&self, token: Uuid) {
+        self.map().remove(&token);
+    }
+
+    fn take(&self) -> BTreeMap<Uuid, Vec<crate::EventId>> {
+        std::mem::take(&mut *self.map())
+    }
 }
 
 /// Wakes a relay's pollers: a cheap, cloneable handle ([`Relay::waker`]) for the
@@ -127,6 +155,7 @@ impl std::fmt::Debug for RelayWaker {
 struct Ctx {
     stop: Receiver<()>,
     instance: Uuid,
+    leased: Leased,
 }
 
 enum Slept {
@@ -317,6 +346,8 @@ impl Relay {
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
         let threads = config.events.len() + jobs.len() + usize::from(listens);
         let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
+        relay.store = Some(store.clone());
+        relay.ack_wait = sender.ack_wait();
         if let Some(wait) = sender.ack_wait() {
             let floor = (wait * 2).as_millis() as u64;
             relay.alive.stuck_floor(floor);
@@ -385,9 +416,11 @@ impl Relay {
     ) {
         let (stop_tx, stop_rx) = bounded::<()>(0);
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        let leased = Leased::default();
         let ctx = Ctx {
             stop: stop_rx,
             instance: Uuid::now_v7(),
+            leased: leased.clone(),
         };
         let relay = Relay {
             stop: Some(stop_tx),
@@ -395,6 +428,9 @@ impl Relay {
             workers: Vec::new(),
             wakers: RelayWaker::default(),
             alive: Arc::new(Threads::new(threads)),
+            leased,
+            store: None,
+            ack_wait: None,
         };
         let spawn = move |relay: &mut Relay, name: String, f: Job| -> Result<()> {
             let index = relay.workers.len();
@@ -472,8 +508,41 @@ impl Relay {
         self.wakers.clone()
     }
 
+    /// The longest the sender waits for the broker's acks of one batch
+    /// ([`SenderFactory::ack_wait`]), when it says: a [`Relay::shutdown`]
+    /// deadline a few seconds past it lets every batch in flight finish.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let config = txbox::Config::builder().event("job-done", |e| e).build()?;
+    /// # let store = config.connect("sqlite:jobs.db")?;
+    /// # let sender = txbox::MemorySender::new();
+    /// use std::time::Duration;
+    /// let relay = txbox::Relay::start(store, &config, sender)?;
+    /// // ... on SIGTERM:
+    /// let deadline = relay.ack_wait().unwrap_or(Duration::from_secs(30)) + Duration::from_secs(5);
+    /// relay.shutdown(deadline)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn ack_wait(&self) -> Option<Duration> {
+        self.ack_wait
+    }
+
     /// Stops claiming, lets in-flight batches finish and joins the threads, waiting
     /// at most `timeout`. [`Error::ShutdownTimeout`] if some threads were still busy.
+    ///
+    /// A leased batch still waiting for the broker's acks at the deadline is
+    /// released then, before this returns: its events are PENDING again with
+    /// no attempt counted, and the next relay sends them at once, not after
+    /// their lease. Should the broker ack them after all (the thread goes on
+    /// waiting in the background while the process lives), its finish no
+    /// longer holds the rows, and the events are sent twice: at least once, as
+    /// ever. A held batch ([`ClaimMode::Lock`]) goes back when its transaction
+    /// ends: when the thread finishes it, or when the process exits and the
+    /// database drops the connection. A deadline a few seconds past
+    /// [`Relay::ack_wait`] lets every batch finish. Dropping a relay without
+    /// `shutdown` stops it in the background; a process that exits meanwhile
+    /// leaves its leased batches to recovery after their lease.
     pub fn shutdown(mut self, timeout: Duration) -> Result<()> {
         self.stop.take();
         let deadline = Instant::now() + timeout;
@@ -501,11 +570,41 @@ impl Relay {
                 left += 1;
             }
         }
+        self.release_leased();
         if left > 0 {
             return Err(Error::ShutdownTimeout(left));
         }
         log::info!("txbox: relay stopped");
         Ok(())
+    }
+
+    /// Releases the leased batches not finished (PENDING, no attempt): those
+    /// of threads still waiting for acks, or of a poller that panicked.
+    fn release_leased(&self) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        for (token, ids) in self.leased.take() {
+            let outcomes: Vec<_> = ids
+                .iter()
+                .map(|id| {
+                    let error = "the relay shut down before the broker's acks came".to_string();
+                    (*id, crate::store::Outcome::Release { error })
+                })
+                .collect();
+            match store.finish(token, &outcomes) {
+                Ok(0) => {}
+                Ok(n) => log::warn!(
+                    "txbox: relay shutdown: released {n} events of a batch still waiting for \
+                     the broker's acks; the next relay sends them (twice, should the acks come after all)"
+                ),
+                Err(e) => log::error!(
+                    "txbox: relay shutdown: could not release {} events still waiting for \
+                     the broker's acks ({e}); they are sent again after their lease",
+                    ids.len()
+                ),
+            }
+        }
     }
 }
 

@@ -251,6 +251,11 @@ impl Poller {
                 Started::InFlight => None,
             };
             pipelined = results.is_none();
+            if held.is_none() {
+                self.ctx
+                    .leased
+                    .add(token, events.iter().map(|e| e.id).collect());
+            }
             self.in_flight.push_back(Claimed {
                 token,
                 held,
@@ -380,7 +385,10 @@ impl Poller {
                     });
                 }
                 Some(held) => self.finish_held(held, &batch.events, &outcomes),
-                None => self.finish(batch.token, &outcomes, batch.lease_end),
+                None => {
+                    self.finish(batch.token, &outcomes, batch.lease_end);
+                    self.ctx.leased.remove(batch.token);
+                }
             }
         }
         if !stash {
