@@ -125,11 +125,16 @@ ensure_kafka() {
     bash "$(dirname "$0")/kafka.sh" start
 }
 
-# the tests black-hole connections of their own with iptables
+# the tests black-hole connections of their own with iptables, and publish
+# from a process whose clock is off with faketime (libfaketime)
 ensure_tools() {
     command -v iptables >/dev/null 2>&1 || {
         log "installing iptables"
         apt_install iptables
+    }
+    command -v faketime >/dev/null 2>&1 || {
+        log "installing faketime"
+        apt_install faketime
     }
 }
 

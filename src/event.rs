@@ -22,11 +22,14 @@ pub const RESERVED_HEADER_PREFIX: &str = "txbox-";
 /// content type is [`JSON_CONTENT_TYPE`]). Reserved: publish refuses a user
 /// header of this name (in any case) on every event.
 pub const HEADER_CONTENT_TYPE: &str = "content-type";
-/// The most bytes an event's headers may have, names and values together
-/// (refused at publish): a RabbitMQ message carries them in one content-header
-/// frame, which must fit the connection's `frame_max` (131,072 bytes by
-/// default), beside txbox's own headers.
+/// The most bytes an event's headers may have, names and values together and
+/// 8 bytes per header (refused at publish): a RabbitMQ message carries them in
+/// one content-header frame, which must fit the connection's `frame_max`
+/// (131,072 bytes by default), beside txbox's own headers; an AMQP table
+/// entry takes 6 bytes besides its name and value.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// What each header counts towards [`MAX_HEADER_BYTES`] besides its name and value.
+pub(crate) const HEADER_OVERHEAD: usize = 8;
 /// The content type of events published as JSON.
 pub const JSON_CONTENT_TYPE: &str = "application/json";
 

@@ -654,6 +654,42 @@ fn migrate_upgrades_a_0_1_inbox_in_place_keeping_its_rows(b: Backend, p: &str) {
     assert_eq!(fx.store.delete_expired_inbox(ms(10), 100).unwrap(), 22);
 }
 
+/// Events of a key waiting when the schema is upgraded to the database's
+/// insert order keep their order (their ids'), and come before every event
+/// published after the upgrade; the key still has one event out at a time.
+fn an_upgrade_keeps_the_order_of_the_events_waiting(b: Backend, p: &str) {
+    let Some(fx) = Fixture::schema_v1(b, p, &[]) else {
+        return;
+    };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.ordering(txbox::EventOrder::Key))
+        .build()
+        .unwrap();
+    let mut ids = fx.publish_events(&c, keyed("e", &["a"], 3));
+    fx.store.migrate().unwrap();
+    ids.extend(fx.publish_events(&c, keyed("e", &["a"], 2)));
+    let args = ClaimArgs {
+        ordered: Some(txbox::OnPoison::Block),
+        ..ClaimArgs::new("e", 100, Duration::from_secs(60))
+    };
+    let mut sent = Vec::new();
+    for _ in 0..ids.len() {
+        let token = Uuid::now_v7();
+        let got: Vec<EventId> = fx
+            .store
+            .claim_after(&args, token)
+            .unwrap()
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(got.len(), 1, "one event of the key at a time: {got:?}");
+        fx.store.finish(token, &[(got[0], Outcome::Sent)]).unwrap();
+        sent.extend(got);
+    }
+    assert_eq!(sent, ids, "in publish order across the upgrade");
+}
+
 /// After the upgrade: ids from before it are consumed for every consumer, new
 /// ones are kept per consumer.
 fn upgraded_inbox_works(fx: &Fixture, old: &[EventId]) {
@@ -1377,6 +1413,7 @@ macro_rules! suite {
             the_inbox_deduplicates_per_consumer => "fan",
             migrate_upgrades_a_0_1_inbox_in_place_keeping_its_rows => "up",
             two_instances_migrating_at_once_both_succeed => "up2",
+            an_upgrade_keeps_the_order_of_the_events_waiting => "upord",
             four_relays_deliver_every_event_exactly_once => "four",
             failing_sender_ends_in_the_dlq_and_a_retry_delivers => "relay",
             pipelined_batches_finish_in_order_and_retry => "pipe",
@@ -1440,7 +1477,7 @@ fn mysql_resumes_an_upgrade_that_stopped_half_way() {
     let versions: Vec<i32> = c
         .query(format!("SELECT version FROM {p}txbox_schema_version"))
         .unwrap();
-    assert_eq!(versions, vec![2, 3, 4]);
+    assert_eq!(versions, vec![2, 3, 4, 5]);
 }
 
 /// Suspected: the MySQL/MariaDB inbox insert (`INSERT IGNORE ... SELECT ...

@@ -196,7 +196,7 @@ fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
         "{err}"
     );
     // header values are bounded in total (an AMQP content header must fit one
-    // frame): 64 KiB of names and values
+    // frame): 64 KiB of names and values, and 8 bytes per header
     let big = NewEvent::new("order-created", &1)
         .unwrap()
         .header("a", "x".repeat(40_000))
@@ -206,9 +206,15 @@ fn bad_input_is_a_clear_error_and_the_transaction_stays_usable() {
         matches!(err, Error::InvalidInput(_)) && err.to_string().contains("65536"),
         "{err}"
     );
+    // many tiny headers count their framing too
+    let tiny = (0..10_000).fold(NewEvent::new("order-created", &1).unwrap(), |e, i| {
+        e.header(format!("h{i}"), "")
+    });
+    let err = outbox.publish_all(&mut tx, [tiny]).unwrap_err();
+    assert!(err.to_string().contains("65536"), "{err}");
     let fits = NewEvent::new("order-created", &1)
         .unwrap()
-        .header("a", "x".repeat(65_535));
+        .header("a", "x".repeat(65_536 - 1 - 8));
     outbox.publish_all(&mut tx, [fits]).unwrap();
     let twice = NewEvent::bytes("order-created", vec![0xff], "application/x-protobuf")
         .header("Content-Type", "text/plain");

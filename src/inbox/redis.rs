@@ -213,13 +213,14 @@ impl RedisCache {
             }
             s.idle.pop()
         };
+        // `trying` ends with this call, even one that panics
+        let _tried = Tried(self);
         let conn = match idle {
             Some(c) => Ok(c),
             None => self.connect(),
         };
         let out = conn.and_then(|mut c| f(&mut c).map(|v| (v, c)).map_err(err));
         let mut s = self.state();
-        s.trying = false;
         match out {
             Ok((v, c)) => {
                 s.down = None;
@@ -259,6 +260,15 @@ impl RedisCache {
         c.set_write_timeout(Some(self.command_timeout))
             .map_err(err)?;
         Ok(c)
+    }
+}
+
+/// Clears [`State::trying`] when a call ends.
+struct Tried<'a>(&'a RedisCache);
+
+impl Drop for Tried<'_> {
+    fn drop(&mut self) {
+        self.0.state().trying = false;
     }
 }
 

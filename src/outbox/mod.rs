@@ -8,7 +8,8 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::event::{
-    EventId, NewEvent, HEADER_CONTENT_TYPE, MAX_HEADER_BYTES, RESERVED_HEADER_PREFIX,
+    EventId, NewEvent, HEADER_CONTENT_TYPE, HEADER_OVERHEAD, MAX_HEADER_BYTES,
+    RESERVED_HEADER_PREFIX,
 };
 use crate::tables::Tables;
 use crate::transaction::Transaction;
@@ -237,11 +238,15 @@ impl Outbox {
                 e.event_type
             )));
         }
-        let header_bytes: usize = e.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let header_bytes: usize = e
+            .headers
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + HEADER_OVERHEAD)
+            .sum();
         if header_bytes > MAX_HEADER_BYTES {
             return Err(Error::InvalidInput(format!(
-                "headers of event type {:?} are {header_bytes} bytes (names and values), \
-                 at most {MAX_HEADER_BYTES}",
+                "headers of event type {:?} are {header_bytes} bytes (names and values, and \
+                 {HEADER_OVERHEAD} per header), at most {MAX_HEADER_BYTES}",
                 e.event_type
             )));
         }

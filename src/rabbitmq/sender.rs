@@ -530,6 +530,11 @@ impl RabbitChannel {
                     format!("rabbitmq publish to exchange {:?}", e.destination),
                     &err,
                 );
+                // what the broker confirmed or returned before it closed the
+                // channel stands: only the rest gets the verdict
+                if let Some(open) = &self.open {
+                    Self::absorb(open, &mut batch, &mut self.in_flight);
+                }
                 batch.break_off(&why);
                 self.drop_connection(&why);
                 return batch;
@@ -558,9 +563,8 @@ impl RabbitChannel {
             let wait = batch.deadline.saturating_duration_since(Instant::now());
             let confirm = open.confirms.recv_timeout(wait);
             Self::apply_returns(open, &mut batch, &mut self.in_flight);
-            let (payload, ok) = match confirm {
-                Ok(Confirm::Ack(p)) => (p, true),
-                Ok(Confirm::Nack(p)) => (p, false),
+            match confirm {
+                Ok(c) => Self::apply_confirm(c, &mut batch, &mut self.in_flight),
                 Err(lost) => {
                     let why = match lost {
                         crossbeam_channel::RecvTimeoutError::Timeout => {
@@ -584,18 +588,40 @@ impl RabbitChannel {
                     self.drop_connection(&why);
                     break;
                 }
-            };
-            let upto = payload.delivery_tag;
-            let from = if payload.multiple { 0 } else { upto };
-            batch.confirm(from, upto, ok);
-            for later in &mut self.in_flight {
-                later.confirm(from, upto, ok);
             }
         }
         if let Some(open) = &self.open {
             Self::apply_returns(open, &mut batch, &mut self.in_flight);
         }
         batch.into_results()
+    }
+
+    /// Applies the returns and confirms the broker has sent so far to `batch`
+    /// and `later` (returns first: the broker sends a message's return before
+    /// its ack).
+    fn absorb(open: &Open, batch: &mut Unconfirmed, later: &mut VecDeque<Unconfirmed>) {
+        loop {
+            Self::apply_returns(open, batch, later);
+            match open.confirms.try_recv() {
+                Ok(c) => Self::apply_confirm(c, batch, later),
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Applies one confirm (of one tag, or of every tag up to it) to `batch`
+    /// and `later`.
+    fn apply_confirm(c: Confirm, batch: &mut Unconfirmed, later: &mut VecDeque<Unconfirmed>) {
+        let (payload, ok) = match c {
+            Confirm::Ack(p) => (p, true),
+            Confirm::Nack(p) => (p, false),
+        };
+        let upto = payload.delivery_tag;
+        let from = if payload.multiple { 0 } else { upto };
+        batch.confirm(from, upto, ok);
+        for b in later.iter_mut() {
+            b.confirm(from, upto, ok);
+        }
     }
 
     /// Fails every returned (unroutable) message of `batch` and `later` that the

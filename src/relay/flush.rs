@@ -71,8 +71,10 @@ impl Relay {
     /// Each type is claimed, sent and finished in batches as a poller does it
     /// (its batch size, retries, backoff, ordering and the configuration's
     /// `processed_ttl`; the metrics count them as the relay's), until a claim
-    /// finds nothing due, or finds only events published after the call began
-    /// (so a steady stream of publishes cannot keep it going). An event
+    /// finds nothing due among the events the database had inserted when the
+    /// call began ([`ClaimStore::insert_mark`]: so a steady stream of
+    /// publishes cannot keep it going, and a publisher's clock does not
+    /// matter). An event
     /// refused with retries left is due again after its backoff: within the
     /// call when the backoff is shorter, else at a later call. An ordered type
     /// sends one event per key per batch, so a key's events go out one batch
@@ -114,12 +116,17 @@ impl Relay {
         sender: &mut dyn Sender,
     ) -> Result<Delivery> {
         let delete_acked = config.maintenance.processed_ttl.is_zero();
-        // UUIDv7: every event published from now on has a greater id
+        // what the database has inserted so far: the claims take no later
+        // event, whatever the publishers' clocks say; a store without a mark
+        // stops by ids (UUIDv7: an event published from now on has a greater
+        // one, on this host's clock)
+        let upto = store.insert_mark()?;
         let began = EventId::new();
         let mut delivery = Delivery::default();
         for (event_type, s) in config.events() {
             let args = ClaimArgs {
                 ordered: s.key_order(),
+                upto,
                 ..ClaimArgs::new(event_type, s.batch_size, s.lease)
             };
             let (destination, routing_key) = s.address(event_type);
@@ -141,7 +148,7 @@ impl Relay {
                 // a transport failure: the broker is away, and the released
                 // events are due at once: claiming them again would loop; and
                 // a batch of only new events: what was due at the call is out
-                if done.released > 0 || events.iter().all(|e| e.id > began) {
+                if done.released > 0 || (upto.is_none() && events.iter().all(|e| e.id > began)) {
                     break;
                 }
             }

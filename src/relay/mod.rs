@@ -82,27 +82,53 @@ pub struct Relay {
     ack_wait: Option<Duration>,
 }
 
-/// The leased batches a relay's pollers have handed to the broker and not yet
+/// The leased batches a relay's pollers are sending and have not yet
 /// finished, by claim token: what a shutdown that times out releases.
 #[derive(Clone, Default)]
-struct Leased(Arc<std::sync::Mutex<BTreeMap<Uuid, Vec<crate::EventId>>>>);
+struct Leased(Arc<std::sync::Mutex<LeasedBatches>>);
+
+#[derive(Default)]
+struct LeasedBatches {
+    batches: BTreeMap<Uuid, Vec<crate::EventId>>,
+    /// The shutdown released them: a batch claimed since is not sent.
+    closed: bool,
+}
 
 impl Leased {
-    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<Uuid, Vec<crate::EventId>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LeasedBatches> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn add(&self, token: Uuid, ids: Vec<crate::EventId>) {
-        self.map().insert(token, ids);
+    /// Registers a batch before it is sent; `false` after the shutdown's
+    /// release, when the batch must go back instead.
+    fn add(&self, token: Uuid, ids: Vec<crate::EventId>) -> bool {
+        let mut l = self.lock();
+        if !l.closed {
+            l.batches.insert(token, ids);
+        }
+        !l.closed
     }
 
     fn remove(&self, token: Uuid) {
-        self.map().remove(&token);
+        self.lock().batches.remove(&token);
     }
 
-    fn take(&self) -> BTreeMap<Uuid, Vec<crate::EventId>> {
-        std::mem::take(&mut *self.map())
+    /// The batches not finished, and no more from now on.
+    fn close(&self) -> BTreeMap<Uuid, Vec<crate::EventId>> {
+        let mut l = self.lock();
+        l.closed = true;
+        std::mem::take(&mut l.batches)
     }
+}
+
+/// What a batch released without an attempt is told.
+fn released(ids: &[crate::EventId], why: &str) -> Vec<(crate::EventId, crate::store::Outcome)> {
+    ids.iter()
+        .map(|id| {
+            let error = why.to_string();
+            (*id, crate::store::Outcome::Release { error })
+        })
+        .collect()
 }
 
 /// Wakes a relay's pollers: a cheap, cloneable handle ([`Relay::waker`]) for the
@@ -584,14 +610,8 @@ impl Relay {
         let Some(store) = &self.store else {
             return;
         };
-        for (token, ids) in self.leased.take() {
-            let outcomes: Vec<_> = ids
-                .iter()
-                .map(|id| {
-                    let error = "the relay shut down before the broker's acks came".to_string();
-                    (*id, crate::store::Outcome::Release { error })
-                })
-                .collect();
+        for (token, ids) in self.leased.close() {
+            let outcomes = released(&ids, "the relay shut down before the broker's acks came");
             match store.finish(token, &outcomes) {
                 Ok(0) => {}
                 Ok(n) => log::warn!(

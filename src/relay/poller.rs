@@ -242,6 +242,14 @@ impl Poller {
                 e.destination.clone_from(&self.destination);
                 e.routing_key.clone_from(&self.routing_key);
             }
+            // a leased batch is registered before it is sent, for a shutdown
+            // that times out to release it; past that release it goes back
+            let ids: Vec<crate::EventId> = events.iter().map(|e| e.id).collect();
+            if held.is_none() && !self.ctx.leased.add(token, ids.clone()) {
+                let back = super::released(&ids, "the relay shut down");
+                self.store.finish(token, &back)?;
+                return Ok(claimed);
+            }
             let started = Instant::now();
             let Some(sender) = &mut self.sender else {
                 unreachable!("created above");
@@ -251,11 +259,6 @@ impl Poller {
                 Started::InFlight => None,
             };
             pipelined = results.is_none();
-            if held.is_none() {
-                self.ctx
-                    .leased
-                    .add(token, events.iter().map(|e| e.id).collect());
-            }
             self.in_flight.push_back(Claimed {
                 token,
                 held,
@@ -324,6 +327,7 @@ impl Poller {
             delete_acked: self.delete_acked,
             ordered: s.key_order(),
             from_key: self.key_cursor.as_deref(),
+            upto: None,
         }
     }
 

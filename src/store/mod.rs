@@ -148,6 +148,11 @@ pub struct ClaimArgs<'a> {
     /// passes the last key of its previous batch when that batch was full,
     /// else none. `None`: from the first key.
     pub from_key: Option<&'a str>,
+    /// Only events the database numbered up to this mark at insert
+    /// ([`ClaimStore::insert_mark`]): [`Relay::deliver_pending`](crate::Relay::deliver_pending)
+    /// sends what was there when it was called, whatever the publishers'
+    /// clocks say. `None`: no bound.
+    pub upto: Option<i64>,
 }
 
 impl<'a> ClaimArgs<'a> {
@@ -162,6 +167,7 @@ impl<'a> ClaimArgs<'a> {
             delete_acked: false,
             ordered: None,
             from_key: None,
+            upto: None,
         }
     }
 }
@@ -242,6 +248,15 @@ pub trait ClaimStore: Store {
     /// Finishes claimed events: only rows still IN_PROCESS under `token` change.
     /// Returns how many rows changed (fewer than given: the claim was lost).
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64>;
+
+    /// A mark at least as high as the number the database gave every event
+    /// inserted so far (the outbox's insert order, `seq`), and lower than any
+    /// it gives later: what [`ClaimArgs::upto`] takes. The default: `None`
+    /// (a store without one; [`Relay::deliver_pending`](crate::Relay::deliver_pending)
+    /// then stops by event ids, the publishers' clocks).
+    fn insert_mark(&self) -> Result<Option<i64>> {
+        Ok(None)
+    }
 
     /// Whether [`ClaimStore::claim_held`] works on this store (PostgreSQL).
     fn can_hold_claims(&self) -> bool;

@@ -23,6 +23,7 @@ pub(crate) const SCHEMA_2: &str = include_str!("../../sql/mysql/002_inbox_per_co
 /// Schema version 3: the indexes of per-key ordering.
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/mysql/003_ordered_keys.sql");
 pub(crate) const SCHEMA_4: &str = include_str!("../../sql/mysql/004_binary_payloads.sql");
+pub(crate) const SCHEMA_5: &str = include_str!("../../sql/mysql/005_insert_order.sql");
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 const TS: &str = "'%Y-%m-%dT%H:%i:%s.%fZ'";
@@ -41,12 +42,15 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::Question,
         begin: "START TRANSACTION",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: false,
         migrate_lock: None,
-        // duplicate index, duplicate column, the version recorded already
-        exists_errors: &["1061", "1060", "1062"],
+        // duplicate index, duplicate column, the version recorded already, an
+        // index dropped already
+        exists_errors: &["1061", "1060", "1062", "1091"],
         ping: "SELECT 1",
+        // the unique key's last entry
+        insert_mark: format!("SELECT COALESCE(MAX(seq), 0) FROM {o}"),
         max_ids: 1000,
         // the look-up of an ordered claim picked the claim index, whose first
         // column alone matches, on a table InnoDB had not sampled yet: 5,000
@@ -119,6 +123,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_bytes_values: ", $6, $7",
         insert_events_sep: ", ",
         insert_events_suffix: "",
+        insert_rows_max: usize::MAX,
     }
 }
 

@@ -28,6 +28,7 @@ pub(crate) const SCHEMA_2: &str = include_str!("../../sql/oracle/002_inbox_per_c
 /// Schema version 3: the indexes of per-key ordering.
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/oracle/003_ordered_keys.sql");
 pub(crate) const SCHEMA_4: &str = include_str!("../../sql/oracle/004_binary_payloads.sql");
+pub(crate) const SCHEMA_5: &str = include_str!("../../sql/oracle/005_insert_order.sql");
 
 const NOW: &str = "SYSTIMESTAMP";
 const TS: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS.FF6\"Z\"'";
@@ -47,12 +48,12 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::Colon,
         begin: "BEGIN",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: false,
         migrate_lock: None,
         // name used, index exists, column exists, column allows NULL already,
         // no primary key to drop, one primary key only, the version recorded
-        // already
+        // already, no index to drop
         exists_errors: &[
             "ORA-00955",
             "ORA-01408",
@@ -61,8 +62,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             "ORA-02441",
             "ORA-02260",
             "ORA-00001",
+            "ORA-01418",
         ],
         ping: "SELECT 1 FROM DUAL",
+        insert_mark: format!("SELECT COALESCE(MAX(seq), 0) FROM {o}"),
         max_ids: 1000,
         // no hint: the planner finds the key index on its own; no key walk
         // (untested here), the ordered claims read due events in id order
@@ -122,6 +125,8 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_bytes_values: ", $6, $7",
         insert_events_sep: " ",
         insert_events_suffix: " SELECT 1 FROM dual",
+        // INSERT ALL takes the identity's next number once per statement
+        insert_rows_max: 1,
     }
 }
 

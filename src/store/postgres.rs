@@ -35,6 +35,7 @@ pub(crate) const SCHEMA_5: &str = include_str!("../../sql/postgres/005_binary_pa
 /// Schema version 6: the wake-up on commit rationed (one notifying commit per
 /// event type in flight), per type, and off for a session (`txbox.wake`).
 pub(crate) const SCHEMA_6: &str = include_str!("../../sql/postgres/006_rationed_wake.sql");
+pub(crate) const SCHEMA_7: &str = include_str!("../../sql/postgres/007_insert_order.sql");
 
 /// A connection pool of the `postgres` crate, as [`PgStore`] uses it: TLS
 /// through `T`, txbox's own ([`PgTls`], what [`PgStore::connect`] makes) unless
@@ -94,11 +95,19 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::Dollar,
         begin: "BEGIN",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6],
+        schema: &[
+            SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7,
+        ],
         transactional_ddl: true,
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
         exists_errors: &[],
         ping: "SELECT 1",
+        // the sequence's last number: every row inserted so far has it or less
+        insert_mark: format!(
+            "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END \
+             FROM {}outbox_events_seq",
+            t.prefix
+        ),
         max_ids: 1000,
         // the ids through a sub-select, whose size the planner cannot see: given
         // 200 ids outright, it seq-scans a table that was never analyzed (a fresh or
@@ -143,13 +152,13 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             literal,
             claim_delete: format!(
                 "DELETE FROM {o} WHERE id = ANY(ARRAY(SELECT id {})) \
-                 RETURNING {claimed}, to_char(created_at AT TIME ZONE 'UTC', {TS})",
+                 RETURNING {claimed}, to_char(created_at AT TIME ZONE 'UTC', {TS}), seq",
                 due("$2", "$3")
             ),
             restore: format!(
                 "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, \
-                   next_attempt_at, last_error, created_at, payload_bytes, content_type) \
-                 VALUES ($4, $5, $6, $7::jsonb, $8, $1, $9, {}, $3, $10::timestamptz, $11::bytea, $12)",
+                   next_attempt_at, last_error, created_at, payload_bytes, content_type, seq) \
+                 VALUES ($4, $5, $6, $7::jsonb, $8, $1, $9, {}, $3, $10::timestamptz, $11::bytea, $12, $13)",
                 plus("$2")
             ),
         }),
@@ -211,6 +220,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_bytes_values: ", $6::bytea, $7",
         insert_events_sep: ", ",
         insert_events_suffix: "",
+        insert_rows_max: usize::MAX,
     }
 }
 

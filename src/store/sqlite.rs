@@ -26,6 +26,7 @@ pub(crate) const SCHEMA_2: &str = include_str!("../../sql/sqlite/002_inbox_per_c
 /// Schema version 3: the indexes of per-key ordering.
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/sqlite/003_ordered_keys.sql");
 pub(crate) const SCHEMA_4: &str = include_str!("../../sql/sqlite/004_binary_payloads.sql");
+pub(crate) const SCHEMA_5: &str = include_str!("../../sql/sqlite/005_insert_order.sql");
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -43,11 +44,13 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::QuestionNumbered,
         begin: "BEGIN IMMEDIATE",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: true,
         migrate_lock: None,
         exists_errors: &[],
         ping: "SELECT 1",
+        // the counter the insert trigger advances
+        insert_mark: format!("SELECT n FROM {}outbox_seq", t.prefix),
         max_ids: 500,
         common: sql::common(
             t,
@@ -104,6 +107,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_bytes_values: ", $6, $7",
         insert_events_sep: ", ",
         insert_events_suffix: "",
+        insert_rows_max: usize::MAX,
     }
 }
 

@@ -249,7 +249,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         // no lower bound: the nil id, below every UUIDv7
         let after = Val::Id(args.after.map_or(Uuid::nil(), |id| id.as_uuid()));
         let d = &self.d;
-        let order = |template: &str| d.common.order(template, args.ordered);
+        let order = |template: &str| d.common.order(template, args);
         let mut rows = self.with_retry("claim", || {
             let mut conn = self.pool.get()?;
             if let Some(one) = &d.claim_returning {
@@ -333,6 +333,12 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         })
     }
 
+    fn insert_mark(&self) -> Result<Option<i64>> {
+        let mut conn = self.pool.get()?;
+        let rows = run_query(&mut *conn, &self.d, &self.d.insert_mark, &[], &[])?;
+        Ok(Some(rows.first().map_or(0, |r| r.int(0))))
+    }
+
     fn can_hold_claims(&self) -> bool {
         self.d.hold_claim.is_some()
     }
@@ -392,7 +398,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             && run_query(
                 &mut *held.conn,
                 d,
-                &d.common.order(&hold.probe, args.ordered),
+                &d.common.order(&hold.probe, args),
                 &claim_params(args, vec![args.event_type.into()]),
                 &[],
             )?
@@ -518,6 +524,7 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
             limit.saturating_mul(4),
         )?;
         let mut keys: Vec<BlockedKey> = Vec::new();
+        let mut seqs = Vec::new();
         for r in &rows {
             let key = r.text(0);
             if keys.last().is_some_and(|k| k.key == key) {
@@ -533,13 +540,10 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
                 status: r.text(2),
                 waiting: 0,
             });
+            seqs.push(r.int(3));
         }
-        for k in &mut keys {
-            let fixed = [
-                event_type.into(),
-                k.key.as_str().into(),
-                Val::Id(k.blocked_by.as_uuid()),
-            ];
+        for (k, seq) in keys.iter_mut().zip(seqs) {
+            let fixed = [event_type.into(), k.key.as_str().into(), Val::Int(seq)];
             let n = run_query(&mut *conn, d, &d.common.key_waiting, &fixed, &[])?;
             k.waiting = n.first().map_or(0, |r| r.int(0).max(0) as u64);
         }

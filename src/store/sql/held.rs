@@ -70,12 +70,13 @@ pub(crate) struct HeldTx {
     pub(crate) deleted: Option<Vec<Deleted>>,
 }
 
-/// A row of a deleting claim, beyond its [`Event`]: its headers as stored and its
-/// creation time.
+/// A row of a deleting claim, beyond its [`Event`]: its headers as stored, its
+/// creation time and its place in the insert order.
 pub(crate) struct Deleted {
     pub(crate) id: EventId,
     pub(crate) headers: String,
     pub(crate) created_at: String,
+    pub(crate) seq: i64,
 }
 
 impl HeldTx {
@@ -135,7 +136,7 @@ impl HeldTx {
             hold.open
                 .replace("{ms}", &next.lease.as_millis().to_string()),
             inline(
-                &self.d.common.order(claim, next.ordered),
+                &self.d.common.order(claim, next),
                 &params,
                 &[],
                 hold.literal
@@ -164,6 +165,7 @@ impl HeldTx {
                     id: r.id(0).unwrap_or_default(),
                     headers: r.take_text(3).unwrap_or_default(),
                     created_at: r.take_text(8).unwrap_or_default(),
+                    seq: r.int(9),
                 })
                 .collect()
         });
@@ -247,6 +249,7 @@ pub(crate) fn restore_steps<'a>(
             row.created_at.as_str().into(),
             bytes,
             content_type,
+            Val::Int(row.seq),
         ];
         steps.push((restore, fixed, Vec::new()));
     }

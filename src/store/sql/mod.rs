@@ -53,6 +53,7 @@ impl Catalog {
             ("dlq_lock", &self.dlq_lock),
             ("status", &self.status),
             ("inbox_insert", &self.inbox_insert),
+            ("insert_mark", &self.insert_mark),
             ("insert_event_row", &self.insert_event_row),
             ("blocked_keys", &c.blocked_keys),
             ("order_recheck", &c.order_recheck),
@@ -172,7 +173,7 @@ mod tests {
     fn every_statement_of_every_dialect_binds_each_value_where_its_number_says() {
         let t = Tables::new("p_").unwrap();
         let dialects = catalogs(&t);
-        let fixed: Vec<Val> = (1..=12).map(|i| Val::Int(100 + i)).collect();
+        let fixed: Vec<Val> = (1..=13).map(|i| Val::Int(100 + i)).collect();
         let ids = [Val::Int(901), Val::Int(902)];
         let show = |v: &Val| format!("<{v:?}>");
         let mut checked = 0;

@@ -134,7 +134,7 @@ pub(crate) fn split_statements(sql: &str) -> Vec<String> {
 pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent]) -> Result<()> {
     let bytes = events.iter().any(|e| e.content_type().is_some());
     let width = values_per_event(bytes);
-    for chunk in events.chunks((d.max_ids / width).max(1)) {
+    for chunk in events.chunks((d.max_ids / width).clamp(1, d.insert_rows_max)) {
         let mut params = Vec::with_capacity(chunk.len() * width);
         for e in chunk {
             push_event_values(e, bytes, &mut params);

@@ -73,11 +73,12 @@ pub struct Common {
     /// $1 type, {ids} -> the ids of those rows that pass the claims' `{order}`
     /// (asked again after a locking claim on a dialect without RETURNING)
     pub order_recheck: String,
-    /// $1 type -> key, id, status of the dead letters (DEAD, RETRY) and FAILED
-    /// outbox events that hold a key of an ordered type back, by key and id
+    /// $1 type -> key, id, status, seq of the dead letters (DEAD, RETRY) and
+    /// FAILED outbox events that hold a key of an ordered type back, by key
+    /// and insert order
     pub blocked_keys: String,
-    /// $1 type, $2 key, $3 id -> how many events of the key are pending after
-    /// that id
+    /// $1 type, $2 key, $3 seq -> how many events of the key are pending after
+    /// that one in insert order
     pub key_waiting: String,
     /// The rule of an ordered type that skips poison events: no earlier event
     /// of the candidate's key pending or in process.
@@ -91,6 +92,8 @@ pub struct Common {
     pub walk_skip: Option<String>,
     /// ... and of one that blocks on them.
     pub walk_block: Option<String>,
+    /// The outbox table, whose `seq` bounds a claim ([`ClaimArgs::upto`]).
+    outbox: String,
 }
 
 impl Common {
@@ -99,13 +102,27 @@ impl Common {
     /// walk's candidates, which pass the rule by construction (asked in the
     /// same statement, on the same snapshot; the claim takes the parameters
     /// [`WALK_FROM`] and [`WALK_LIMIT`]); elsewhere the rule.
-    pub(crate) fn order(&self, template: &str, ordered: Option<crate::OnPoison>) -> String {
-        let (walk, rule) = match ordered {
-            None => return template.replace("{order}", ""),
+    pub(crate) fn order(&self, template: &str, args: &ClaimArgs<'_>) -> String {
+        // only rows inserted up to a mark (a number, written out): the claimed
+        // rows, and in a walk its candidates and heads too, or candidates
+        // past the mark could crowd out the rest
+        let upto = |alias: &str| {
+            args.upto
+                .map_or(String::new(), |n| format!("AND {alias}.seq <= {n} "))
+        };
+        let claimed = upto(&self.outbox);
+        let (walk, rule) = match args.ordered {
+            None => return template.replace("{order}", &claimed),
             Some(crate::OnPoison::Skip) => (&self.walk_skip, &self.ordered_skip),
             Some(crate::OnPoison::Block) => (&self.walk_block, &self.ordered_block),
         };
-        template.replace("{order}", walk.as_ref().unwrap_or(rule))
+        let condition = match walk {
+            Some(w) => w
+                .replace("{upto_v0}", &upto("v0"))
+                .replace("{upto_hd}", &upto("hd")),
+            None => rule.clone(),
+        };
+        template.replace("{order}", &(claimed + &condition))
     }
 
     /// `template` with its `{order}` filled in with the rule alone.
@@ -208,12 +225,12 @@ fn walk(o: &str, now: &str, live: &str, rule: &str, head_rule: &str, style: &Wal
            SELECT {after}, w.n + 1, w.found + CASE WHEN hd.id IS NULL THEN 0 ELSE 1 END, hd.id \
            FROM walk w LEFT JOIN {o} hd ON hd.id = (SELECT y.id FROM {o} y \
                WHERE y.event_type = $1 AND y.event_key = w.k AND y.status IN ({live}) \
-               ORDER BY y.id LIMIT 1) \
-             AND hd.status = 'PENDING' AND hd.next_attempt_at <= {now} {head_rule} \
+               ORDER BY y.seq LIMIT 1) \
+             AND hd.status = 'PENDING' AND hd.next_attempt_at <= {now} {{upto_hd}}{head_rule} \
            WHERE w.k IS NOT NULL AND w.n < {WALK_KEYS} AND w.found < ${WALK_LIMIT}), \
          front (id) AS (\
-           SELECT v.id FROM (SELECT v0.id, v0.event_type, v0.event_key, v0.next_attempt_at \
-               FROM {o} v0 WHERE v0.event_type = $1 AND v0.status = 'PENDING' \
+           SELECT v.id FROM (SELECT v0.id, v0.event_type, v0.event_key, v0.next_attempt_at, v0.seq \
+               FROM {o} v0 WHERE v0.event_type = $1 AND v0.status = 'PENDING' {{upto_v0}}\
                ORDER BY v0.id LIMIT 4 * ${WALK_LIMIT}) v \
              WHERE v.next_attempt_at <= {now} {rule} LIMIT ${WALK_LIMIT}) \
          SELECT c.id FROM (\
@@ -242,16 +259,16 @@ pub(crate) fn common(
     // a candidate row (the claim's own `{o}`) waits for an earlier row of its key
     // in `table` with one of `statuses`: one look-up in the key index per row
     let earlier_of = |row: &str, table: &str, statuses: &str| {
-        // the key indexes of schema 4 (PostgreSQL) / 3 (the others)
+        // the key indexes of schema 7 (PostgreSQL) / 5 (the others)
         let index = if table == o.as_str() {
-            "outbox_key_idx"
+            "outbox_key_seq_idx"
         } else {
-            "dead_letters_key_idx"
+            "dead_letters_key_seq_idx"
         };
         let hint = (lookup.hint)(&format!("{}{index}", t.prefix));
         format!(
             "AND NOT EXISTS (SELECT 1 FROM {table} k {hint} WHERE k.event_type = {row}.event_type \
-               AND k.event_key = {row}.event_key AND k.status IN ({statuses}) AND k.id < {row}.id{})",
+               AND k.event_key = {row}.event_key AND k.status IN ({statuses}) AND k.seq < {row}.seq{})",
             lookup.tail
         )
     };
@@ -276,20 +293,21 @@ pub(crate) fn common(
     Common {
         order_recheck: format!("SELECT id FROM {o} WHERE event_type = $1 AND id IN ({{ids}}) {{order}}"),
         blocked_keys: format!(
-            "SELECT event_key, id, status FROM {d} WHERE event_type = $1 AND event_key IS NOT NULL \
+            "SELECT event_key, id, status, seq FROM {d} WHERE event_type = $1 AND event_key IS NOT NULL \
                AND status IN ('DEAD', 'RETRY') \
-             UNION ALL SELECT event_key, id, status FROM {o} WHERE event_type = $1 \
+             UNION ALL SELECT event_key, id, status, seq FROM {o} WHERE event_type = $1 \
                AND event_key IS NOT NULL AND status = 'FAILED' \
-             ORDER BY 1, 2"
+             ORDER BY 1, 4"
         ),
         key_waiting: format!(
             "SELECT COUNT(*) FROM {o} WHERE event_type = $1 AND event_key = $2 AND status = 'PENDING' \
-             AND id > $3"
+             AND seq > $3"
         ),
         ordered_skip: skip_rule(o),
         ordered_block: block_rule(o),
         walk_skip,
         walk_block,
+        outbox: o.clone(),
         claim_update: format!(
             "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
             plus("$2")
@@ -308,17 +326,18 @@ pub(crate) fn common(
         ),
         delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
         delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
+        // an event keeps its place in its key's order (`seq`) both ways
         copy_to_dlq: format!(
             "INSERT INTO {d} (id, event_type, event_key, headers, payload, payload_bytes, content_type, \
-               attempts, last_error, status, created_at, moved_at, updated_at) \
+               attempts, last_error, status, created_at, moved_at, updated_at, seq) \
              SELECT id, event_type, event_key, headers, payload, payload_bytes, content_type, attempts, \
-               last_error, 'DEAD', created_at, {now}, {now} FROM {o} WHERE id IN ({{ids}})"
+               last_error, 'DEAD', created_at, {now}, {now}, seq FROM {o} WHERE id IN ({{ids}})"
         ),
         copy_to_outbox: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload, payload_bytes, content_type, \
-               status, attempts, next_attempt_at, last_error, created_at) \
+               status, attempts, next_attempt_at, last_error, created_at, seq) \
              SELECT id, event_type, event_key, headers, payload, payload_bytes, content_type, 'PENDING', 0, \
-               {now}, last_error, created_at FROM {d} WHERE id IN ({{ids}})"
+               {now}, last_error, created_at, seq FROM {d} WHERE id IN ({{ids}})"
         ),
         // an event's row of each consumer expires on its own
         delete_inbox: format!(
@@ -358,7 +377,7 @@ pub struct HoldClaim {
     /// $1 status, $2 delay ms, $3 error, $4 id (as [`Finish::failed`]), then the
     /// claimed row's $5 type, $6 key, $7 headers, $8 payload, $9 attempts (this
     /// one included when it counts), $10 created_at, $11 payload bytes, $12
-    /// content type.
+    /// content type, $13 seq (its place in the insert order, kept).
     pub restore: String,
 }
 
@@ -395,6 +414,9 @@ pub struct Catalog {
     pub exists_errors: &'static [&'static str],
     /// A statement that touches no table, for [`crate::Store::ping`].
     pub ping: &'static str,
+    /// -> a number at least as high as every outbox `seq` given so far
+    /// ([`crate::ClaimStore::insert_mark`])
+    pub insert_mark: String,
     /// Largest `{ids}` list per statement.
     pub max_ids: usize,
     /// The statements every dialect writes alike.
@@ -453,6 +475,10 @@ pub struct Catalog {
     pub insert_events_sep: &'static str,
     /// after the last row ("" ; Oracle: " SELECT 1 FROM dual")
     pub insert_events_suffix: &'static str,
+    /// Most events per insert statement (Oracle: 1, since its multi-table
+    /// insert gives every row of a statement the same identity number,
+    /// `seq`, which orders a key's events)
+    pub insert_rows_max: usize,
 }
 
 /// The statements of `dialect` for `t`, built once per process and table prefix

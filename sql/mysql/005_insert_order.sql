@@ -1,0 +1,39 @@
+-- txbox schema 5 for MySQL/MariaDB: a key's events go out in the order the
+-- database inserted them.
+--
+-- Until schema 4 a key's order was its events' ids: UUIDv7 from the clock of
+-- the process that published them, so two publishers whose clocks differ
+-- could put a key's later event before its earlier one. From schema 5 on the
+-- database numbers each event at insert (`seq`, AUTO_INCREMENT), and the
+-- ordering rule compares those numbers.
+--
+-- The events there already are numbered in id order, the order they had (the
+-- column change rebuilds the table, in primary key order); the dead letters
+-- below all of them, in id order from -9e18 on (an event of a key still in
+-- the outbox was published after its dead letters), and so is a dead letter
+-- that a relay of an earlier version moves during a rolling upgrade (the
+-- column's default). A dead letter keeps its event's number, and an event
+-- retried from the dead letters gets it back.
+--
+-- The key indexes of schema 3 stay until a later schema drops them: relays of
+-- the earlier version name them in their claims while a rolling upgrade runs.
+--
+-- `migrate` applies this file once, after 004 (a column or index that is
+-- there already is passed over). The first change rebuilds the outbox table,
+-- which takes no writes meanwhile. By hand: replace `{prefix}` and run it
+-- once, after 004.
+ALTER TABLE {prefix}outbox_events
+    ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT,
+    ADD KEY {prefix}outbox_seq_idx (seq);
+ALTER TABLE {prefix}outbox_dead_letters ADD COLUMN seq BIGINT NULL DEFAULT -9000000000000000000;
+UPDATE {prefix}outbox_dead_letters d
+    JOIN (SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS n FROM {prefix}outbox_dead_letters
+          WHERE seq = -9000000000000000000) r
+    ON d.id = r.id
+    SET d.seq = -9000000000000000000 + r.n;
+-- the key indexes of schema 3, by insert order instead of id
+CREATE INDEX {prefix}outbox_key_seq_idx
+    ON {prefix}outbox_events (event_type, event_key, status, seq);
+CREATE INDEX {prefix}dead_letters_key_seq_idx
+    ON {prefix}outbox_dead_letters (event_type, event_key, status, seq);
+INSERT INTO {prefix}txbox_schema_version (version, applied_at) VALUES (5, UTC_TIMESTAMP(6));
