@@ -155,16 +155,22 @@ fn kafka_broker_stopped_mid_run_loses_nothing_with_held_claims() {
 static KAFKA: std::sync::Mutex<()> = std::sync::Mutex::new(());
 static RABBITMQ: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn kafka_outage(p: &str, claim: ClaimMode) {
-    use txbox::kafka::{KafkaConsumer, KafkaSender};
-    let _one = KAFKA.lock().unwrap_or_else(|e| e.into_inner());
+/// The lock on the local Kafka (Tansu), which the caller may freeze; `None`
+/// (printed) when the tests use another Kafka, or none is up outside CI.
+fn local_kafka() -> Option<std::sync::MutexGuard<'static, ()>> {
+    let one = KAFKA.lock().unwrap_or_else(|e| e.into_inner());
     if std::env::var("TXBOX_KAFKA_BROKERS").is_ok() {
         eprintln!("SKIPPED when TXBOX_KAFKA_BROKERS points at an external Kafka: this test freezes the local Tansu");
-        return;
+        return None;
     }
-    if !service_up("Kafka", &kafka_brokers()) {
+    service_up("Kafka", &kafka_brokers()).then_some(one)
+}
+
+fn kafka_outage(p: &str, claim: ClaimMode) {
+    use txbox::kafka::{KafkaConsumer, KafkaSender};
+    let Some(_one) = local_kafka() else {
         return;
-    }
+    };
     let topic = format!("txbox-outage-{}", unique());
     create_topic(&topic, 1);
     let Some((store, _client)) = fresh(p) else {
@@ -284,14 +290,9 @@ fn rabbitmq_outage(p: &str, claim: ClaimMode) {
 #[test]
 fn a_shutdown_that_times_out_releases_the_batches_in_flight() {
     use txbox::kafka::KafkaSender;
-    let _one = KAFKA.lock().unwrap_or_else(|e| e.into_inner());
-    if std::env::var("TXBOX_KAFKA_BROKERS").is_ok() {
-        eprintln!("SKIPPED when TXBOX_KAFKA_BROKERS points at an external Kafka: this test freezes the local Tansu");
+    let Some(_one) = local_kafka() else {
         return;
-    }
-    if !service_up("Kafka", &kafka_brokers()) {
-        return;
-    }
+    };
     let p = "t_out_shutdown_";
     let topic = format!("txbox-shutdown-{}", unique());
     create_topic(&topic, 1);

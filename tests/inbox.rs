@@ -541,6 +541,7 @@ fn an_inbox_store_on_other_tables_than_the_configuration_is_refused() {
 /// Two inboxes of one service name on other tables (another prefix, or
 /// another database that says so) share one Redis without seeing each
 /// other's ids: each runs its handler for an id the other consumed.
+#[cfg(feature = "redis")]
 #[test]
 fn redis_cache_keeps_table_prefixes_and_databases_apart() {
     use txbox::RedisCache;
@@ -589,6 +590,7 @@ fn redis_cache_keeps_table_prefixes_and_databases_apart() {
 /// inbox goes on without its cache, and its calls do not queue behind one
 /// another's timeouts: after the first ones time out together, the cache is
 /// skipped at once for a while instead of tried again by every call.
+#[cfg(feature = "redis")]
 #[test]
 fn a_hung_redis_neither_serializes_nor_slows_the_inbox() {
     use txbox::RedisCache;
@@ -651,6 +653,7 @@ fn a_hung_redis_neither_serializes_nor_slows_the_inbox() {
 
 /// After a failure (its connections killed by the server) the cache is
 /// skipped for a moment, then used again.
+#[cfg(feature = "redis")]
 #[test]
 fn the_redis_cache_is_used_again_after_a_failure() {
     use txbox::RedisCache;

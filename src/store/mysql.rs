@@ -47,7 +47,8 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         migrate_lock: None,
         // duplicate index, duplicate column, the version recorded already, an
         // index dropped already
-        exists_errors: &["1061", "1060", "1062", "1091"],
+        exists_errors: &[1061, 1060, 1062, 1091],
+        error_code,
         ping: "SELECT 1",
         // the unique key's last entry
         insert_mark: format!("SELECT COALESCE(MAX(seq), 0) FROM {o}"),
@@ -124,6 +125,17 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_events_sep: ", ",
         insert_events_suffix: "",
         insert_rows_max: usize::MAX,
+    }
+}
+
+/// MySQL's error number of a database error.
+fn error_code(e: &Error) -> Option<i64> {
+    match e {
+        Error::Database { source, .. } => match source.downcast_ref::<mysql::Error>()? {
+            mysql::Error::MySqlError(m) => Some(i64::from(m.code)),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -337,3 +349,30 @@ impl SqlStore<MySqlDialect> {
 }
 
 sql::transaction_impls!(mysql::Transaction<'_>, MySqlDialect);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mysql_error(code: u16, message: &str) -> Error {
+        let e = mysql::Error::MySqlError(mysql::MySqlError {
+            state: "HY000".into(),
+            message: message.into(),
+            code,
+        });
+        Error::database(DatabaseErrorKind::Other, e)
+    }
+
+    /// "Already there" is the error's number, not a number in its text (a
+    /// table prefix such as `t1062_` would otherwise pass any error over).
+    #[test]
+    fn migration_errors_are_told_by_their_number() {
+        let exists = &catalog(&Tables::new("t1062_").unwrap()).exists_errors;
+        let dup = mysql_error(1061, "Duplicate key name 't1062_outbox_key_seq_idx'");
+        assert!(error_code(&dup).is_some_and(|c| exists.contains(&c)));
+        let missing = mysql_error(1146, "Table 'test.t1062_outbox_events' doesn't exist");
+        assert_eq!(error_code(&missing), Some(1146));
+        assert!(!exists.contains(&1146));
+        assert_eq!(error_code(&Error::InvalidInput("1062".into())), None);
+    }
+}

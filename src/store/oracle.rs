@@ -54,16 +54,8 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         // name used, index exists, column exists, column allows NULL already,
         // no primary key to drop, one primary key only, the version recorded
         // already, no index to drop
-        exists_errors: &[
-            "ORA-00955",
-            "ORA-01408",
-            "ORA-01430",
-            "ORA-01451",
-            "ORA-02441",
-            "ORA-02260",
-            "ORA-00001",
-            "ORA-01418",
-        ],
+        exists_errors: &[955, 1408, 1430, 1451, 2441, 2260, 1, 1418],
+        error_code,
         ping: "SELECT 1 FROM DUAL",
         insert_mark: format!("SELECT COALESCE(MAX(seq), 0) FROM {o}"),
         max_ids: 1000,
@@ -127,6 +119,17 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_events_suffix: " SELECT 1 FROM dual",
         // INSERT ALL takes the identity's next number once per statement
         insert_rows_max: 1,
+    }
+}
+
+/// Oracle's ORA number of a database error.
+fn error_code(e: &Error) -> Option<i64> {
+    match e {
+        Error::Database { source, .. } => source
+            .downcast_ref::<oracle::Error>()?
+            .db_error()
+            .map(|d| i64::from(d.code())),
+        _ => None,
     }
 }
 

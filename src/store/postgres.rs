@@ -101,6 +101,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         transactional_ddl: true,
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
         exists_errors: &[],
+        error_code: |_| None,
         ping: "SELECT 1",
         // the sequence's last number: every row inserted so far has it or less
         insert_mark: format!(

@@ -48,6 +48,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         transactional_ddl: true,
         migrate_lock: None,
         exists_errors: &[],
+        error_code: |_| None,
         ping: "SELECT 1",
         // the counter the insert trigger advances
         insert_mark: format!("SELECT n FROM {}outbox_seq", t.prefix),

@@ -262,7 +262,7 @@ impl Fixture {
 
     /// Runs `body` in a business transaction of this backend, as an application
     /// would, and commits it when `commit` says so about the result (else rolls back).
-    fn in_tx<R>(
+    pub fn in_tx<R>(
         &self,
         body: impl FnOnce(&mut dyn txbox::Transaction) -> R,
         commit: impl FnOnce(&R) -> bool,

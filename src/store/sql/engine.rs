@@ -132,6 +132,17 @@ impl<D: Dialect> Store for SqlStore<D> {
             "SELECT COALESCE(MAX(version), 0) FROM {}",
             self.tables.schema_version
         );
+        // a current schema: one read, no lock and no DDL, so a migrate at
+        // start-up never waits behind an open transaction that wrote the
+        // outbox, nor makes the writers queue behind its own wait (the
+        // baseline's CREATE INDEX IF NOT EXISTS locks the table before it
+        // looks). No version table yet: an upgrade from 0.1, or a new schema.
+        let latest = upgrades.len() as i64 + 1;
+        if let Ok(rows) = run_query(&mut *conn, d, &version_query, &[], &[]) {
+            if rows.first().map_or(0, |r| r.int(0)) >= latest {
+                return Ok(());
+            }
+        }
         // Runs a file's statements. An error that says its change is there
         // already is passed over: the baseline is idempotent that way where the
         // dialect has no IF NOT EXISTS, and where DDL is not transactional an
@@ -142,9 +153,8 @@ impl<D: Dialect> Store for SqlStore<D> {
                 match c.batch(&stmt) {
                     Ok(()) => {}
                     Err(e)
-                        if d.exists_errors
-                            .iter()
-                            .any(|code| e.to_string().contains(code)) => {}
+                        if (d.error_code)(&e)
+                            .is_some_and(|code| d.exists_errors.contains(&code)) => {}
                     Err(e) => return Err(e),
                 }
             }

@@ -408,10 +408,14 @@ pub struct Catalog {
     /// Serializes concurrent migrations (PostgreSQL's advisory lock), run in the
     /// migration's transaction.
     pub migrate_lock: Option<&'static str>,
-    /// DDL errors meaning "already there" (a table, index, column or key that
-    /// exists, a key already dropped, a version already recorded), passed over
-    /// where the dialect has no IF NOT EXISTS or no transactional DDL.
-    pub exists_errors: &'static [&'static str],
+    /// The codes of the DDL errors meaning "already there" (a table, index,
+    /// column or key that exists, a key already dropped, a version already
+    /// recorded), passed over where the dialect has no IF NOT EXISTS or no
+    /// transactional DDL: MySQL's error numbers, Oracle's ORA numbers.
+    pub exists_errors: &'static [i64],
+    /// The database's own code of an error (MySQL's error number, Oracle's
+    /// ORA number), read from the driver's error, never from its text.
+    pub error_code: fn(&Error) -> Option<i64>,
     /// A statement that touches no table, for [`crate::Store::ping`].
     pub ping: &'static str,
     /// -> a number at least as high as every outbox `seq` given so far
