@@ -318,6 +318,10 @@ fn bad_config_values_name_their_key_path() {
             "maintenance.cleanup_interval must be more than 0 and at most 30d, not 0ns",
         ),
         (
+            "[maintenance]\nmigrate_lock_timeout = \"0s\"",
+            "maintenance.migrate_lock_timeout must be more than 0 and at most 30d, not 0ns",
+        ),
+        (
             "table_prefix = \"no way\"",
             "invalid table prefix \"no way\"",
         ),

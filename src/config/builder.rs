@@ -109,6 +109,12 @@ impl ConfigBuilder {
         self.dlq.resolved_ttl = d;
         self
     }
+    /// The longest a schema upgrade waits for a table's lock (default 10s;
+    /// [`MaintenanceSettings::migrate_lock_timeout`](crate::MaintenanceSettings::migrate_lock_timeout)).
+    pub fn migrate_lock_timeout(mut self, d: Duration) -> Self {
+        self.maintenance.migrate_lock_timeout = d;
+        self
+    }
     /// How often expired claims are recovered.
     pub fn recovery_interval(mut self, d: Duration) -> Self {
         self.maintenance.recovery_interval = d;

@@ -80,6 +80,11 @@ impl Config {
             MAX_INTERVAL,
         )?;
         within_or_zero("maintenance.processed_ttl", m.processed_ttl, MAX_TTL)?;
+        within(
+            "maintenance.migrate_lock_timeout",
+            m.migrate_lock_timeout,
+            MAX_INTERVAL,
+        )?;
         if !(1..=100_000).contains(&m.batch_size) {
             return Err(Error::config(
                 "maintenance.batch_size",

@@ -526,6 +526,13 @@ pub struct MaintenanceSettings {
     pub processed_ttl: Duration,
     /// Rows one maintenance statement touches at most (default 1000).
     pub batch_size: usize,
+    /// The longest an upgrade of the schema ([`Store::migrate`](crate::Store::migrate))
+    /// waits for a lock on a table before it gives up with an error (default
+    /// 10s): an open transaction that wrote the outbox would otherwise hold
+    /// it, and every writer would queue behind its wait. A current schema
+    /// takes no lock at all.
+    #[serde(with = "duration")]
+    pub migrate_lock_timeout: Duration,
 }
 
 impl Default for MaintenanceSettings {
@@ -535,6 +542,7 @@ impl Default for MaintenanceSettings {
             cleanup_interval: Duration::from_secs(300),
             processed_ttl: Duration::from_secs(86_400),
             batch_size: 1000,
+            migrate_lock_timeout: Duration::from_secs(10),
         }
     }
 }

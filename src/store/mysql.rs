@@ -45,6 +45,11 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: false,
         migrate_lock: None,
+        // metadata locks, which DDL waits for behind open transactions
+        lock_timeout: Some((
+            |d| format!("SET SESSION lock_wait_timeout = {}", d.as_secs().max(1)),
+            Some("SET SESSION lock_wait_timeout = DEFAULT"),
+        )),
         // duplicate index, duplicate column, the version recorded already, an
         // index dropped already
         exists_errors: &[1061, 1060, 1062, 1091],
@@ -143,7 +148,7 @@ fn err(e: mysql::Error) -> Error {
     match &e {
         // deadlock, lock wait timeout
         mysql::Error::MySqlError(m) if m.code == 1213 || m.code == 1205 => {
-            Error::database(DatabaseErrorKind::Retryable, m.to_string())
+            Error::database(DatabaseErrorKind::Retryable, e)
         }
         _ => Error::database(DatabaseErrorKind::Other, e),
     }

@@ -13,6 +13,8 @@ pub struct SqlStore<D: Dialect> {
     pub(crate) pool: D,
     pub(crate) tables: Tables,
     pub(crate) d: std::sync::Arc<Catalog>,
+    /// How long a schema upgrade waits for a lock.
+    pub(crate) migrate_lock_timeout: Duration,
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -20,7 +22,12 @@ impl<D: Dialect> SqlStore<D> {
     pub(crate) fn with_pool(pool: D, config: &crate::Config) -> Result<Self> {
         let tables = Tables::new(config.table_prefix())?;
         let d = D::cached(&tables);
-        Ok(SqlStore { pool, tables, d })
+        Ok(SqlStore {
+            pool,
+            tables,
+            d,
+            migrate_lock_timeout: config.maintenance.migrate_lock_timeout,
+        })
     }
 
     /// The names of the store's tables.
@@ -163,11 +170,30 @@ impl<D: Dialect> Store for SqlStore<D> {
         // the baseline, then each version not yet recorded (each file records
         // itself); in one transaction where DDL is transactional (PostgreSQL,
         // SQLite), whose lock makes one migrator at a time
+        let timeout = self.migrate_lock_timeout;
+        // a lock wait that timed out (or a deadlock with a writer), said plainly
+        let gave_up = |what: &str, e: Error| {
+            if !e.is_retryable() {
+                return e;
+            }
+            Error::database(
+                crate::DatabaseErrorKind::Retryable,
+                format!(
+                    "migrate: {what} of prefix {:?} gave up waiting for a lock on its tables \
+                     within {timeout:?} (maintenance.migrate_lock_timeout): an open transaction \
+                     holds them; migrate again once it ended ({e})",
+                    self.tables.prefix
+                ),
+            )
+        };
         let upgrade = |c: &mut dyn Conn| -> Result<()> {
             if let Some(lock) = d.migrate_lock {
                 c.batch(lock)?;
             }
-            run(c, baseline)?;
+            if let Some((set, _)) = &d.lock_timeout {
+                c.batch(&set(timeout))?;
+            }
+            run(c, baseline).map_err(|e| gave_up("the baseline", e))?;
             let at = run_query(c, d, &version_query, &[], &[])?
                 .first()
                 .map_or(0, |r| r.int(0));
@@ -175,8 +201,10 @@ impl<D: Dialect> Store for SqlStore<D> {
                 if version <= at {
                     continue;
                 }
-                run(c, file).inspect_err(|e| {
-                    log::error!("txbox: applying schema version {version}: {e}")
+                run(c, file).map_err(|e| {
+                    let e = gave_up(&format!("schema version {version}"), e);
+                    log::error!("txbox: applying schema version {version}: {e}");
+                    e
                 })?;
                 log::info!(
                     "txbox: schema of prefix {:?} upgraded to version {version}",
@@ -185,11 +213,18 @@ impl<D: Dialect> Store for SqlStore<D> {
             }
             Ok(())
         };
-        if d.transactional_ddl {
+        let done = if d.transactional_ddl {
             transaction(&mut *conn, d, upgrade)
         } else {
             upgrade(&mut *conn)
+        };
+        // a session's setting goes back before the connection returns to the pool
+        if let Some((_, Some(reset))) = &d.lock_timeout {
+            if let Err(e) = conn.batch(reset) {
+                log::warn!("txbox: migrate: resetting the lock timeout: {e}");
+            }
         }
+        done
     }
 
     fn ping(&self) -> Result<()> {

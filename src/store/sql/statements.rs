@@ -408,6 +408,11 @@ pub struct Catalog {
     /// Serializes concurrent migrations (PostgreSQL's advisory lock), run in the
     /// migration's transaction.
     pub migrate_lock: Option<&'static str>,
+    /// How an upgrade bounds its waits for locks: the statement that sets the
+    /// timeout (run first), and the one that resets a session's setting
+    /// afterwards (`None`: it ends with the transaction). `None`: the
+    /// connection's own timeout applies (SQLite's busy timeout).
+    pub lock_timeout: Option<(fn(Duration) -> String, Option<&'static str>)>,
     /// The codes of the DDL errors meaning "already there" (a table, index,
     /// column or key that exists, a key already dropped, a version already
     /// recorded), passed over where the dialect has no IF NOT EXISTS or no
