@@ -183,8 +183,8 @@ pub use sender::{MemorySender, SendError, SendErrorKind, Sender, SenderFactory, 
 pub use store::{pg_config, PgConnector, PgDialect, PgPool, PgStore, PgTls};
 pub use store::{
     BlockedKey, ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus,
-    FullStore, HeldBatch, HeldClaim, InboxStore, MaintenanceStore, Notifications, Outcome, Store,
-    Tables, TypeStatus,
+    FullStore, HeldBatch, HeldClaim, InboxStore, MaintenanceStore, Notifications, Outcome,
+    PendingMigration, Store, Tables, TypeStatus,
 };
 #[cfg(any(
     feature = "postgres",

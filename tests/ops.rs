@@ -957,3 +957,61 @@ fn the_cli_and_http_show_which_keys_are_blocked_and_by_what() {
     let (code, out, _) = cli(p, &["--json", "dlq", "blocked", "--type", "order-events"]);
     assert_eq!((code, out.trim()), (0, "[]"));
 }
+
+/// `txbox migrate --dry-run` lists what `migrate` would run, with its SQL, and
+/// changes nothing: on a current schema nothing, with a version missing that
+/// version (after the baseline), on an empty database every file.
+#[test]
+fn migrate_dry_run_lists_what_would_run_and_changes_nothing() {
+    let p = "t_ops_dry_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    assert!(fx.store.pending_migrations().unwrap().is_empty());
+    let (code, out, _) = cli(p, &["migrate", "--dry-run"]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, "the schema is current: nothing to run")
+    );
+    let mut c = common::client().unwrap();
+    c.batch_execute(&format!(
+        "DELETE FROM {p}txbox_schema_version WHERE version = 7"
+    ))
+    .unwrap();
+    let pending = fx.store.pending_migrations().unwrap();
+    let versions: Vec<i64> = pending.iter().map(|m| m.version).collect();
+    assert_eq!(versions, vec![1, 7]);
+    assert!(pending[1]
+        .title
+        .starts_with("txbox schema 7 for PostgreSQL"));
+    assert!(pending[1].sql.contains(&format!("{p}outbox_events_seq")));
+    let (code, out, _) = cli(p, &["migrate", "--dry-run"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("-- version 7: txbox schema 7"), "{out}");
+    assert!(!out.contains("{prefix}"), "the prefix is filled in");
+    // nothing changed
+    assert_eq!(fx.store.pending_migrations().unwrap().len(), 2);
+    let (code, out, _) = cli(p, &["--json", "migrate", "--dry-run"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["pending"][1]["version"], 7);
+    fx.store.migrate().unwrap();
+    assert!(fx.store.pending_migrations().unwrap().is_empty());
+    // a database without the tables: every file
+    let fresh = "t_ops_dry_none_";
+    for t in [
+        "outbox_events",
+        "outbox_dead_letters",
+        "inbox_consumed",
+        "job_locks",
+        "txbox_schema_version",
+        "outbox_quiet_types",
+    ] {
+        c.batch_execute(&format!("DROP TABLE IF EXISTS {fresh}{t}"))
+            .unwrap();
+    }
+    let (code, out, _) = cli(fresh, &["--json", "migrate", "--dry-run"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["pending"].as_array().unwrap().len(), 7);
+}

@@ -3,7 +3,8 @@
 //! ```text
 //! txbox [--database-url URL] [--table-prefix P] [--json] COMMAND
 //!
-//!   migrate                         create the tables (idempotent)
+//!   migrate [--dry-run]             create the tables (idempotent); --dry-run
+//!                                   prints what it would run, with the SQL
 //!   status                          per event type: pending, in process, failed, lag
 //!   dlq list [--type T] [--status DEAD|RETRY|RESOLVED] [--offset N] [--limit N]
 //!   dlq show ID                     one dead letter with payload, headers, last error
@@ -43,7 +44,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Create the tables and apply the schema versions missing (idempotent)
-    Migrate,
+    Migrate {
+        /// Print what would run (each version and its SQL) and change nothing
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Per event type: pending, in process, failed, and the oldest pending's age
     Status,
     /// Dead letters: list, show, move, retry, resolve, delete
@@ -208,7 +213,32 @@ fn run(cli: Cli) -> Result<String, Fail> {
         .connect(&url)?;
     let dlq = Dlq::new(store.clone());
     Ok(match cli.command {
-        Command::Migrate => {
+        Command::Migrate { dry_run: true } => {
+            let pending = store.pending_migrations()?;
+            if as_json {
+                let list: Vec<_> = pending
+                    .iter()
+                    .map(|m| serde_json::json!({"version": m.version, "title": m.title, "sql": m.sql}))
+                    .collect();
+                json(&serde_json::json!({"pending": list}))?
+            } else if pending.is_empty() {
+                "the schema is current: nothing to run".into()
+            } else {
+                pending
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            "-- version {}: {}\n{}",
+                            m.version,
+                            m.title,
+                            m.sql.trim_end()
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n\n")
+            }
+        }
+        Command::Migrate { dry_run: false } => {
             store.migrate()?;
             if as_json {
                 json(&serde_json::json!({"migrated": true}))?

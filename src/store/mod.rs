@@ -207,6 +207,17 @@ pub trait Store: Send + Sync + 'static {
     /// versions not yet applied (idempotent).
     fn migrate(&self) -> Result<()>;
 
+    /// What [`Store::migrate`] would run now, in order, with the SQL (the
+    /// table prefix filled in): nothing on a current schema. For a DBA who
+    /// applies the files by hand, and `txbox migrate --dry-run`. The default:
+    /// not known ([`Error::Unsupported`](crate::Error::Unsupported)).
+    fn pending_migrations(&self) -> Result<Vec<PendingMigration>> {
+        Err(crate::Error::Unsupported {
+            what: "listing pending migrations".into(),
+            why: "this store does not say what its migrate runs".into(),
+        })
+    }
+
     /// Checks that the database answers (the admin endpoint's `/health`).
     fn ping(&self) -> Result<()>;
 
@@ -220,6 +231,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// Releases the lock if `owner` holds it.
     fn unlock(&self, name: &str, owner: Uuid) -> Result<()>;
+}
+
+/// A schema version [`Store::migrate`] would apply ([`Store::pending_migrations`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingMigration {
+    /// The version: 1 for the baseline (`001_schema.sql`, idempotent, run
+    /// before every upgrade), then the number of its file.
+    pub version: i64,
+    /// The file's first line, what it is about.
+    pub title: String,
+    /// Its statements, as `migrate` runs them.
+    pub sql: String,
 }
 
 /// Claiming and finishing batches: what the relay's pollers need.

@@ -30,6 +30,17 @@ impl<D: Dialect> SqlStore<D> {
         })
     }
 
+    /// The last schema version recorded (an error when there is no version
+    /// table yet).
+    fn schema_version(&self, c: &mut dyn Conn) -> Result<i64> {
+        let sql = format!(
+            "SELECT COALESCE(MAX(version), 0) FROM {}",
+            self.tables.schema_version
+        );
+        let rows = run_query(c, &self.d, &sql, &[], &[])?;
+        Ok(rows.first().map_or(0, |r| r.int(0)))
+    }
+
     /// The names of the store's tables.
     pub fn tables(&self) -> &Tables {
         &self.tables
@@ -135,20 +146,14 @@ impl<D: Dialect> Store for SqlStore<D> {
         let Some((baseline, upgrades)) = d.schema.split_first() else {
             return Ok(());
         };
-        let version_query = format!(
-            "SELECT COALESCE(MAX(version), 0) FROM {}",
-            self.tables.schema_version
-        );
         // a current schema: one read, no lock and no DDL, so a migrate at
         // start-up never waits behind an open transaction that wrote the
         // outbox, nor makes the writers queue behind its own wait (the
         // baseline's CREATE INDEX IF NOT EXISTS locks the table before it
         // looks). No version table yet: an upgrade from 0.1, or a new schema.
         let latest = upgrades.len() as i64 + 1;
-        if let Ok(rows) = run_query(&mut *conn, d, &version_query, &[], &[]) {
-            if rows.first().map_or(0, |r| r.int(0)) >= latest {
-                return Ok(());
-            }
+        if self.schema_version(&mut *conn).is_ok_and(|at| at >= latest) {
+            return Ok(());
         }
         // Runs a file's statements. An error that says its change is there
         // already is passed over: the baseline is idempotent that way where the
@@ -194,9 +199,7 @@ impl<D: Dialect> Store for SqlStore<D> {
                 c.batch(&set(timeout))?;
             }
             run(c, baseline).map_err(|e| gave_up("the baseline", e))?;
-            let at = run_query(c, d, &version_query, &[], &[])?
-                .first()
-                .map_or(0, |r| r.int(0));
+            let at = self.schema_version(c)?;
             for (version, file) in (2_i64..).zip(upgrades) {
                 if version <= at {
                     continue;
@@ -225,6 +228,36 @@ impl<D: Dialect> Store for SqlStore<D> {
             }
         }
         done
+    }
+
+    fn pending_migrations(&self) -> Result<Vec<crate::store::PendingMigration>> {
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        // no version table: the baseline creates it
+        let at = self.schema_version(&mut *conn).unwrap_or(0);
+        let latest = d.schema.len() as i64;
+        if at >= latest {
+            return Ok(Vec::new());
+        }
+        Ok((1_i64..)
+            .zip(d.schema)
+            .filter(|(version, _)| *version == 1 || *version > at)
+            .map(|(version, file)| {
+                let sql = self.tables.render(file);
+                let title = sql
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .trim_start_matches('-')
+                    .trim()
+                    .to_string();
+                crate::store::PendingMigration {
+                    version,
+                    title,
+                    sql,
+                }
+            })
+            .collect())
     }
 
     fn ping(&self) -> Result<()> {
