@@ -46,10 +46,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         transactional_ddl: false,
         migrate_lock: None,
         // metadata locks, which DDL waits for behind open transactions
-        lock_timeout: Some((
-            |d| format!("SET SESSION lock_wait_timeout = {}", d.as_secs().max(1)),
-            Some("SET SESSION lock_wait_timeout = DEFAULT"),
-        )),
+        lock_timeout: Some(sql::LockTimeout {
+            set: |d| format!("SET SESSION lock_wait_timeout = {}", d.as_secs().max(1)),
+            reset: Some("SET SESSION lock_wait_timeout = DEFAULT"),
+        }),
         // duplicate index, duplicate column, the version recorded already, an
         // index dropped already
         exists_errors: &[1061, 1060, 1062, 1091],

@@ -51,10 +51,13 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: false,
         migrate_lock: None,
-        lock_timeout: Some((
-            |d| format!("ALTER SESSION SET DDL_LOCK_TIMEOUT = {}", d.as_secs().clamp(1, 1_000_000)),
-            Some("ALTER SESSION SET DDL_LOCK_TIMEOUT = 0"),
-        )),
+        lock_timeout: Some(sql::LockTimeout {
+            set: |d| {
+                let s = d.as_secs().clamp(1, 1_000_000);
+                format!("ALTER SESSION SET DDL_LOCK_TIMEOUT = {s}")
+            },
+            reset: Some("ALTER SESSION SET DDL_LOCK_TIMEOUT = 0"),
+        }),
         // name used, index exists, column exists, column allows NULL already,
         // no primary key to drop, one primary key only, the version recorded
         // already, no index to drop

@@ -100,10 +100,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         ],
         transactional_ddl: true,
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
-        lock_timeout: Some((
-            |d| format!("SET LOCAL lock_timeout = {}", d.as_millis().max(1)),
-            None,
-        )),
+        lock_timeout: Some(sql::LockTimeout {
+            set: |d| format!("SET LOCAL lock_timeout = {}", d.as_millis().max(1)),
+            reset: None,
+        }),
         exists_errors: &[],
         error_code: |_| None,
         ping: "SELECT 1",

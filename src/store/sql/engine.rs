@@ -195,8 +195,8 @@ impl<D: Dialect> Store for SqlStore<D> {
             if let Some(lock) = d.migrate_lock {
                 c.batch(lock)?;
             }
-            if let Some((set, _)) = &d.lock_timeout {
-                c.batch(&set(timeout))?;
+            if let Some(t) = &d.lock_timeout {
+                c.batch(&(t.set)(timeout))?;
             }
             run(c, baseline).map_err(|e| gave_up("the baseline", e))?;
             let at = self.schema_version(c)?;
@@ -222,7 +222,7 @@ impl<D: Dialect> Store for SqlStore<D> {
             upgrade(&mut *conn)
         };
         // a session's setting goes back before the connection returns to the pool
-        if let Some((_, Some(reset))) = &d.lock_timeout {
+        if let Some(reset) = d.lock_timeout.as_ref().and_then(|t| t.reset) {
             if let Err(e) = conn.batch(reset) {
                 log::warn!("txbox: migrate: resetting the lock timeout: {e}");
             }

@@ -391,6 +391,15 @@ pub struct WakeSql {
     pub queue_usage: &'static str,
 }
 
+/// How a dialect bounds a migration's waits for locks.
+pub struct LockTimeout {
+    /// The statement that sets the timeout (run first).
+    pub set: fn(Duration) -> String,
+    /// The one that resets a session's setting afterwards (`None`: the
+    /// setting ends with the transaction).
+    pub reset: Option<&'static str>,
+}
+
 /// Every statement of one dialect, with the table names filled in.
 pub struct Catalog {
     pub style: Style,
@@ -408,11 +417,9 @@ pub struct Catalog {
     /// Serializes concurrent migrations (PostgreSQL's advisory lock), run in the
     /// migration's transaction.
     pub migrate_lock: Option<&'static str>,
-    /// How an upgrade bounds its waits for locks: the statement that sets the
-    /// timeout (run first), and the one that resets a session's setting
-    /// afterwards (`None`: it ends with the transaction). `None`: the
-    /// connection's own timeout applies (SQLite's busy timeout).
-    pub lock_timeout: Option<(fn(Duration) -> String, Option<&'static str>)>,
+    /// How an upgrade bounds its waits for locks; `None`: the connection's
+    /// own timeout applies (SQLite's busy timeout).
+    pub lock_timeout: Option<LockTimeout>,
     /// The codes of the DDL errors meaning "already there" (a table, index,
     /// column or key that exists, a key already dropped, a version already
     /// recorded), passed over where the dialect has no IF NOT EXISTS or no
