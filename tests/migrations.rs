@@ -146,3 +146,181 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
         .get(0);
     assert_eq!(latest, 7);
 }
+
+/// Takes the last upgrade (the database's insert order, `seq`) back off a
+/// migrated schema, as a DBA restoring the schema before it would: the
+/// column, its sequence or counter, its indexes and its version row.
+fn undo_insert_order(fx: &Fixture) {
+    let p = &fx.prefix;
+    let undo = match fx.backend {
+        Backend::Postgres => vec![
+            format!("DROP INDEX IF EXISTS {p}outbox_key_seq_idx"),
+            format!("DROP INDEX IF EXISTS {p}dead_letters_key_seq_idx"),
+            format!("ALTER TABLE {p}outbox_events DROP COLUMN seq"),
+            format!("ALTER TABLE {p}outbox_dead_letters DROP COLUMN seq"),
+            format!("CREATE INDEX {p}outbox_key_idx ON {p}outbox_events (event_type, event_key, id) WHERE event_key IS NOT NULL AND status IN ('PENDING', 'IN_PROCESS', 'FAILED')"),
+            format!("DELETE FROM {p}txbox_schema_version WHERE version = 7"),
+        ],
+        #[cfg(feature = "mysql")]
+        Backend::MySql => vec![
+            format!("DROP INDEX {p}outbox_key_seq_idx ON {p}outbox_events"),
+            format!("DROP INDEX {p}dead_letters_key_seq_idx ON {p}outbox_dead_letters"),
+            format!("ALTER TABLE {p}outbox_events DROP COLUMN seq"),
+            format!("ALTER TABLE {p}outbox_dead_letters DROP COLUMN seq"),
+            format!("DELETE FROM {p}txbox_schema_version WHERE version = 5"),
+        ],
+        #[cfg(feature = "sqlite")]
+        Backend::Sqlite => vec![
+            format!("DROP TRIGGER {p}outbox_events_seq"),
+            format!("DROP TABLE {p}outbox_seq"),
+            format!("DROP INDEX {p}outbox_key_seq_idx"),
+            format!("DROP INDEX {p}dead_letters_key_seq_idx"),
+            format!("ALTER TABLE {p}outbox_events DROP COLUMN seq"),
+            format!("ALTER TABLE {p}outbox_dead_letters DROP COLUMN seq"),
+            format!("DELETE FROM {p}txbox_schema_version WHERE version = 5"),
+        ],
+        #[allow(unreachable_patterns)]
+        _ => return,
+    };
+    for sql in undo {
+        fx.execute(&sql);
+    }
+}
+
+/// Rows of every kind on the schema before the insert order (keyed events
+/// waiting, one in process, one failed, sent ones, inbox ids), then `migrate`:
+/// every row is still there; the waiting events of a key go out in their
+/// order, before one published after the upgrade; the one in process is sent
+/// after its lease; the failed one goes to the dead letters and comes back;
+/// the inbox still knows its ids.
+fn an_upgrade_with_rows_in_every_table_keeps_them_working(b: Backend, p: &str) {
+    use txbox::{ClaimArgs, Outcome};
+    let Some(fx) = Fixture::new(b, p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("k", |e| e.ordering(txbox::EventOrder::Key))
+        .event("u", |e| e)
+        .build()
+        .unwrap();
+    let keyed_of = |key: &'static str, n: usize| {
+        (0..n)
+            .map(|i| txbox::NewEvent::new("k", &i).unwrap().key(key))
+            .collect::<Vec<_>>()
+    };
+    let keyed = |n: usize| keyed_of("order-1", n);
+    let s = &fx.store;
+    let ordered = ClaimArgs {
+        ordered: Some(txbox::OnPoison::Block),
+        ..ClaimArgs::new("k", 100, Duration::from_secs(60))
+    };
+    // a key held back by a dead letter (its first event), from before
+    let poisoned = fx.publish_events(&config, keyed_of("order-2", 2));
+    let token = uuid::Uuid::now_v7();
+    let first = s.claim_after(&ordered, token).unwrap();
+    assert_eq!(first.len(), 1);
+    let error = "poison".to_string();
+    s.finish(token, &[(first[0].id, Outcome::Failed { error })])
+        .unwrap();
+    assert_eq!(s.move_failed_to_dlq(100).unwrap(), 1);
+    undo_insert_order(&fx);
+    let waiting = fx.publish_events(&config, keyed(3));
+    let unordered = fx.publish(&config, "u", 4, true);
+    let lease = Duration::from_millis(50);
+    // of the unordered: one sent, one failed, one in process (its lease runs out)
+    let take = |n: usize| {
+        let token = uuid::Uuid::now_v7();
+        let got = s
+            .claim_after(&ClaimArgs::new("u", n, lease), token)
+            .unwrap();
+        (token, got.iter().map(|e| e.id).collect::<Vec<_>>())
+    };
+    let (t, sent) = take(1);
+    s.finish(t, &[(sent[0], Outcome::Sent)]).unwrap();
+    let (t, failed) = take(1);
+    let error = "refused".to_string();
+    s.finish(t, &[(failed[0], Outcome::Failed { error })])
+        .unwrap();
+    let (_, in_process) = take(1);
+    let consumed = [txbox::EventId::new(), txbox::EventId::new()];
+    assert_eq!(s.inbox_insert("billing", &consumed).unwrap().len(), 2);
+
+    s.migrate().unwrap();
+    assert!(s.pending_migrations().unwrap().is_empty());
+    let counts = |t: &str| fx.counts(t);
+    assert_eq!((counts("k").pending, counts("u").pending), (3 + 1, 1));
+    assert_eq!((counts("u").in_process, counts("u").failed), (1, 1));
+    assert!(
+        s.inbox_insert("billing", &consumed).unwrap().is_empty(),
+        "still consumed"
+    );
+
+    // the key: its three waiting events in order, then one published now
+    let later = fx.publish_events(&config, keyed(1));
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        let token = uuid::Uuid::now_v7();
+        let got: Vec<_> = s
+            .claim_after(&ordered, token)
+            .unwrap()
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(got.len(), 1, "one event of the key at a time: {got:?}");
+        s.finish(token, &[(got[0], Outcome::Sent)]).unwrap();
+        out.extend(got);
+    }
+    assert_eq!(out, [waiting, later].concat());
+    // the dead letter from before still holds its key; retried, it goes first
+    let token = uuid::Uuid::now_v7();
+    assert!(
+        s.claim_after(&ordered, token).unwrap().is_empty(),
+        "held back"
+    );
+    let dlq = txbox::Dlq::new(s.clone());
+    dlq.retry(poisoned[0]).unwrap();
+    assert_eq!(s.requeue_dlq_retries(100).unwrap(), 1);
+    for want in &poisoned {
+        let token = uuid::Uuid::now_v7();
+        let got = s.claim_after(&ordered, token).unwrap();
+        assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![*want]);
+        s.finish(token, &[(*want, Outcome::Sent)]).unwrap();
+    }
+
+    // the one in process comes back after its lease; the failed one goes
+    // through the dead letters and back
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(s.recover_expired(100).unwrap(), 1);
+    assert_eq!(s.move_failed_to_dlq(100).unwrap(), 1);
+    dlq.retry(failed[0]).unwrap();
+    assert_eq!(s.requeue_dlq_retries(100).unwrap(), 1);
+    let token = uuid::Uuid::now_v7();
+    let mut got: Vec<_> = s
+        .claim_after(&ClaimArgs::new("u", 100, lease), token)
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    got.sort();
+    let mut want = vec![unordered[3], in_process[0], failed[0]];
+    want.sort();
+    assert_eq!(got, want, "the rest of the unordered events");
+}
+
+#[test]
+fn postgres_an_upgrade_with_rows_in_every_table_keeps_them_working() {
+    an_upgrade_with_rows_in_every_table_keeps_them_working(Backend::Postgres, "mig_rows_pg_");
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_an_upgrade_with_rows_in_every_table_keeps_them_working() {
+    an_upgrade_with_rows_in_every_table_keeps_them_working(Backend::MySql, "mig_rows_my_");
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_an_upgrade_with_rows_in_every_table_keeps_them_working() {
+    an_upgrade_with_rows_in_every_table_keeps_them_working(Backend::Sqlite, "mig_rows_lite_");
+}

@@ -203,6 +203,29 @@ impl Fixture {
         Some(fx)
     }
 
+    /// Runs one statement of this backend's SQL on a connection of its own.
+    #[allow(dead_code)]
+    pub fn execute(&self, sql: &str) {
+        match self.backend {
+            Backend::Postgres => super::client().unwrap().batch_execute(sql).unwrap(),
+            #[cfg(feature = "mysql")]
+            Backend::MySql => {
+                use mysql::prelude::Queryable;
+                let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
+                pool.get_conn().unwrap().query_drop(sql).unwrap();
+            }
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite => txbox::SqliteStore::connection(&self.sqlite_path)
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap(),
+            #[cfg(feature = "oracle")]
+            Backend::Oracle => {
+                oracle_connection().execute(sql, &[]).unwrap();
+            }
+        }
+    }
+
     /// A fixture on tables that already exist (no drop, no migrate).
     pub fn new_existing(backend: Backend, prefix: &str) -> Fixture {
         let sqlite_path = sqlite_path(prefix);
