@@ -324,3 +324,148 @@ fn mysql_an_upgrade_with_rows_in_every_table_keeps_them_working() {
 fn sqlite_an_upgrade_with_rows_in_every_table_keeps_them_working() {
     an_upgrade_with_rows_in_every_table_keeps_them_working(Backend::Sqlite, "mig_rows_lite_");
 }
+
+/// The MariaDB of `.ci/services.sh` whose server character set is latin1.
+#[cfg(feature = "mysql")]
+const LATIN1_URL: &str = "mysql://root@127.0.0.1:3308/test";
+
+/// A connection to the latin1 server after dropping `prefix`'s tables; `None`
+/// (printed) when it is not running outside CI.
+#[cfg(feature = "mysql")]
+fn latin1_server(prefix: &str) -> Option<mysql::PooledConn> {
+    use mysql::prelude::Queryable;
+    if !common::service_up("MariaDB latin1", "127.0.0.1:3308") {
+        return None;
+    }
+    let mut c = mysql::Pool::new(LATIN1_URL).unwrap().get_conn().unwrap();
+    for t in common::backend::TABLES {
+        c.query_drop(format!("DROP TABLE IF EXISTS {prefix}{t}"))
+            .unwrap();
+    }
+    Some(c)
+}
+
+/// On a server whose default character set is latin1, text in any script
+/// goes in and comes out as it was published: payloads, headers, keys.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_tables_take_any_text_on_a_latin1_server() {
+    let p = "mig_latin1_new_";
+    let Some(_c) = latin1_server(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let store = txbox::MySqlStore::connect(LATIN1_URL, &config).unwrap();
+    txbox::Store::migrate(&store).unwrap();
+    let pool = mysql::Pool::new(LATIN1_URL).unwrap();
+    let mut conn = pool.get_conn().unwrap();
+    let mut tx = conn.start_transaction(mysql::TxOpts::default()).unwrap();
+    let text = "注文 🎉 café";
+    let e = txbox::NewEvent::new("e", &serde_json::json!({ "note": text }))
+        .unwrap()
+        .key("キー-🔑")
+        .header("memo", "日本語 ✓");
+    Outbox::new(&config)
+        .unwrap()
+        .publish_all(&mut tx, [e])
+        .unwrap();
+    tx.commit().unwrap();
+    let got = txbox::ClaimStore::claim(
+        &store,
+        "e",
+        10,
+        Duration::from_secs(60),
+        uuid::Uuid::now_v7(),
+    )
+    .unwrap();
+    assert_eq!(got.len(), 1);
+    let v: serde_json::Value = serde_json::from_slice(&got[0].payload).unwrap();
+    assert_eq!(v["note"], text);
+    assert_eq!(got[0].key.as_deref(), Some("キー-🔑"));
+    assert_eq!(got[0].headers["memo"], "日本語 ✓");
+}
+
+/// Tables an earlier txbox made on a latin1 server (schema 2, latin1 text)
+/// with a key in them: after `migrate` the old event's key and the same key
+/// published now are one key, whose events go out one at a time, in order.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_an_upgraded_latin1_table_keeps_each_key_one_key() {
+    use mysql::prelude::Queryable;
+    let p = "mig_latin1_old_";
+    let Some(mut c) = latin1_server(p) else {
+        return;
+    };
+    // schema 2 as an earlier txbox made it: its tables took the server's
+    // character set
+    let old = |sql: &str| -> Vec<String> {
+        sql.replace("{prefix}", p)
+            .lines()
+            .map(|l| l.split("--").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+            .replace(" DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin", "")
+            .split(';')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    for s in old(include_str!("../sql/mysql/001_schema.sql"))
+        .into_iter()
+        .chain(old(include_str!("../sql/mysql/002_inbox_per_consumer.sql")))
+    {
+        c.query_drop(s).unwrap();
+    }
+    let charset: String = c
+        .query_first(format!(
+            "SELECT CCSA.character_set_name FROM information_schema.TABLES T \
+             JOIN information_schema.COLLATION_CHARACTER_SET_APPLICABILITY CCSA \
+               ON CCSA.collation_name = T.table_collation \
+             WHERE T.table_schema = 'test' AND T.table_name = '{p}outbox_events'"
+        ))
+        .unwrap()
+        .unwrap();
+    assert_eq!(charset, "latin1", "the old table took the server's default");
+    let old_id = txbox::EventId::new();
+    c.exec_drop(
+        format!(
+            "INSERT INTO {p}outbox_events (id, event_type, event_key, headers, payload, next_attempt_at, created_at) \
+             VALUES (?, 'e', 'café', '{{}}', '\"old\"', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
+        ),
+        (old_id.as_uuid().as_bytes().to_vec(),),
+    )
+    .unwrap();
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.ordering(txbox::EventOrder::Key))
+        .build()
+        .unwrap();
+    let store = txbox::MySqlStore::connect(LATIN1_URL, &config).unwrap();
+    txbox::Store::migrate(&store).unwrap();
+    let pool = mysql::Pool::new(LATIN1_URL).unwrap();
+    let mut conn = pool.get_conn().unwrap();
+    let mut tx = conn.start_transaction(mysql::TxOpts::default()).unwrap();
+    let new = txbox::NewEvent::new("e", &"new").unwrap().key("café");
+    let new_id = Outbox::new(&config)
+        .unwrap()
+        .publish_all(&mut tx, [new])
+        .unwrap()[0];
+    tx.commit().unwrap();
+    let args = txbox::ClaimArgs {
+        ordered: Some(txbox::OnPoison::Block),
+        ..txbox::ClaimArgs::new("e", 10, Duration::from_secs(60))
+    };
+    for want in [old_id, new_id] {
+        let token = uuid::Uuid::now_v7();
+        let got = txbox::ClaimStore::claim_after(&store, &args, token).unwrap();
+        let ids: Vec<_> = got.iter().map(|e| e.id).collect();
+        assert_eq!(ids, vec![want], "one key, one event at a time, in order");
+        assert_eq!(got[0].key.as_deref(), Some("café"));
+        txbox::ClaimStore::finish(&store, token, &[(want, txbox::Outcome::Sent)]).unwrap();
+    }
+}

@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS {prefix}outbox_events (
     INDEX {prefix}outbox_events_claim_idx (event_type, status, id),
     INDEX {prefix}outbox_events_lease_idx (status, lease_until),
     INDEX {prefix}outbox_events_processed_idx (status, processed_at)
-) ENGINE = InnoDB;
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS {prefix}outbox_dead_letters (
     id          BINARY(16)   NOT NULL PRIMARY KEY,
@@ -38,20 +38,20 @@ CREATE TABLE IF NOT EXISTS {prefix}outbox_dead_letters (
     updated_at  DATETIME(6)  NOT NULL,
     INDEX {prefix}outbox_dead_letters_list_idx (moved_at, id),
     INDEX {prefix}outbox_dead_letters_status_idx (status, updated_at)
-) ENGINE = InnoDB;
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS {prefix}inbox_consumed (
     event_id    BINARY(16)  NOT NULL PRIMARY KEY,
     consumed_at DATETIME(6) NOT NULL,
     INDEX {prefix}inbox_consumed_at_idx (consumed_at)
-) ENGINE = InnoDB;
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS {prefix}job_locks (
     name         VARCHAR(128) NOT NULL PRIMARY KEY,
     owner        BINARY(16)   NOT NULL,
     locked_at    DATETIME(6)  NOT NULL,
     locked_until DATETIME(6)  NOT NULL
-) ENGINE = InnoDB;
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 -- Schema versions applied after this file: each later file (002_...sql on) records
 -- its number here as its last statement, and `migrate` applies a file only when its
@@ -59,4 +59,4 @@ CREATE TABLE IF NOT EXISTS {prefix}job_locks (
 CREATE TABLE IF NOT EXISTS {prefix}txbox_schema_version (
     version    INT         NOT NULL PRIMARY KEY,
     applied_at DATETIME(6) NOT NULL
-) ENGINE = InnoDB;
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

@@ -18,14 +18,33 @@
 -- The key indexes of schema 3 stay until a later schema drops them: relays of
 -- the earlier version name them in their claims while a rolling upgrade runs.
 --
+-- The same rebuild makes the tables utf8mb4 with a binary collation, whatever
+-- the server's default when they were made (upstream MariaDB's was latin1
+-- through 11.5: a payload in another script was refused or stored as `?`),
+-- and text compared byte for byte (an event type `Order` is not `order`). A
+-- key that schema 3 turned into the bytes of its latin1 text (not UTF-8)
+-- becomes the UTF-8 of that text first, so it stays one key with the same
+-- key published since.
+--
 -- `migrate` applies this file once, after 004 (a column or index that is
--- there already is passed over). The first change rebuilds the outbox table,
+-- there already is passed over). The outbox's change rebuilds the table,
 -- which takes no writes meanwhile. By hand: replace `{prefix}` and run it
 -- once, after 004.
+UPDATE {prefix}outbox_events SET event_key = CONVERT(CONVERT(event_key USING latin1) USING utf8mb4)
+    WHERE event_key IS NOT NULL AND HEX(event_key) NOT REGEXP '^([0-7][0-9A-F]|(C[2-9A-F]|D[0-9A-F])[89AB][0-9A-F]|E[0-9A-F]([89AB][0-9A-F]){2}|F[0-4]([89AB][0-9A-F]){3})*$';
+UPDATE {prefix}outbox_dead_letters SET event_key = CONVERT(CONVERT(event_key USING latin1) USING utf8mb4)
+    WHERE event_key IS NOT NULL AND HEX(event_key) NOT REGEXP '^([0-7][0-9A-F]|(C[2-9A-F]|D[0-9A-F])[89AB][0-9A-F]|E[0-9A-F]([89AB][0-9A-F]){2}|F[0-4]([89AB][0-9A-F]){3})*$';
 ALTER TABLE {prefix}outbox_events
     ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT,
-    ADD KEY {prefix}outbox_seq_idx (seq);
-ALTER TABLE {prefix}outbox_dead_letters ADD COLUMN seq BIGINT NULL DEFAULT -9000000000000000000;
+    ADD KEY {prefix}outbox_seq_idx (seq),
+    CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+ALTER TABLE {prefix}outbox_dead_letters
+    ADD COLUMN seq BIGINT NULL DEFAULT -9000000000000000000,
+    CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+ALTER TABLE {prefix}job_locks CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_bin;
+-- their text columns are utf8mb4 already (or none): new columns follow
+ALTER TABLE {prefix}inbox_consumed DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+ALTER TABLE {prefix}txbox_schema_version DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 UPDATE {prefix}outbox_dead_letters d
     JOIN (SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS n FROM {prefix}outbox_dead_letters
           WHERE seq = -9000000000000000000) r
