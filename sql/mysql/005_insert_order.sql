@@ -30,10 +30,19 @@
 -- there already is passed over). The outbox's change rebuilds the table,
 -- which takes no writes meanwhile. By hand: replace `{prefix}` and run it
 -- once, after 004.
-UPDATE {prefix}outbox_events SET event_key = CONVERT(CONVERT(event_key USING latin1) USING utf8mb4)
-    WHERE event_key IS NOT NULL AND HEX(event_key) NOT REGEXP '^([0-7][0-9A-F]|(C[2-9A-F]|D[0-9A-F])[89AB][0-9A-F]|E[0-9A-F]([89AB][0-9A-F]){2}|F[0-4]([89AB][0-9A-F]){3})*$';
-UPDATE {prefix}outbox_dead_letters SET event_key = CONVERT(CONVERT(event_key USING latin1) USING utf8mb4)
-    WHERE event_key IS NOT NULL AND HEX(event_key) NOT REGEXP '^([0-7][0-9A-F]|(C[2-9A-F]|D[0-9A-F])[89AB][0-9A-F]|E[0-9A-F]([89AB][0-9A-F]){2}|F[0-4]([89AB][0-9A-F]){3})*$';
+-- (only where the outbox was latin1: elsewhere no key needs it, and the scan
+-- would hold every row it reads)
+SET @latin1 = (SELECT COUNT(*) > 0 FROM information_schema.TABLES
+    WHERE table_schema = DATABASE() AND table_name = '{prefix}outbox_events'
+      AND table_collation LIKE 'latin1%');
+SET @s = IF(@latin1, 'UPDATE {prefix}outbox_events SET event_key = CONVERT(CONVERT(event_key USING latin1) USING utf8mb4) WHERE event_key IS NOT NULL AND HEX(event_key) NOT REGEXP ''^([0-7][0-9A-F]|(C[2-9A-F]|D[0-9A-F])[89AB][0-9A-F]|E[0-9A-F]([89AB][0-9A-F]){2}|F[0-4]([89AB][0-9A-F]){3})*$''', 'DO 0');
+PREPARE txbox_fix FROM @s;
+EXECUTE txbox_fix;
+DEALLOCATE PREPARE txbox_fix;
+SET @s = IF(@latin1, 'UPDATE {prefix}outbox_dead_letters SET event_key = CONVERT(CONVERT(event_key USING latin1) USING utf8mb4) WHERE event_key IS NOT NULL AND HEX(event_key) NOT REGEXP ''^([0-7][0-9A-F]|(C[2-9A-F]|D[0-9A-F])[89AB][0-9A-F]|E[0-9A-F]([89AB][0-9A-F]){2}|F[0-4]([89AB][0-9A-F]){3})*$''', 'DO 0');
+PREPARE txbox_fix FROM @s;
+EXECUTE txbox_fix;
+DEALLOCATE PREPARE txbox_fix;
 ALTER TABLE {prefix}outbox_events
     ADD COLUMN seq BIGINT NOT NULL AUTO_INCREMENT,
     ADD KEY {prefix}outbox_seq_idx (seq),
@@ -45,11 +54,14 @@ ALTER TABLE {prefix}job_locks CONVERT TO CHARACTER SET utf8mb4 COLLATE utf8mb4_b
 -- their text columns are utf8mb4 already (or none): new columns follow
 ALTER TABLE {prefix}inbox_consumed DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 ALTER TABLE {prefix}txbox_schema_version DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+-- numbered after any a resumed run numbered before
+SET @base = (SELECT COALESCE(MAX(seq), -9000000000000000000) FROM {prefix}outbox_dead_letters
+    WHERE seq < -8000000000000000000);
 UPDATE {prefix}outbox_dead_letters d
     JOIN (SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS n FROM {prefix}outbox_dead_letters
           WHERE seq = -9000000000000000000) r
     ON d.id = r.id
-    SET d.seq = -9000000000000000000 + r.n;
+    SET d.seq = @base + r.n;
 -- the key indexes of schema 3, by insert order instead of id
 CREATE INDEX {prefix}outbox_key_seq_idx
     ON {prefix}outbox_events (event_type, event_key, status, seq);

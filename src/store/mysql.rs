@@ -45,10 +45,16 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: false,
         migrate_lock: None,
-        // metadata locks, which DDL waits for behind open transactions
+        // metadata locks, which DDL waits for behind open transactions, and
+        // row locks, which an upgrade's UPDATE waits for
         lock_timeout: Some(sql::LockTimeout {
-            set: |d| format!("SET SESSION lock_wait_timeout = {}", d.as_secs().max(1)),
-            reset: Some("SET SESSION lock_wait_timeout = DEFAULT"),
+            set: |d| {
+                let s = d.as_secs().max(1);
+                format!("SET SESSION lock_wait_timeout = {s}, innodb_lock_wait_timeout = {s}")
+            },
+            reset: Some(
+                "SET SESSION lock_wait_timeout = DEFAULT, innodb_lock_wait_timeout = DEFAULT",
+            ),
         }),
         // duplicate index, duplicate column, the version recorded already, an
         // index dropped already

@@ -143,7 +143,9 @@ fn error_code(e: &Error) -> Option<i64> {
 fn err(e: oracle::Error) -> Error {
     match e.db_error().map(|d| d.code()) {
         Some(1) => Error::database(DatabaseErrorKind::UniqueViolation, e),
-        Some(60) => Error::database(DatabaseErrorKind::Retryable, e),
+        // a deadlock; a lock not had within DDL_LOCK_TIMEOUT (or NOWAIT), an
+        // object's lock not had in time
+        Some(60 | 54 | 4021) => Error::database(DatabaseErrorKind::Retryable, e),
         _ => Error::database(DatabaseErrorKind::Other, e),
     }
 }
