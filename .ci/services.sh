@@ -125,24 +125,8 @@ ensure_mariadb() {
 # default through 11.5), on 3308: the tests of tables that must be utf8mb4
 # whatever the server's default.
 ensure_mariadb_latin1() {
-    if (exec 3<>/dev/tcp/127.0.0.1/3308) 2>/dev/null; then
-        log "MariaDB latin1 is up"
-        return
-    fi
-    local data=/var/lib/txbox-mariadb-latin1
-    if [ ! -d "$data/mysql" ]; then
-        log "MariaDB: a latin1 server on 3308"
-        mkdir -p "$data" && chown mysql:mysql "$data"
-        mariadb-install-db --no-defaults --datadir="$data" --user=mysql >/dev/null
-    fi
-    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
-    start-stop-daemon --start --oknodo --background --pidfile /run/mysqld/latin1.pid \
-        --exec /usr/sbin/mariadbd -- --no-defaults \
-        --user=mysql --datadir="$data" --port=3308 --bind-address=127.0.0.1 \
-        --socket=/run/mysqld/latin1.sock --pid-file=/run/mysqld/latin1.pid --skip-ssl \
-        --skip-grant-tables --character-set-server=latin1 --collation-server=latin1_swedish_ci \
-        --log-error=/tmp/txbox-mariadb-latin1.log
-    wait_for "MariaDB latin1 on 3308" 60 bash -c '(exec 3<>/dev/tcp/127.0.0.1/3308)'
+    mariadb_instance latin1 3308 --skip-ssl \
+        --character-set-server=latin1 --collation-server=latin1_swedish_ci
     wait_for "MariaDB latin1 answers" 30 mysql -h 127.0.0.1 -P 3308 -u root -e 'CREATE DATABASE IF NOT EXISTS test'
 }
 

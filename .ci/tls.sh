@@ -116,23 +116,9 @@ mariadb() {
 
 # a MariaDB without TLS on 3307 (its own data, no grant tables: loopback only,
 # for "ssl_mode=REQUIRED fails against it")
+# a server without TLS on 3307
 mariadb_plain() {
-    if (exec 3<>/dev/tcp/127.0.0.1/3307) 2>/dev/null; then
-        return
-    fi
-    local data=/var/lib/txbox-mariadb-plain
-    if [ ! -d "$data/mysql" ]; then
-        log "MariaDB: a server without TLS on 3307"
-        mkdir -p "$data" && chown mysql:mysql "$data"
-        mariadb-install-db --no-defaults --datadir="$data" --user=mysql >/dev/null
-    fi
-    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
-    start-stop-daemon --start --oknodo --background --pidfile /run/mysqld/plain.pid \
-        --exec /usr/sbin/mariadbd -- --no-defaults \
-        --user=mysql --datadir="$data" --port=3307 --bind-address=127.0.0.1 \
-        --socket=/run/mysqld/plain.sock --pid-file=/run/mysqld/plain.pid --skip-ssl \
-        --skip-grant-tables --log-error=/tmp/txbox-mariadb-plain.log
-    wait_for "MariaDB without TLS on 3307" 60 bash -c '(exec 3<>/dev/tcp/127.0.0.1/3307)'
+    mariadb_instance plain 3307 --skip-ssl
 }
 
 rabbitmq() {

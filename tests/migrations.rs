@@ -9,6 +9,30 @@ use std::time::{Duration, Instant};
 use common::backend::{Backend, Fixture};
 use txbox::{Config, Outbox};
 
+/// Runs `during` while another connection holds a transaction that
+/// published an event of type `e` (at most 20 s), and commits it after.
+fn while_a_publish_is_open<R>(fx: &Fixture, outbox: &Outbox, during: impl FnOnce() -> R) -> R {
+    let (opened_tx, opened) = channel();
+    let (release_tx, release) = channel::<()>();
+    std::thread::scope(|s| {
+        let holder = s.spawn(move || {
+            fx.in_tx(
+                |tx| {
+                    outbox.publish(tx, "e", &1).unwrap();
+                    opened_tx.send(()).unwrap();
+                    let _ = release.recv_timeout(Duration::from_secs(20));
+                },
+                |_| true,
+            )
+        });
+        opened.recv().unwrap();
+        let r = during();
+        release_tx.send(()).unwrap();
+        holder.join().unwrap();
+        r
+    })
+}
+
 /// `migrate` on a current schema while another connection holds a
 /// transaction that published (a slow business transaction when a new
 /// instance starts in a rolling deploy): it returns at once, and a third
@@ -28,33 +52,18 @@ fn migrate_on_a_current_schema_waits_for_no_transaction(b: Backend, p: &str) {
     let one_writer = b == Backend::Sqlite;
     #[cfg(not(feature = "sqlite"))]
     let one_writer = false;
-    let (opened_tx, opened) = channel();
-    let (release_tx, release) = channel::<()>();
-    std::thread::scope(|s| {
-        let (fx_ref, outbox) = (&fx, &outbox);
-        let holder = s.spawn(move || {
-            fx_ref.in_tx(
-                |tx| {
-                    outbox.publish(tx, "e", &1).unwrap();
-                    opened_tx.send(()).unwrap();
-                    // held open until told, or at most 10 s
-                    let _ = release.recv_timeout(Duration::from_secs(10));
-                },
-                |_| true,
-            )
-        });
-        opened.recv().unwrap();
+    while_a_publish_is_open(&fx, &outbox, || {
         let other = fx.another_store();
         let started = Instant::now();
-        let migrating = s.spawn(move || other.migrate().map(|()| started.elapsed()));
-        let publish_took = (!one_writer).then(|| {
-            let t = Instant::now();
-            fx.publish(&config, "e", 1, true);
-            t.elapsed()
+        let (migrate_took, publish_took) = std::thread::scope(|s| {
+            let migrating = s.spawn(move || other.migrate().map(|()| started.elapsed()));
+            let publish_took = (!one_writer).then(|| {
+                let t = Instant::now();
+                fx.publish(&config, "e", 1, true);
+                t.elapsed()
+            });
+            (migrating.join().unwrap().unwrap(), publish_took)
         });
-        let migrate_took = migrating.join().unwrap().unwrap();
-        release_tx.send(()).unwrap();
-        holder.join().unwrap();
         assert!(
             migrate_took < Duration::from_secs(1),
             "{b:?}: migrate on a current schema took {migrate_took:?} behind an open transaction"
@@ -109,26 +118,10 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
     .unwrap();
     let store = txbox::PgStore::connect(&common::pg_url(), &config).unwrap();
     let outbox = Outbox::new(&config).unwrap();
-    let (opened_tx, opened) = channel();
-    let (release_tx, release) = channel::<()>();
-    std::thread::scope(|s| {
-        let (fx, outbox) = (&fx, &outbox);
-        let holder = s.spawn(move || {
-            fx.in_tx(
-                |tx| {
-                    outbox.publish(tx, "e", &1).unwrap();
-                    opened_tx.send(()).unwrap();
-                    let _ = release.recv_timeout(Duration::from_secs(20));
-                },
-                |_| true,
-            )
-        });
-        opened.recv().unwrap();
+    while_a_publish_is_open(&fx, &outbox, || {
         let started = Instant::now();
         let err = txbox::Store::migrate(&store).unwrap_err();
         let took = started.elapsed();
-        release_tx.send(()).unwrap();
-        holder.join().unwrap();
         assert!(took < Duration::from_secs(3), "gave up after {took:?}");
         let text = err.to_string();
         assert!(
