@@ -462,3 +462,103 @@ fn mysql_an_upgraded_latin1_table_keeps_each_key_one_key() {
         txbox::ClaimStore::finish(&store, token, &[(want, txbox::Outcome::Sent)]).unwrap();
     }
 }
+
+/// The child of [`two_processes_migrating_at_once`]: migrates the tables of
+/// `TXBOX_MIGRATE_PREFIX` on `TXBOX_MIGRATE_BACKEND` once it is told to go.
+#[test]
+#[ignore = "the migrating child process of the concurrent migration tests"]
+fn migrate_child_process() {
+    let (Ok(prefix), Ok(backend)) = (
+        std::env::var("TXBOX_MIGRATE_PREFIX"),
+        std::env::var("TXBOX_MIGRATE_BACKEND"),
+    ) else {
+        return; // only as a child process
+    };
+    let backend = match backend.as_str() {
+        #[cfg(feature = "mysql")]
+        "mysql" => Backend::MySql,
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Backend::Sqlite,
+        _ => Backend::Postgres,
+    };
+    let fx = Fixture::new_existing(backend, &prefix);
+    // both children start their migration at the same moment
+    let go: u128 = std::env::var("TXBOX_MIGRATE_AT").unwrap().parse().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    std::thread::sleep(Duration::from_millis(go.saturating_sub(now) as u64));
+    fx.store.migrate().unwrap();
+}
+
+/// Two processes migrate one database from nothing at the same moment: both
+/// succeed, each version is recorded once, and the schema works.
+fn two_processes_migrating_at_once(b: Backend, name: &str, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else {
+        return;
+    };
+    for t in common::backend::TABLES
+        .iter()
+        .chain(&["outbox_quiet_types", "outbox_seq"])
+    {
+        fx.execute(&format!("DROP TABLE IF EXISTS {p}{t}"));
+    }
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 1500;
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "migrate_child_process", "--ignored", "--quiet"])
+                .env("TXBOX_MIGRATE_PREFIX", p)
+                .env("TXBOX_MIGRATE_BACKEND", name)
+                .env("TXBOX_MIGRATE_AT", at.to_string())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut c in children {
+        assert!(
+            c.wait().unwrap().success(),
+            "{name}: a migrating process failed"
+        );
+    }
+    let pending = fx.store.pending_migrations().unwrap();
+    assert!(pending.is_empty(), "{name}: still to run: {pending:?}");
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.ordering(txbox::EventOrder::Key))
+        .build()
+        .unwrap();
+    let ids = fx.publish_events(
+        &config,
+        vec![txbox::NewEvent::new("e", &1).unwrap().key("k")],
+    );
+    let args = txbox::ClaimArgs {
+        ordered: Some(txbox::OnPoison::Block),
+        ..txbox::ClaimArgs::new("e", 10, Duration::from_secs(60))
+    };
+    let got = fx.store.claim_after(&args, uuid::Uuid::now_v7()).unwrap();
+    assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
+}
+
+#[test]
+fn postgres_two_processes_migrating_at_once() {
+    two_processes_migrating_at_once(Backend::Postgres, "postgres", "mig_two_pg_");
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_two_processes_migrating_at_once() {
+    two_processes_migrating_at_once(Backend::MySql, "mysql", "mig_two_my_");
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn sqlite_two_processes_migrating_at_once() {
+    two_processes_migrating_at_once(Backend::Sqlite, "sqlite", "mig_two_lite_");
+}

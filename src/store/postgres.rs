@@ -100,6 +100,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         ],
         transactional_ddl: true,
         migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
+        migrate_session_lock: None,
         lock_timeout: Some(sql::LockTimeout {
             set: |d| format!("SET LOCAL lock_timeout = {}", d.as_millis().max(1)),
             reset: None,

@@ -192,11 +192,13 @@ impl<D: Dialect> Store for SqlStore<D> {
             )
         };
         let upgrade = |c: &mut dyn Conn| -> Result<()> {
-            if let Some(lock) = d.migrate_lock {
-                c.batch(lock)?;
-            }
+            // first: the wait for another migrator's lock is bounded too
             if let Some(t) = &d.lock_timeout {
                 c.batch(&(t.set)(timeout))?;
+            }
+            if let Some(lock) = d.migrate_lock {
+                c.batch(lock)
+                    .map_err(|e| gave_up("the lock of migrations (another one runs)", e))?;
             }
             run(c, baseline).map_err(|e| gave_up("the baseline", e))?;
             let at = self.schema_version(c)?;
@@ -216,11 +218,30 @@ impl<D: Dialect> Store for SqlStore<D> {
             }
             Ok(())
         };
+        // one migrator at a time where DDL commits on its own (MySQL's named
+        // lock): another's upgrade would rebuild a table again
+        if let Some(lock) = &d.migrate_session_lock {
+            let got = run_query(&mut *conn, d, &(lock.take)(timeout), &[], &[])?;
+            if got.first().map_or(0, |r| r.int(0)) != 1 {
+                return Err(Error::database(
+                    crate::DatabaseErrorKind::Retryable,
+                    format!(
+                        "migrate: another migration of this database held its lock for more than \
+                         {timeout:?} (maintenance.migrate_lock_timeout); migrate again once it ended"
+                    ),
+                ));
+            }
+        }
         let done = if d.transactional_ddl {
             transaction(&mut *conn, d, upgrade)
         } else {
             upgrade(&mut *conn)
         };
+        if let Some(lock) = &d.migrate_session_lock {
+            if let Err(e) = conn.batch(lock.release) {
+                log::warn!("txbox: migrate: releasing the lock of migrations: {e}");
+            }
+        }
         // a session's setting goes back before the connection returns to the pool
         if let Some(reset) = d.lock_timeout.as_ref().and_then(|t| t.reset) {
             if let Err(e) = conn.batch(reset) {

@@ -391,6 +391,14 @@ pub struct WakeSql {
     pub queue_usage: &'static str,
 }
 
+/// A lock a session takes and releases by name.
+pub struct SessionLock {
+    /// -> 1 when taken within the timeout (0 when not).
+    pub take: fn(Duration) -> String,
+    /// Releases it.
+    pub release: &'static str,
+}
+
 /// How a dialect bounds a migration's waits for locks.
 pub struct LockTimeout {
     /// The statement that sets the timeout (run first).
@@ -420,6 +428,9 @@ pub struct Catalog {
     /// How an upgrade bounds its waits for locks; `None`: the connection's
     /// own timeout applies (SQLite's busy timeout).
     pub lock_timeout: Option<LockTimeout>,
+    /// Serializes concurrent migrations where DDL is not transactional
+    /// (MySQL's named lock), held by the migration's session.
+    pub migrate_session_lock: Option<SessionLock>,
     /// The codes of the DDL errors meaning "already there" (a table, index,
     /// column or key that exists, a key already dropped, a version already
     /// recorded), passed over where the dialect has no IF NOT EXISTS or no
