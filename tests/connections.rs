@@ -659,16 +659,20 @@ fn black_holed_database_connections_fail_within_their_timeouts() {
     let store = std::sync::Arc::new(txbox::PgStore::connect(&url, &config).unwrap());
     store.migrate().unwrap();
     txbox::MaintenanceStore::status(store.as_ref()).unwrap();
-    // every connection of the pool (it opens some in the background): the
-    // server lists as many as the pool holds
+    // every connection of the pool (it opens some in the background, after a
+    // checkout left it without an idle one): the server lists as many as the
+    // pool holds, the same ones twice 300 ms apart (none on its way)
     let mut ports: Vec<u16> = Vec::new();
+    let mut before: Option<Vec<u16>> = None;
     wait_until(
         "the pool's connections listed",
         Duration::from_secs(10),
         || {
+            std::thread::sleep(Duration::from_millis(300));
             ports = plain
                 .query(
-                    "SELECT client_port FROM pg_stat_activity WHERE application_name = $1",
+                    "SELECT client_port FROM pg_stat_activity WHERE application_name = $1 \
+                     ORDER BY client_port",
                     &[&app],
                 )
                 .unwrap()
@@ -676,7 +680,11 @@ fn black_holed_database_connections_fail_within_their_timeouts() {
                 .map(|r| r.get::<_, i32>(0) as u16)
                 .collect();
             let state = store.pool().state();
-            state.idle_connections == state.connections && ports.len() == state.connections as usize
+            let settled = state.idle_connections == state.connections
+                && ports.len() == state.connections as usize
+                && before.as_ref() == Some(&ports);
+            before = Some(ports.clone());
+            settled
         },
     );
     // past the pool's tested-recently window: the call tests the connection
