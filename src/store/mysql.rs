@@ -44,14 +44,14 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         begin: "START TRANSACTION",
         schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: false,
-        migrate_lock: None,
-        // one lock per database, whatever the prefix (as PostgreSQL's)
-        migrate_session_lock: Some(sql::SessionLock {
+        // one lock per database, whatever the prefix (as PostgreSQL's): DDL
+        // commits on its own, and another migrator would rebuild a table again
+        migrate_lock: Some(sql::MigrateLock {
             take: |d| {
                 let s = d.as_secs().max(1);
                 format!("SELECT GET_LOCK(CONCAT('txbox-migrate-', DATABASE()), {s})")
             },
-            release: "DO RELEASE_LOCK(CONCAT('txbox-migrate-', DATABASE()))",
+            release: Some("DO RELEASE_LOCK(CONCAT('txbox-migrate-', DATABASE()))"),
         }),
         // metadata locks, which DDL waits for behind open transactions, and
         // row locks, which an upgrade's UPDATE waits for

@@ -51,7 +51,6 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: false,
         migrate_lock: None,
-        migrate_session_lock: None,
         lock_timeout: Some(sql::LockTimeout {
             set: |d| {
                 let s = d.as_secs().clamp(1, 1_000_000);

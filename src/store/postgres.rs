@@ -99,8 +99,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7,
         ],
         transactional_ddl: true,
-        migrate_lock: Some("SELECT pg_advisory_xact_lock(hashtext('txbox-migrate'))"),
-        migrate_session_lock: None,
+        migrate_lock: Some(sql::MigrateLock {
+            take: |_| "SELECT 1 FROM pg_advisory_xact_lock(hashtext('txbox-migrate'))".into(),
+            release: None,
+        }),
         lock_timeout: Some(sql::LockTimeout {
             set: |d| format!("SET LOCAL lock_timeout = {}", d.as_millis().max(1)),
             reset: None,

@@ -47,7 +47,6 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: true,
         migrate_lock: None,
-        migrate_session_lock: None,
         lock_timeout: None,
         exists_errors: &[],
         error_code: |_| None,

@@ -30,17 +30,6 @@ impl<D: Dialect> SqlStore<D> {
         })
     }
 
-    /// The last schema version recorded (an error when there is no version
-    /// table yet).
-    fn schema_version(&self, c: &mut dyn Conn) -> Result<i64> {
-        let sql = format!(
-            "SELECT COALESCE(MAX(version), 0) FROM {}",
-            self.tables.schema_version
-        );
-        let rows = run_query(c, &self.d, &sql, &[], &[])?;
-        Ok(rows.first().map_or(0, |r| r.int(0)))
-    }
-
     /// The names of the store's tables.
     pub fn tables(&self) -> &Tables {
         &self.tables
@@ -141,144 +130,11 @@ impl<D: Dialect> SqlStore<D> {
 
 impl<D: Dialect> Store for SqlStore<D> {
     fn migrate(&self) -> Result<()> {
-        let d = &self.d;
-        let mut conn = self.pool.get()?;
-        let Some((baseline, upgrades)) = d.schema.split_first() else {
-            return Ok(());
-        };
-        // a current schema: one read, no lock and no DDL, so a migrate at
-        // start-up never waits behind an open transaction that wrote the
-        // outbox, nor makes the writers queue behind its own wait (the
-        // baseline's CREATE INDEX IF NOT EXISTS locks the table before it
-        // looks). No version table yet: an upgrade from 0.1, or a new schema.
-        let latest = upgrades.len() as i64 + 1;
-        if self.schema_version(&mut *conn).is_ok_and(|at| at >= latest) {
-            return Ok(());
-        }
-        // Runs a file's statements. An error that says its change is there
-        // already is passed over: the baseline is idempotent that way where the
-        // dialect has no IF NOT EXISTS, and where DDL is not transactional an
-        // upgrade that stopped half-way (or that another instance applies at
-        // the same time) goes on from where it is.
-        let run = |c: &mut dyn Conn, file: &str| -> Result<()> {
-            for stmt in split_statements(&self.tables.render(file)) {
-                match c.batch(&stmt) {
-                    Ok(()) => {}
-                    Err(e)
-                        if (d.error_code)(&e)
-                            .is_some_and(|code| d.exists_errors.contains(&code)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(())
-        };
-        // the baseline, then each version not yet recorded (each file records
-        // itself); in one transaction where DDL is transactional (PostgreSQL,
-        // SQLite), whose lock makes one migrator at a time
-        let timeout = self.migrate_lock_timeout;
-        // a lock wait that timed out (or a deadlock with a writer), said plainly
-        let gave_up = |what: &str, e: Error| {
-            if !e.is_retryable() {
-                return e;
-            }
-            Error::database(
-                crate::DatabaseErrorKind::Retryable,
-                format!(
-                    "migrate: {what} of prefix {:?} gave up waiting for a lock on its tables \
-                     within {timeout:?} (maintenance.migrate_lock_timeout): an open transaction \
-                     holds them; migrate again once it ended ({e})",
-                    self.tables.prefix
-                ),
-            )
-        };
-        let upgrade = |c: &mut dyn Conn| -> Result<()> {
-            // first: the wait for another migrator's lock is bounded too
-            if let Some(t) = &d.lock_timeout {
-                c.batch(&(t.set)(timeout))?;
-            }
-            if let Some(lock) = d.migrate_lock {
-                c.batch(lock)
-                    .map_err(|e| gave_up("the lock of migrations (another one runs)", e))?;
-            }
-            run(c, baseline).map_err(|e| gave_up("the baseline", e))?;
-            let at = self.schema_version(c)?;
-            for (version, file) in (2_i64..).zip(upgrades) {
-                if version <= at {
-                    continue;
-                }
-                run(c, file).map_err(|e| {
-                    let e = gave_up(&format!("schema version {version}"), e);
-                    log::error!("txbox: applying schema version {version}: {e}");
-                    e
-                })?;
-                log::info!(
-                    "txbox: schema of prefix {:?} upgraded to version {version}",
-                    self.tables.prefix
-                );
-            }
-            Ok(())
-        };
-        // one migrator at a time where DDL commits on its own (MySQL's named
-        // lock): another's upgrade would rebuild a table again
-        if let Some(lock) = &d.migrate_session_lock {
-            let got = run_query(&mut *conn, d, &(lock.take)(timeout), &[], &[])?;
-            if got.first().map_or(0, |r| r.int(0)) != 1 {
-                return Err(Error::database(
-                    crate::DatabaseErrorKind::Retryable,
-                    format!(
-                        "migrate: another migration of this database held its lock for more than \
-                         {timeout:?} (maintenance.migrate_lock_timeout); migrate again once it ended"
-                    ),
-                ));
-            }
-        }
-        let done = if d.transactional_ddl {
-            transaction(&mut *conn, d, upgrade)
-        } else {
-            upgrade(&mut *conn)
-        };
-        if let Some(lock) = &d.migrate_session_lock {
-            if let Err(e) = conn.batch(lock.release) {
-                log::warn!("txbox: migrate: releasing the lock of migrations: {e}");
-            }
-        }
-        // a session's setting goes back before the connection returns to the pool
-        if let Some(reset) = d.lock_timeout.as_ref().and_then(|t| t.reset) {
-            if let Err(e) = conn.batch(reset) {
-                log::warn!("txbox: migrate: resetting the lock timeout: {e}");
-            }
-        }
-        done
+        self.apply_migrations()
     }
 
     fn pending_migrations(&self) -> Result<Vec<crate::store::PendingMigration>> {
-        let d = &self.d;
-        let mut conn = self.pool.get()?;
-        // no version table: the baseline creates it
-        let at = self.schema_version(&mut *conn).unwrap_or(0);
-        let latest = d.schema.len() as i64;
-        if at >= latest {
-            return Ok(Vec::new());
-        }
-        Ok((1_i64..)
-            .zip(d.schema)
-            .filter(|(version, _)| *version == 1 || *version > at)
-            .map(|(version, file)| {
-                let sql = self.tables.render(file);
-                let title = sql
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .trim_start_matches('-')
-                    .trim()
-                    .to_string();
-                crate::store::PendingMigration {
-                    version,
-                    title,
-                    sql,
-                }
-            })
-            .collect())
+        self.pending()
     }
 
     fn ping(&self) -> Result<()> {

@@ -20,6 +20,7 @@ use crate::store::{BlockedKey, DeadLetter, DlqFilter, DlqStatus};
 
 mod engine;
 mod held;
+mod migrate;
 mod render;
 mod rows;
 mod statements;

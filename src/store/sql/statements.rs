@@ -391,12 +391,13 @@ pub struct WakeSql {
     pub queue_usage: &'static str,
 }
 
-/// A lock a session takes and releases by name.
-pub struct SessionLock {
-    /// -> 1 when taken within the timeout (0 when not).
+/// The lock that makes migrations of one database take turns.
+pub struct MigrateLock {
+    /// -> 1 once taken, waiting at most the given time (0 when not taken:
+    /// MySQL's named lock; PostgreSQL's waits as long as its lock timeout).
     pub take: fn(Duration) -> String,
-    /// Releases it.
-    pub release: &'static str,
+    /// Releases a session's lock (`None`: it ends with the transaction).
+    pub release: Option<&'static str>,
 }
 
 /// How a dialect bounds a migration's waits for locks.
@@ -422,15 +423,13 @@ pub struct Catalog {
     /// DDL runs inside a transaction (PostgreSQL, SQLite): a migration is all or
     /// nothing. Elsewhere each DDL statement commits on its own.
     pub transactional_ddl: bool,
-    /// Serializes concurrent migrations (PostgreSQL's advisory lock), run in the
-    /// migration's transaction.
-    pub migrate_lock: Option<&'static str>,
+    /// Makes concurrent migrations take turns (PostgreSQL's advisory lock,
+    /// MySQL's named lock), taken first in the migration; `None`: the
+    /// migration's transaction does (SQLite) or nothing can (Oracle).
+    pub migrate_lock: Option<MigrateLock>,
     /// How an upgrade bounds its waits for locks; `None`: the connection's
     /// own timeout applies (SQLite's busy timeout).
     pub lock_timeout: Option<LockTimeout>,
-    /// Serializes concurrent migrations where DDL is not transactional
-    /// (MySQL's named lock), held by the migration's session.
-    pub migrate_session_lock: Option<SessionLock>,
     /// The codes of the DDL errors meaning "already there" (a table, index,
     /// column or key that exists, a key already dropped, a version already
     /// recorded), passed over where the dialect has no IF NOT EXISTS or no
