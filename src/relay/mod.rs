@@ -38,6 +38,7 @@ use crate::store::{FullStore, InboxStore};
 
 mod delay;
 mod flush;
+mod leased;
 mod listener;
 mod maintenance;
 mod poller;
@@ -45,6 +46,7 @@ mod probe;
 mod retry;
 
 pub(crate) use delay::PollState;
+use leased::Leased;
 use maintenance::{MaintenanceStep, Periodic};
 use poller::Poller;
 
@@ -80,55 +82,6 @@ pub struct Relay {
     leased: Leased,
     store: Option<Arc<dyn FullStore>>,
     ack_wait: Option<Duration>,
-}
-
-/// The leased batches a relay's pollers are sending and have not yet
-/// finished, by claim token: what a shutdown that times out releases.
-#[derive(Clone, Default)]
-struct Leased(Arc<std::sync::Mutex<LeasedBatches>>);
-
-#[derive(Default)]
-struct LeasedBatches {
-    batches: BTreeMap<Uuid, Vec<crate::EventId>>,
-    /// The shutdown released them: a batch claimed since is not sent.
-    closed: bool,
-}
-
-impl Leased {
-    fn lock(&self) -> std::sync::MutexGuard<'_, LeasedBatches> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Registers a batch before it is sent; `false` after the shutdown's
-    /// release, when the batch must go back instead.
-    fn add(&self, token: Uuid, ids: Vec<crate::EventId>) -> bool {
-        let mut l = self.lock();
-        if !l.closed {
-            l.batches.insert(token, ids);
-        }
-        !l.closed
-    }
-
-    fn remove(&self, token: Uuid) {
-        self.lock().batches.remove(&token);
-    }
-
-    /// The batches not finished, and no more from now on.
-    fn close(&self) -> BTreeMap<Uuid, Vec<crate::EventId>> {
-        let mut l = self.lock();
-        l.closed = true;
-        std::mem::take(&mut l.batches)
-    }
-}
-
-/// What a batch released without an attempt is told.
-fn released(ids: &[crate::EventId], why: &str) -> Vec<(crate::EventId, crate::store::Outcome)> {
-    ids.iter()
-        .map(|id| {
-            let error = why.to_string();
-            (*id, crate::store::Outcome::Release { error })
-        })
-        .collect()
 }
 
 /// Wakes a relay's pollers: a cheap, cloneable handle ([`Relay::waker`]) for the
@@ -374,7 +327,7 @@ impl Relay {
         let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
         relay.store = Some(store.clone());
         relay.ack_wait = sender.ack_wait();
-        if let Some(wait) = sender.ack_wait() {
+        if let Some(wait) = relay.ack_wait {
             let floor = (wait * 2).as_millis() as u64;
             relay.alive.stuck_floor(floor);
         }
@@ -596,35 +549,14 @@ impl Relay {
                 left += 1;
             }
         }
-        self.release_leased();
+        if let Some(store) = &self.store {
+            self.leased.release(store.as_ref());
+        }
         if left > 0 {
             return Err(Error::ShutdownTimeout(left));
         }
         log::info!("txbox: relay stopped");
         Ok(())
-    }
-
-    /// Releases the leased batches not finished (PENDING, no attempt): those
-    /// of threads still waiting for acks, or of a poller that panicked.
-    fn release_leased(&self) {
-        let Some(store) = &self.store else {
-            return;
-        };
-        for (token, ids) in self.leased.close() {
-            let outcomes = released(&ids, "the relay shut down before the broker's acks came");
-            match store.finish(token, &outcomes) {
-                Ok(0) => {}
-                Ok(n) => log::warn!(
-                    "txbox: relay shutdown: released {n} events of a batch still waiting for \
-                     the broker's acks; the next relay sends them (twice, should the acks come after all)"
-                ),
-                Err(e) => log::error!(
-                    "txbox: relay shutdown: could not release {} events still waiting for \
-                     the broker's acks ({e}); they are sent again after their lease",
-                    ids.len()
-                ),
-            }
-        }
     }
 }
 

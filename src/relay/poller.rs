@@ -244,10 +244,7 @@ impl Poller {
             }
             // a leased batch is registered before it is sent, for a shutdown
             // that times out to release it; past that release it goes back
-            let ids: Vec<crate::EventId> = events.iter().map(|e| e.id).collect();
-            if held.is_none() && !self.ctx.leased.add(token, ids.clone()) {
-                let back = super::released(&ids, "the relay shut down");
-                self.store.finish(token, &back)?;
+            if held.is_none() && !self.ctx.leased.add(token, &events, self.store.as_ref())? {
                 return Ok(claimed);
             }
             let started = Instant::now();
