@@ -199,8 +199,9 @@ impl RedisCache {
         &self,
         f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
     ) -> Result<T> {
-        let idle = {
+        let (idle, trying) = {
             let mut s = self.state();
+            let mut trying = false;
             if let Some((until, why)) = &s.down {
                 let now = Instant::now();
                 if now < *until || s.trying {
@@ -210,11 +211,13 @@ impl RedisCache {
                     )));
                 }
                 s.trying = true; // this call tries again; the others skip
+                trying = true;
             }
-            s.idle.pop()
+            (s.idle.pop(), trying)
         };
-        // `trying` ends with this call, even one that panics
-        let _tried = Tried(self);
+        // the try ends with this call, even one that panics (another call's
+        // is not this one's to end)
+        let _tried = trying.then_some(Tried(self));
         let conn = match idle {
             Some(c) => Ok(c),
             None => self.connect(),

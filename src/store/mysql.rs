@@ -134,7 +134,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         ),
         // no '*' row is written any more: a plain, non-locking read suffices
         inbox_legacy: Some(format!(
-            "SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $1"
+            "SELECT event_id FROM {i} WHERE consumer = '*' AND event_id IN ({{ids}})"
         )),
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) VALUES "

@@ -227,14 +227,18 @@ pub(crate) fn insert_inbox_ids(
     ids: &[EventId],
 ) -> Result<Vec<EventId>> {
     crate::tables::validate_consumer(consumer)?;
-    let mut new = Vec::new();
-    for id in ids {
-        if let Some(legacy) = &d.inbox_legacy {
-            let seen = run_query(conn, d, legacy, &[Val::Id(id.as_uuid())], &[])?;
-            if !seen.is_empty() {
-                continue;
+    // the ids recorded before the per-consumer key, asked for once per call
+    let mut legacy = std::collections::HashSet::new();
+    if let Some(sql) = &d.inbox_legacy {
+        for chunk in ids.chunks(d.max_ids) {
+            let vals: Vec<Val> = chunk.iter().map(|id| Val::Id(id.as_uuid())).collect();
+            for r in run_query(conn, d, sql, &[], &vals)? {
+                legacy.insert(r.id(0)?);
             }
         }
+    }
+    let mut new = Vec::new();
+    for id in ids.iter().filter(|id| !legacy.contains(id)) {
         let values = [consumer.into(), Val::Id(id.as_uuid())];
         match run_execute(conn, d, &d.inbox_insert, &values, &[]) {
             Ok(1) => new.push(*id),

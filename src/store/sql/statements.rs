@@ -483,8 +483,8 @@ pub struct Catalog {
     /// unless `inbox_legacy` asks that first, not recorded before the
     /// per-consumer key by the consumer `'*'`)
     pub inbox_insert: String,
-    /// $1 id -> a row when the consumer `'*'` recorded it (before the
-    /// per-consumer key), asked before `inbox_insert` by a plain read:
+    /// {ids} -> those the consumer `'*'` recorded (before the per-consumer
+    /// key), asked once before `inbox_insert` by a plain read:
     /// MySQL/MariaDB, whose `INSERT ... SELECT` would lock the gap the id
     /// goes in, under REPEATABLE READ, and deadlock concurrent consumers
     /// (new ids share the last gap). `None`: `inbox_insert` asks it itself.
