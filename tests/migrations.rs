@@ -9,6 +9,39 @@ use std::time::{Duration, Instant};
 use common::backend::{Backend, Fixture};
 use txbox::{Config, Outbox};
 
+/// Instantiates each of the tests named on every dialect built in, with a
+/// table prefix of its own (`mig_<tag>_<dialect>_`).
+macro_rules! on_every_dialect {
+    ($($test:ident => $tag:literal,)*) => {
+        mod on_postgres {
+            $(#[test]
+            fn $test() {
+                super::$test(super::Backend::Postgres, concat!("mig_", $tag, "_pg_"));
+            })*
+        }
+        #[cfg(feature = "mysql")]
+        mod on_mysql {
+            $(#[test]
+            fn $test() {
+                super::$test(super::Backend::MySql, concat!("mig_", $tag, "_my_"));
+            })*
+        }
+        #[cfg(feature = "sqlite")]
+        mod on_sqlite {
+            $(#[test]
+            fn $test() {
+                super::$test(super::Backend::Sqlite, concat!("mig_", $tag, "_lite_"));
+            })*
+        }
+    };
+}
+
+on_every_dialect!(
+    migrate_on_a_current_schema_waits_for_no_transaction => "live",
+    an_upgrade_with_rows_in_every_table_keeps_them_working => "rows",
+    two_processes_migrating_at_once => "two",
+);
+
 /// Runs `during` while another connection holds a transaction that
 /// published an event of type `e` (at most 20 s), and commits it after.
 fn while_a_publish_is_open<R>(fx: &Fixture, outbox: &Outbox, during: impl FnOnce() -> R) -> R {
@@ -75,23 +108,6 @@ fn migrate_on_a_current_schema_waits_for_no_transaction(b: Backend, p: &str) {
             );
         }
     });
-}
-
-#[test]
-fn postgres_migrate_on_a_current_schema_waits_for_no_transaction() {
-    migrate_on_a_current_schema_waits_for_no_transaction(Backend::Postgres, "mig_live_pg_");
-}
-
-#[cfg(feature = "mysql")]
-#[test]
-fn mysql_migrate_on_a_current_schema_waits_for_no_transaction() {
-    migrate_on_a_current_schema_waits_for_no_transaction(Backend::MySql, "mig_live_my_");
-}
-
-#[cfg(feature = "sqlite")]
-#[test]
-fn sqlite_migrate_on_a_current_schema_waits_for_no_transaction() {
-    migrate_on_a_current_schema_waits_for_no_transaction(Backend::Sqlite, "mig_live_lite_");
 }
 
 /// An upgrade that must wait for a table's lock (an open transaction wrote
@@ -301,23 +317,6 @@ fn an_upgrade_with_rows_in_every_table_keeps_them_working(b: Backend, p: &str) {
     assert_eq!(got, want, "the rest of the unordered events");
 }
 
-#[test]
-fn postgres_an_upgrade_with_rows_in_every_table_keeps_them_working() {
-    an_upgrade_with_rows_in_every_table_keeps_them_working(Backend::Postgres, "mig_rows_pg_");
-}
-
-#[cfg(feature = "mysql")]
-#[test]
-fn mysql_an_upgrade_with_rows_in_every_table_keeps_them_working() {
-    an_upgrade_with_rows_in_every_table_keeps_them_working(Backend::MySql, "mig_rows_my_");
-}
-
-#[cfg(feature = "sqlite")]
-#[test]
-fn sqlite_an_upgrade_with_rows_in_every_table_keeps_them_working() {
-    an_upgrade_with_rows_in_every_table_keeps_them_working(Backend::Sqlite, "mig_rows_lite_");
-}
-
 /// The MariaDB of `.ci/services.sh` whose server character set is latin1.
 #[cfg(feature = "mysql")]
 const LATIN1_URL: &str = "mysql://root@127.0.0.1:3308/test";
@@ -474,11 +473,12 @@ fn migrate_child_process() {
     ) else {
         return; // only as a child process
     };
+    // the name `Backend`'s Debug gives
     let backend = match backend.as_str() {
         #[cfg(feature = "mysql")]
-        "mysql" => Backend::MySql,
+        "MySql" => Backend::MySql,
         #[cfg(feature = "sqlite")]
-        "sqlite" => Backend::Sqlite,
+        "Sqlite" => Backend::Sqlite,
         _ => Backend::Postgres,
     };
     let fx = Fixture::new_existing(backend, &prefix);
@@ -494,7 +494,8 @@ fn migrate_child_process() {
 
 /// Two processes migrate one database from nothing at the same moment: both
 /// succeed, each version is recorded once, and the schema works.
-fn two_processes_migrating_at_once(b: Backend, name: &str, p: &str) {
+fn two_processes_migrating_at_once(b: Backend, p: &str) {
+    let name = format!("{b:?}");
     let Some(fx) = Fixture::new(b, p) else {
         return;
     };
@@ -514,7 +515,7 @@ fn two_processes_migrating_at_once(b: Backend, name: &str, p: &str) {
             std::process::Command::new(std::env::current_exe().unwrap())
                 .args(["--exact", "migrate_child_process", "--ignored", "--quiet"])
                 .env("TXBOX_MIGRATE_PREFIX", p)
-                .env("TXBOX_MIGRATE_BACKEND", name)
+                .env("TXBOX_MIGRATE_BACKEND", &name)
                 .env("TXBOX_MIGRATE_AT", at.to_string())
                 .stdout(std::process::Stdio::null())
                 .spawn()
@@ -544,21 +545,4 @@ fn two_processes_migrating_at_once(b: Backend, name: &str, p: &str) {
     };
     let got = fx.store.claim_after(&args, uuid::Uuid::now_v7()).unwrap();
     assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
-}
-
-#[test]
-fn postgres_two_processes_migrating_at_once() {
-    two_processes_migrating_at_once(Backend::Postgres, "postgres", "mig_two_pg_");
-}
-
-#[cfg(feature = "mysql")]
-#[test]
-fn mysql_two_processes_migrating_at_once() {
-    two_processes_migrating_at_once(Backend::MySql, "mysql", "mig_two_my_");
-}
-
-#[cfg(feature = "sqlite")]
-#[test]
-fn sqlite_two_processes_migrating_at_once() {
-    two_processes_migrating_at_once(Backend::Sqlite, "sqlite", "mig_two_lite_");
 }
