@@ -34,6 +34,15 @@ mariadb_instance() { # name, port, option...
     wait_for "MariaDB $name on $port" 60 bash -c "(exec 3<>/dev/tcp/127.0.0.1/$port)"
 }
 
+# Starts the machine's own MariaDB (3306) unless its pid file names a running
+# server. By pid file, not by program: the other instances run mariadbd too,
+# and start-stop-daemon --exec alone would take one of them for this one.
+start_mariadb() {
+    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
+    start-stop-daemon --start --oknodo --background --pidfile /run/mysqld/mysqld.pid \
+        --exec /usr/sbin/mariadbd -- --user=mysql --pid-file=/run/mysqld/mysqld.pid
+}
+
 wait_for() { # name, seconds, command...
     local name=$1 secs=$2
     shift 2

@@ -108,8 +108,7 @@ ensure_mariadb() {
         log "installing MariaDB"
         apt_install mariadb-server mariadb-client
     fi
-    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld 2>/dev/null || true
-    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql >/dev/null 2>&1 || true
+    start_mariadb >/dev/null 2>&1 || true
     wait_for "MariaDB socket" 60 mysqladmin ping
     # root over TCP with no password, and the test database (a fresh install only
     # lets root in through the socket)

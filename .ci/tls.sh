@@ -108,9 +108,12 @@ mariadb() {
     printf '[mysqld]\nssl_ca = %s\nssl_cert = %s\nssl_key = %s\n' \
         "$DIR/ca.pem" "$DIR/mysql/server.pem" "$DIR/mysql/server.key" >"$cnf"
     mysqladmin -uroot shutdown
-    for _ in $(seq 1 30); do pgrep -x mariadbd >/dev/null || break; sleep 1; done
-    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
-    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+    # this server's process (the other instances run mariadbd too)
+    for _ in $(seq 1 30); do
+        kill -0 "$(cat /run/mysqld/mysqld.pid 2>/dev/null)" 2>/dev/null || break
+        sleep 1
+    done
+    start_mariadb
     wait_for "MariaDB with TLS" 60 sh -c "mysql -h 127.0.0.1 -uroot -Nse \"SHOW VARIABLES LIKE 'have_ssl'\" | grep -q YES"
 }
 
