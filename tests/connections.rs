@@ -153,6 +153,34 @@ fn postgres_and_rabbitmq_over_tls_publish_relay_and_consume() {
     );
     relay.shutdown(Duration::from_secs(10)).unwrap();
     assert_eq!(count(&mut plain, p, "PROCESSED"), 20);
+
+    // a pool of your own with txbox's TLS connector, given to `from_pool`
+    let app = format!("txbox_tls_pool_{}", unique());
+    let url = pg_tls_url("localhost", "verify-full", &ca(&dir, "ca.pem"), &app);
+    let (pg, tls) = txbox::pg_config(&url).unwrap();
+    let pool = r2d2::Pool::builder()
+        .max_size(2)
+        .build(r2d2_postgres::PostgresConnectionManager::new(pg, tls))
+        .unwrap();
+    let own = txbox::PgStore::from_pool(pool, &config).unwrap();
+    own.migrate().unwrap();
+    let mut tx = db.transaction().unwrap();
+    let id = outbox.publish(&mut tx, "e", &json!({ "n": 20 })).unwrap();
+    tx.commit().unwrap();
+    let got =
+        txbox::ClaimStore::claim(&own, "e", 10, Duration::from_secs(60), uuid::Uuid::now_v7())
+            .unwrap();
+    assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![id]);
+    let row = plain
+        .query_one(
+            "SELECT count(*) FILTER (WHERE s.ssl), count(*) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = $1",
+            &[&app],
+        )
+        .unwrap();
+    let (encrypted, all): (i64, i64) = (row.get(0), row.get(1));
+    assert!(all >= 1, "the pool's connections: {all}");
+    assert_eq!(encrypted, all, "every connection of the pool is encrypted");
 }
 
 /// A certificate that does not verify, or a server without TLS where TLS is
@@ -226,7 +254,7 @@ fn rabbitmq_refuses_what_it_cannot_verify() {
                 "amqps://guest:guest@127.0.0.1:5671?cacertfile={}",
                 ca(&dir, "ca.pem")
             ),
-            "certificate",
+            "mismatch",
         ),
         (
             format!(
@@ -240,7 +268,7 @@ fn rabbitmq_refuses_what_it_cannot_verify() {
                 "amqps://guest:guest@localhost:5672?cacertfile={}",
                 ca(&dir, "ca.pem")
             ),
-            "",
+            "TLS handshake failed",
         ),
     ];
     for (url, says) in cases {
@@ -407,12 +435,16 @@ fn mysql_over_tls() {
         &config,
     ));
     assert!(to.contains("127.0.0.1:3306"), "{to}");
-    assert!(!reason.is_empty());
+    assert!(
+        reason.contains("certificate verify failed") && reason.contains("mismatch"),
+        "{reason}"
+    );
     txbox::MySqlStore::connect(&url("127.0.0.1", "VERIFY_CA", &root), &config).unwrap();
-    connect_error(txbox::MySqlStore::connect(
+    let (_, reason) = connect_error(txbox::MySqlStore::connect(
         &url("localhost", "VERIFY_IDENTITY", &ca(&dir, "other-ca.pem")),
         &config,
     ));
+    assert!(reason.contains("certificate verify failed"), "{reason}");
     let url = "mysql://root@127.0.0.1/test?ssl_mode=PREFERRED";
     refused(txbox::MySqlStore::connect(url, &config), "PREFERRED");
     refused(
@@ -451,17 +483,23 @@ fn redis_over_tls_and_its_timeouts() {
     let key = format!("txbox-tls-{}", unique());
     cache.insert(&key, Duration::from_secs(60)).unwrap();
     assert!(cache.contains(&key).unwrap());
-    for (url, roots) in [
-        ("rediss://localhost:6380", "other-ca.pem"),
-        ("rediss://127.0.0.1:6380", "ca.pem"),
-        ("rediss://localhost:6379", "ca.pem"),
+    for (url, roots, says) in [
+        (
+            "rediss://localhost:6380",
+            "other-ca.pem",
+            "certificate verify failed",
+        ),
+        ("rediss://127.0.0.1:6380", "ca.pem", "mismatch"),
+        ("rediss://localhost:6379", "ca.pem", "TLS"),
     ] {
         let cache = txbox::RedisCache::builder(url)
             .root_cert_file(dir.join(roots))
             .build()
             .unwrap();
-        let (to, _) = connect_error(cache.contains("k"));
-        assert!(to.contains("Redis at"), "{to}");
+        let (to, reason) = connect_error(cache.contains("k"));
+        let host = url.trim_start_matches("rediss://");
+        assert!(to.contains(&format!("Redis at {host}")), "{to}");
+        assert!(reason.contains(says), "{url}: {reason}");
     }
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("redis://127.0.0.1:{}", silent.local_addr().unwrap().port());
@@ -635,6 +673,33 @@ fn returns_within<T: Send + 'static>(
         .recv_timeout(limit)
         .unwrap_or_else(|_| panic!("still waiting after {limit:?}"));
     (out, started.elapsed())
+}
+
+/// A PostgreSQL endpoint that accepts the connection and never answers (a
+/// proxy with no backend, a hung server): the driver's `connect_timeout`
+/// bounds only the TCP connect, so `PgStore::connect` waited for the TLS
+/// request's answer without end. It fails within the connect timeout now,
+/// naming the host and the setting.
+#[test]
+fn a_postgres_that_never_answers_fails_the_connect_in_time() {
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    for mode in ["prefer", "disable"] {
+        let url =
+            format!("postgres://postgres@127.0.0.1:{port}/test?sslmode={mode}&connect_timeout=1");
+        let (r, took) = returns_within(Duration::from_secs(20), move || {
+            let config = Config::builder().build().unwrap();
+            txbox::PgStore::connect(&url, &config).map(drop)
+        });
+        let (to, reason) = connect_error(r);
+        assert!(to.contains(&format!("127.0.0.1:{port}")), "{to}");
+        assert!(reason.contains("connect_timeout"), "{reason}");
+        assert!(
+            took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+            "{mode}: gave up after {took:?}"
+        );
+    }
+    drop(silent);
 }
 
 /// A database connection that goes black (a failover, a dropped route: sent

@@ -474,10 +474,10 @@ impl SqlStore<PgDialect> {
         let manager = PostgresConnectionManager::new(pg.clone(), tls.clone());
         // one connection first, for its error: the pool only retries until its
         // timeout and then says it timed out
-        if let Err(e) = pg.connect(tls) {
+        if let Err(reason) = first_connection(&pg, tls) {
             return Err(Error::Connect {
                 to: format!("PostgreSQL at {}", pg_hosts(&pg)),
-                reason: crate::error::PgError(e).to_string(),
+                reason,
             });
         }
         let pool = r2d2::Pool::builder()
@@ -489,6 +489,36 @@ impl SqlStore<PgDialect> {
             .error_handler(Box::new(LogErrors))
             .build(manager)?;
         Self::from_pool(pool, config)
+    }
+}
+
+/// Opens one connection and closes it, within the connect timeout for each
+/// host: the driver's `connect_timeout` bounds the TCP connect only, and a
+/// server (or a proxy with no backend) that accepts and never answers would
+/// hold the TLS request or the login forever. On a thread of its own, left
+/// behind when the time is up (it ends with the connection: keepalives,
+/// `tcp_user_timeout`, or the far side closing).
+fn first_connection(pg: &postgres::Config, tls: PgTls) -> std::result::Result<(), String> {
+    let per_host = pg
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(Duration::from_secs(10));
+    let limit = per_host * u32::try_from(pg.get_hosts().len().max(1)).unwrap_or(u32::MAX);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pg = pg.clone();
+    std::thread::Builder::new()
+        .name("txbox-pg-connect".into())
+        .spawn(move || {
+            let _ = tx.send(pg.connect(tls).map(drop));
+        })
+        .map_err(|e| format!("no thread for the connection: {e}"))?;
+    match rx.recv_timeout(limit) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(crate::error::PgError(e).to_string()),
+        Err(_) => Err(format!(
+            "no answer within {limit:?} (connect_timeout): the server took the \
+             connection and did not answer its TLS request or login"
+        )),
     }
 }
 
