@@ -430,6 +430,27 @@ fn mysql_over_tls() {
         cipher.is_some_and(|(_, v)| !v.is_empty()),
         "the session is encrypted"
     );
+    // publish on the store's pool and claim through the store, over TLS
+    let config = Config::builder()
+        .table_prefix("t_tls_my_")
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let mut tx = c.start_transaction(mysql::TxOpts::default()).unwrap();
+    let id = Outbox::new(&config)
+        .unwrap()
+        .publish(&mut tx, "e", &json!({ "n": 1 }))
+        .unwrap();
+    tx.commit().unwrap();
+    let got = txbox::ClaimStore::claim(
+        &store,
+        "e",
+        1000,
+        Duration::from_secs(60),
+        uuid::Uuid::now_v7(),
+    )
+    .unwrap();
+    assert!(got.iter().any(|e| e.id == id), "claimed over TLS");
     let (to, reason) = connect_error(txbox::MySqlStore::connect(
         &url("127.0.0.1", "VERIFY_IDENTITY", &root),
         &config,
