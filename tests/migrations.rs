@@ -156,6 +156,81 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
     assert_eq!(latest, 7);
 }
 
+/// An upgrade's index build on a table that exists (PostgreSQL, `CREATE
+/// INDEX CONCURRENTLY`) lets publishes commit while it waits, and a build
+/// that stopped (here its lock timeout, behind a transaction holding an old
+/// snapshot: a report, a backup) leaves an INVALID index that the next
+/// `migrate` drops and builds again before it records the version.
+#[test]
+fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() {
+    let p = "mig_cic_pg_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .migrate_lock_timeout(Duration::from_secs(2))
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let mut c = common::client().unwrap();
+    // schema 7 without its last index and unrecorded: its upgrade builds it
+    c.batch_execute(&format!(
+        "DROP INDEX {p}dead_letters_key_seq_idx; \
+         DELETE FROM {p}txbox_schema_version WHERE version = 7"
+    ))
+    .unwrap();
+    let valid = |c: &mut postgres::Client| -> Option<bool> {
+        c.query_opt(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
+            &[&format!("{p}dead_letters_key_seq_idx")],
+        )
+        .unwrap()
+        .map(|r| r.get(0))
+    };
+    let store = txbox::PgStore::connect(&common::pg_url(), &config).unwrap();
+    let mut old = common::client().unwrap();
+    old.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .unwrap();
+    let (migrated, publish_took) = std::thread::scope(|s| {
+        let migrating = s.spawn(|| txbox::Store::migrate(&store));
+        common::wait_until("the index build waits", Duration::from_secs(10), || {
+            let waiting: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            waiting > 0
+        });
+        let t = Instant::now();
+        fx.publish(&config, "e", 1, true);
+        let took = t.elapsed();
+        (migrating.join().unwrap(), took)
+    });
+    assert!(
+        publish_took < Duration::from_secs(1),
+        "a publish waited {publish_took:?} for the index build"
+    );
+    let text = migrated.unwrap_err().to_string();
+    assert!(
+        text.contains("schema version 7") && text.contains("gave up waiting for a lock"),
+        "{text}"
+    );
+    assert_eq!(
+        valid(&mut c),
+        Some(false),
+        "the stopped build left it INVALID"
+    );
+    assert_eq!(fx.store.pending_migrations().unwrap().len(), 1);
+    old.batch_execute("COMMIT").unwrap();
+    txbox::Store::migrate(&store).unwrap();
+    assert_eq!(valid(&mut c), Some(true), "built again");
+    assert!(fx.store.pending_migrations().unwrap().is_empty());
+}
+
 /// Takes the last upgrade (the database's insert order, `seq`) back off a
 /// migrated schema, as a DBA restoring the schema before it would: the
 /// column, its sequence or counter, its indexes and its version row.

@@ -20,8 +20,13 @@ ALTER TABLE {prefix}outbox_events
     MODIFY event_key VARBINARY(1020) NULL;
 ALTER TABLE {prefix}outbox_dead_letters
     MODIFY event_key VARBINARY(1020) NULL;
+-- built online (ALGORITHM = INPLACE, LOCK = NONE): writes go on while the
+-- index builds; a server that cannot build one so refuses instead of locking
+-- the table
 CREATE INDEX {prefix}outbox_key_idx
-    ON {prefix}outbox_events (event_type, event_key, status, id);
+    ON {prefix}outbox_events (event_type, event_key, status, id)
+    ALGORITHM = INPLACE LOCK = NONE;
 CREATE INDEX {prefix}dead_letters_key_idx
-    ON {prefix}outbox_dead_letters (event_type, event_key, status, id);
+    ON {prefix}outbox_dead_letters (event_type, event_key, status, id)
+    ALGORITHM = INPLACE LOCK = NONE;
 INSERT INTO {prefix}txbox_schema_version (version, applied_at) VALUES (3, UTC_TIMESTAMP(6));

@@ -63,8 +63,13 @@ UPDATE {prefix}outbox_dead_letters d
     ON d.id = r.id
     SET d.seq = @base + r.n;
 -- the key indexes of schema 3, by insert order instead of id
+-- built online (ALGORITHM = INPLACE, LOCK = NONE): writes go on while the
+-- index builds; a server that cannot build one so refuses instead of locking
+-- the table
 CREATE INDEX {prefix}outbox_key_seq_idx
-    ON {prefix}outbox_events (event_type, event_key, status, seq);
+    ON {prefix}outbox_events (event_type, event_key, status, seq)
+    ALGORITHM = INPLACE LOCK = NONE;
 CREATE INDEX {prefix}dead_letters_key_seq_idx
-    ON {prefix}outbox_dead_letters (event_type, event_key, status, seq);
+    ON {prefix}outbox_dead_letters (event_type, event_key, status, seq)
+    ALGORITHM = INPLACE LOCK = NONE;
 INSERT INTO {prefix}txbox_schema_version (version, applied_at) VALUES (5, UTC_TIMESTAMP(6));

@@ -19,9 +19,14 @@
 -- A role that publishes needs the sequence too:
 -- `GRANT USAGE, SELECT ON SEQUENCE {prefix}outbox_events_seq TO <role>`.
 --
--- `migrate` applies this file once, after 006, in one transaction, which
--- holds the outbox table's lock while it numbers the unsent events. By hand:
--- replace `{prefix}` and run it once with psql, after 006.
+-- `migrate` applies this file once, after 006: the column and the numbering
+-- in one transaction, which holds the outbox table's lock while it numbers
+-- the unsent events; then the key indexes by insert order, built
+-- CONCURRENTLY (writers go on meanwhile; an INVALID one left by a build that
+-- stopped is dropped and built again); then the version. By hand: replace
+-- `{prefix}` and run it once with psql, after 006, not in one transaction as
+-- a whole (no `-1`), the statements before the first CREATE INDEX in one
+-- (BEGIN ... COMMIT).
 CREATE SEQUENCE IF NOT EXISTS {prefix}outbox_events_seq;
 ALTER TABLE {prefix}outbox_events ADD COLUMN IF NOT EXISTS seq bigint;
 ALTER TABLE {prefix}outbox_dead_letters ADD COLUMN IF NOT EXISTS seq bigint;
@@ -38,12 +43,12 @@ ALTER TABLE {prefix}outbox_dead_letters ALTER COLUMN seq SET DEFAULT -9000000000
 ALTER TABLE {prefix}outbox_events
     ALTER COLUMN seq SET DEFAULT nextval('{prefix}outbox_events_seq');
 -- the key indexes of schema 4, by insert order instead of id
-CREATE INDEX IF NOT EXISTS {prefix}outbox_key_seq_idx
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {prefix}outbox_key_seq_idx
     ON {prefix}outbox_events (event_type, event_key, seq)
     WHERE event_key IS NOT NULL AND status IN ('PENDING', 'IN_PROCESS', 'FAILED');
-DROP INDEX IF EXISTS {prefix}outbox_key_idx;
-CREATE INDEX IF NOT EXISTS {prefix}dead_letters_key_seq_idx
+DROP INDEX CONCURRENTLY IF EXISTS {prefix}outbox_key_idx;
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {prefix}dead_letters_key_seq_idx
     ON {prefix}outbox_dead_letters (event_type, event_key, seq)
     WHERE event_key IS NOT NULL AND status IN ('DEAD', 'RETRY');
-DROP INDEX IF EXISTS {prefix}dead_letters_key_idx;
+DROP INDEX CONCURRENTLY IF EXISTS {prefix}dead_letters_key_idx;
 INSERT INTO {prefix}txbox_schema_version (version) VALUES (7);

@@ -237,7 +237,8 @@ pub trait Store: Send + Sync + 'static {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingMigration {
     /// The version: 1 for the baseline (`001_schema.sql`, idempotent, run
-    /// before every upgrade), then the number of its file.
+    /// where there is no version table: a new database or one of txbox 0.1),
+    /// then the number of its file.
     pub version: i64,
     /// The file's first line, what it is about.
     pub title: String,

@@ -44,6 +44,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         begin: "START TRANSACTION",
         schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: false,
+        online_index: None,
         // one lock per database, whatever the prefix (as PostgreSQL's): DDL
         // commits on its own, and another migrator would rebuild a table again
         migrate_lock: Some(sql::MigrateLock {
@@ -52,6 +53,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
                 format!("SELECT GET_LOCK(CONCAT('txbox-migrate-', DATABASE()), {s})")
             },
             release: Some("DO RELEASE_LOCK(CONCAT('txbox-migrate-', DATABASE()))"),
+            poll: false,
         }),
         // metadata locks, which DDL waits for behind open transactions, and
         // row locks, which an upgrade's UPDATE waits for

@@ -50,6 +50,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         begin: "BEGIN",
         schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: false,
+        online_index: None,
         migrate_lock: None,
         lock_timeout: Some(sql::LockTimeout {
             set: |d| {

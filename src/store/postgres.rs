@@ -99,13 +99,31 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7,
         ],
         transactional_ddl: true,
+        online_index: Some(sql::OnlineIndex {
+            build: "CREATE INDEX CONCURRENTLY IF NOT EXISTS",
+            drop: "DROP INDEX CONCURRENTLY",
+            word: " CONCURRENTLY",
+            invalid: |name| {
+                format!(
+                    "SELECT 1 FROM pg_index WHERE indexrelid = to_regclass('{name}') \
+                     AND NOT indisvalid"
+                )
+            },
+            existing: format!("SELECT 1 WHERE to_regclass('{o}') IS NOT NULL"),
+        }),
+        // the session's (an upgrade runs in several transactions: the index
+        // builds run outside any)
         migrate_lock: Some(sql::MigrateLock {
-            take: |_| "SELECT 1 FROM pg_advisory_xact_lock(hashtext('txbox-migrate'))".into(),
-            release: None,
+            take: |_| {
+                "SELECT CASE WHEN pg_try_advisory_lock(hashtext('txbox-migrate')) THEN 1 ELSE 0 END"
+                    .into()
+            },
+            release: Some("SELECT pg_advisory_unlock(hashtext('txbox-migrate'))"),
+            poll: true,
         }),
         lock_timeout: Some(sql::LockTimeout {
-            set: |d| format!("SET LOCAL lock_timeout = {}", d.as_millis().max(1)),
-            reset: None,
+            set: |d| format!("SET lock_timeout = {}", d.as_millis().max(1)),
+            reset: Some("RESET lock_timeout"),
         }),
         exists_errors: &[],
         error_code: |_| None,

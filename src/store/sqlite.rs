@@ -46,6 +46,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         begin: "BEGIN IMMEDIATE",
         schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
         transactional_ddl: true,
+        online_index: None,
         migrate_lock: None,
         lock_timeout: None,
         exists_errors: &[],

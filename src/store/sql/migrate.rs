@@ -17,17 +17,13 @@ impl<D: Dialect> SqlStore<D> {
         Ok(rows.first().map_or(0, |r| r.int(0)))
     }
 
-    /// The files a schema at version `at` runs, with their versions: none on
-    /// a current schema; else the baseline (1, idempotent, before every
-    /// upgrade) and each version above `at`.
+    /// The files a schema at version `at` runs, with their versions: each
+    /// version above `at` (the baseline too where there is no version table,
+    /// `at` 0).
     fn files_to_run(&self, at: i64) -> Vec<(i64, &'static str)> {
-        let schema = self.d.schema;
-        if at >= schema.len() as i64 {
-            return Vec::new();
-        }
         (1_i64..)
-            .zip(schema.iter().copied())
-            .filter(|(version, _)| *version == 1 || *version > at)
+            .zip(self.d.schema.iter().copied())
+            .filter(|(version, _)| *version > at)
             .collect()
     }
 
@@ -55,9 +51,10 @@ impl<D: Dialect> SqlStore<D> {
     /// [`Store::migrate`]. A current schema costs one read, with no lock and
     /// no DDL: a migrate at start-up never waits behind an open transaction
     /// that wrote the outbox, nor makes the writers queue behind its own wait
-    /// (the baseline's CREATE INDEX IF NOT EXISTS locks the table before it
-    /// looks). Otherwise one migrator at a time (the dialect's lock), each
-    /// wait for a lock bounded by `migrate_lock_timeout`.
+    /// (a CREATE INDEX IF NOT EXISTS locks the table before it looks).
+    /// Otherwise one migrator at a time (the dialect's lock), each wait for a
+    /// lock bounded by `migrate_lock_timeout`, and indexes built online
+    /// where the dialect can.
     pub(crate) fn apply_migrations(&self) -> Result<()> {
         let d = &self.d;
         let mut conn = self.pool.get()?;
@@ -69,50 +66,31 @@ impl<D: Dialect> SqlStore<D> {
             return Ok(());
         }
         let timeout = self.migrate_lock_timeout;
-        // a lock wait that timed out (or a deadlock with a writer), said plainly
-        let gave_up = |what: &str, e: Error| {
-            if !e.is_retryable() {
-                return e;
-            }
-            self.gave_up(what, &e.to_string())
-        };
-        // Runs a file's statements. An error that says its change is there
-        // already is passed over: the baseline is idempotent that way where
-        // the dialect has no IF NOT EXISTS, and where DDL is not transactional
-        // an upgrade that stopped half-way goes on from where it is.
-        let run = |c: &mut dyn Conn, file: &str| -> Result<()> {
-            for stmt in split_statements(&self.tables.render(file)) {
-                match c.batch(&stmt) {
-                    Ok(()) => {}
-                    Err(e)
-                        if (d.error_code)(&e)
-                            .is_some_and(|code| d.exists_errors.contains(&code)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(())
-        };
+        // where DDL is transactional and no index is built online (SQLite),
+        // the whole upgrade is one transaction, which makes migrators take
+        // turns; else each file's statements run in transactions of their
+        // own where they can, under the dialect's lock
+        let whole = d.transactional_ddl && d.online_index.is_none();
         // the files still to run once this migrator holds the lock (another
-        // may have run them meanwhile); in one transaction where DDL is
-        // transactional (PostgreSQL, SQLite)
+        // may have run them meanwhile)
         let upgrade = |c: &mut dyn Conn| -> Result<()> {
             // first: the wait for another migrator's lock is bounded too
             if let Some(t) = &d.lock_timeout {
                 c.batch(&(t.set)(timeout))?;
             }
             if let Some(lock) = &d.migrate_lock {
-                let what = "the lock of migrations (another one runs)";
-                let got = run_query(c, d, &(lock.take)(timeout), &[], &[])
-                    .map_err(|e| gave_up(what, e))?;
-                if got.first().map_or(0, |r| r.int(0)) != 1 {
-                    return Err(self.gave_up(what, "not taken in time"));
-                }
+                self.take_lock(c, lock)?;
             }
-            run(c, d.schema[0]).map_err(|e| gave_up("the baseline", e))?;
-            let at = self.schema_version(c)?;
-            for (version, file) in self.files_to_run(at).into_iter().skip(1) {
-                run(c, file).map_err(|e| {
-                    let e = gave_up(&format!("schema version {version}"), e);
+            // indexes of a table there already are built online; a new
+            // table's in its transaction
+            let online = match &d.online_index {
+                Some(o) => !run_query(c, d, &o.existing, &[], &[])?.is_empty(),
+                None => false,
+            };
+            let at = self.schema_version(c).unwrap_or(0);
+            for (version, file) in self.files_to_run(at) {
+                self.run_file(c, file, !whole, online).map_err(|e| {
+                    let e = self.gave_up_on(&format!("schema version {version}"), e);
                     log::error!("txbox: applying schema version {version}: {e}");
                     e
                 })?;
@@ -123,7 +101,7 @@ impl<D: Dialect> SqlStore<D> {
             }
             Ok(())
         };
-        let done = if d.transactional_ddl {
+        let done = if whole {
             transaction(&mut *conn, d, upgrade)
         } else {
             upgrade(&mut *conn)
@@ -142,6 +120,99 @@ impl<D: Dialect> SqlStore<D> {
         done
     }
 
+    /// Runs one schema file. Its statements run in order, each run of them
+    /// in one transaction where `in_tx` (and DDL is transactional); an
+    /// online index build runs on its own, outside any, after dropping the
+    /// invalid index a build that stopped left. The version is the file's
+    /// last statement: recorded only once everything before it is done, so
+    /// a file that stopped half-way is run again (its statements are
+    /// idempotent where they are not one transaction).
+    fn run_file(&self, c: &mut dyn Conn, file: &str, in_tx: bool, online: bool) -> Result<()> {
+        let d = &self.d;
+        let builds = |o: &OnlineIndex, s: &str| s.starts_with(o.build) || s.starts_with(o.drop);
+        let mut statements = split_statements(&self.tables.render(file));
+        if let (Some(o), false) = (&d.online_index, online) {
+            for s in statements.iter_mut().filter(|s| builds(o, s)) {
+                *s = s.replacen(o.word, "", 1);
+            }
+        }
+        let online = d.online_index.as_ref().filter(|_| online);
+        let outside = |s: &str| online.is_some_and(|o| builds(o, s));
+        let mut rest = &statements[..];
+        while let Some(first) = rest.first() {
+            if outside(first) {
+                if let Some((o, name)) = online.and_then(|o| Some((o, built_index(o, first)?))) {
+                    if !run_query(c, d, &(o.invalid)(name), &[], &[])?.is_empty() {
+                        log::warn!("txbox: migrate: index {name} left invalid: built again");
+                        c.batch(&format!("{} IF EXISTS {name}", o.drop))?;
+                    }
+                }
+                c.batch(first)?;
+                rest = &rest[1..];
+                continue;
+            }
+            let n = rest.iter().position(|s| outside(s)).unwrap_or(rest.len());
+            let (run, after) = rest.split_at(n);
+            if in_tx && d.transactional_ddl {
+                transaction(c, d, |c| self.run_statements(c, run))?;
+            } else {
+                self.run_statements(c, run)?;
+            }
+            rest = after;
+        }
+        Ok(())
+    }
+
+    /// Runs statements in order. An error that says its change is there
+    /// already is passed over: the baseline is idempotent that way where the
+    /// dialect has no IF NOT EXISTS, and where DDL is not transactional an
+    /// upgrade that stopped half-way goes on from where it is.
+    fn run_statements(&self, c: &mut dyn Conn, statements: &[String]) -> Result<()> {
+        let d = &self.d;
+        for stmt in statements {
+            match c.batch(stmt) {
+                Ok(()) => {}
+                Err(e)
+                    if (d.error_code)(&e).is_some_and(|code| d.exists_errors.contains(&code)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the lock that makes migrators take turns, within
+    /// `migrate_lock_timeout`.
+    fn take_lock(&self, c: &mut dyn Conn, lock: &MigrateLock) -> Result<()> {
+        let what = "the lock of migrations (another one runs)";
+        let deadline = std::time::Instant::now() + self.migrate_lock_timeout;
+        loop {
+            let got = run_query(
+                c,
+                &self.d,
+                &(lock.take)(self.migrate_lock_timeout),
+                &[],
+                &[],
+            )
+            .map_err(|e| self.gave_up_on(what, e))?;
+            if got.first().map_or(0, |r| r.int(0)) == 1 {
+                return Ok(());
+            }
+            if !lock.poll || std::time::Instant::now() >= deadline {
+                return Err(self.gave_up(what, "not taken in time"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A lock wait that timed out (or a deadlock with a writer), said
+    /// plainly; any other error as it is.
+    fn gave_up_on(&self, what: &str, e: Error) -> Error {
+        if !e.is_retryable() {
+            return e;
+        }
+        self.gave_up(what, &e.to_string())
+    }
+
     /// The error of a migration that waited longer than its lock timeout.
     fn gave_up(&self, what: &str, why: &str) -> Error {
         Error::database(
@@ -154,4 +225,10 @@ impl<D: Dialect> SqlStore<D> {
             ),
         )
     }
+}
+
+/// The name of the index an online build statement builds (the word after
+/// `build`), `None` for another statement.
+fn built_index<'a>(o: &OnlineIndex, statement: &'a str) -> Option<&'a str> {
+    statement.strip_prefix(o.build)?.split_whitespace().next()
 }

@@ -398,6 +398,11 @@ pub struct MigrateLock {
     pub take: fn(Duration) -> String,
     /// Releases a session's lock (`None`: it ends with the transaction).
     pub release: Option<&'static str>,
+    /// `take` answers at once (0: another migrator holds it) and is asked
+    /// again every 50 ms until the timeout: no statement of a migrator waits
+    /// for it (PostgreSQL: an online index build waits for every open
+    /// transaction, a waiting take's too, which would be a deadlock).
+    pub poll: bool,
 }
 
 /// How a dialect bounds a migration's waits for locks.
@@ -409,6 +414,26 @@ pub struct LockTimeout {
     pub reset: Option<&'static str>,
 }
 
+/// How a dialect builds an index while writers go on (PostgreSQL's
+/// `CREATE INDEX CONCURRENTLY`): such statements run outside a transaction,
+/// each on its own.
+pub struct OnlineIndex {
+    /// How a statement that builds one starts; the index's name follows.
+    pub build: &'static str,
+    /// How a statement that drops one without blocking writers starts.
+    pub drop: &'static str,
+    /// The word of `build` and `drop` that makes them online (with its
+    /// leading space): taken out where the outbox table is new, whose
+    /// indexes its own transaction builds at once, waiting for nobody (an
+    /// online build waits for every transaction open in the database).
+    pub word: &'static str,
+    /// An index name -> a row when a build that stopped (a lock timeout, a
+    /// crash) left that index invalid: dropped and built again.
+    pub invalid: fn(&str) -> String,
+    /// -> a row when the outbox table exists (asked before the baseline).
+    pub existing: String,
+}
+
 /// Every statement of one dialect, with the table names filled in.
 pub struct Catalog {
     pub style: Style,
@@ -416,13 +441,18 @@ pub struct Catalog {
     /// the driver is always in one).
     pub begin: &'static str,
     /// The schema files in order (with `{prefix}`): the first (`001`) is the
-    /// idempotent baseline, applied on every migration; file n (from 2 on) is
-    /// applied once, when the version table does not list n yet, and records n
-    /// there as its last statement.
+    /// idempotent baseline, which creates the version table (applied where
+    /// there is none: a new database or one of txbox 0.1); file n (from 2
+    /// on) is applied once, when the version table does not list n yet, and
+    /// records n there as its last statement.
     pub schema: &'static [&'static str],
-    /// DDL runs inside a transaction (PostgreSQL, SQLite): a migration is all or
-    /// nothing. Elsewhere each DDL statement commits on its own.
+    /// DDL runs inside a transaction (PostgreSQL, SQLite): a file is all or
+    /// nothing (the whole upgrade, where no index is built online).
+    /// Elsewhere each DDL statement commits on its own.
     pub transactional_ddl: bool,
+    /// Index builds that let writers go on; `None`: the dialect has none
+    /// that fits (MySQL's online DDL is said in its files).
+    pub online_index: Option<OnlineIndex>,
     /// Makes concurrent migrations take turns (PostgreSQL's advisory lock,
     /// MySQL's named lock), taken first in the migration; `None`: the
     /// migration's transaction does (SQLite) or nothing can (Oracle).
