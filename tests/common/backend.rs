@@ -206,22 +206,45 @@ impl Fixture {
     /// Runs one statement of this backend's SQL on a connection of its own.
     #[allow(dead_code)]
     pub fn execute(&self, sql: &str) {
+        self.execute_all(&[sql]);
+    }
+
+    /// Runs statements in order, each on its own (autocommit), on one
+    /// connection of its own (session variables carry over).
+    #[allow(dead_code)]
+    pub fn execute_all(&self, statements: &[impl AsRef<str>]) {
+        let all = statements.iter().map(AsRef::as_ref);
         match self.backend {
-            Backend::Postgres => super::client().unwrap().batch_execute(sql).unwrap(),
+            Backend::Postgres => {
+                let mut c = super::client().unwrap();
+                for sql in all {
+                    c.batch_execute(sql)
+                        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                }
+            }
             #[cfg(feature = "mysql")]
             Backend::MySql => {
                 use mysql::prelude::Queryable;
                 let pool = mysql::Pool::new(mysql_url().as_str()).unwrap();
-                pool.get_conn().unwrap().query_drop(sql).unwrap();
+                let mut c = pool.get_conn().unwrap();
+                for sql in all {
+                    c.query_drop(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+                }
             }
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite => txbox::SqliteStore::connection(&self.sqlite_path)
-                .unwrap()
-                .execute_batch(sql)
-                .unwrap(),
+            Backend::Sqlite => {
+                let c = txbox::SqliteStore::connection(&self.sqlite_path).unwrap();
+                for sql in all {
+                    c.execute_batch(sql)
+                        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                }
+            }
             #[cfg(feature = "oracle")]
             Backend::Oracle => {
-                oracle_connection().execute(sql, &[]).unwrap();
+                let c = oracle_connection();
+                for sql in all {
+                    c.execute(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+                }
             }
         }
     }
