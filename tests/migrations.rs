@@ -231,26 +231,6 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
     assert!(fx.store.pending_migrations().unwrap().is_empty());
 }
 
-/// The statements of a schema file as a DBA would run them: comments out,
-/// split where a line ends a statement.
-fn statements(sql: &str) -> Vec<String> {
-    let mut out = vec![String::new()];
-    for line in sql.lines() {
-        let code = line.split("--").next().unwrap_or_default();
-        if code.trim().is_empty() {
-            continue;
-        }
-        let cur = out.last_mut().unwrap();
-        cur.push_str(code);
-        cur.push('\n');
-        if code.trim_end().ends_with(';') {
-            out.push(String::new());
-        }
-    }
-    out.retain(|s| !s.trim().is_empty());
-    out
-}
-
 /// The tables of `fx`'s prefix made again as a txbox at schema `version`
 /// made them (0: txbox 0.1, which had no version table), from the files
 /// `migrate` runs: the ones of that version and before. MySQL's baseline
@@ -269,7 +249,7 @@ fn schema_at(fx: &Fixture, version: usize) {
         "every file on a database without tables"
     );
     for file in files.iter().take(version.max(1)) {
-        let mut sql = statements(&file.sql);
+        let mut sql = file.statements();
         if version == 0 {
             sql.retain(|s| !s.contains("txbox_schema_version"));
         }

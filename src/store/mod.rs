@@ -246,6 +246,40 @@ pub struct PendingMigration {
     pub sql: String,
 }
 
+impl PendingMigration {
+    /// Its statements one by one, as `migrate` runs them: for a tool of your
+    /// own that applies them (each on its own, or in one transaction where
+    /// the file says it may be).
+    pub fn statements(&self) -> Vec<String> {
+        split_statements(&self.sql)
+    }
+}
+
+/// Splits a migration file into statements (on `;` at line ends, comments dropped).
+pub(crate) fn split_statements(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in sql.lines() {
+        let line = match line.find("--") {
+            Some(i) => &line[..i],
+            None => line,
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        cur.push_str(line);
+        cur.push('\n');
+        if line.trim_end().ends_with(';') {
+            out.push(cur.trim().trim_end_matches(';').to_owned());
+            cur.clear();
+        }
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_owned());
+    }
+    out
+}
+
 /// Claiming and finishing batches: what the relay's pollers need.
 pub trait ClaimStore: Store {
     /// Claims up to `args.limit` due PENDING events of `args.event_type` whose id

@@ -26,6 +26,7 @@ mod rows;
 mod statements;
 mod values;
 
+pub(crate) use crate::store::split_statements;
 pub use engine::SqlStore;
 pub(crate) use engine::*;
 pub(crate) use held::*;

@@ -104,31 +104,6 @@ pub(crate) fn dead_letter(r: &mut Row) -> Result<DeadLetter> {
     })
 }
 
-/// Splits a migration file into statements (on `;` at line ends, comments dropped).
-pub(crate) fn split_statements(sql: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    for line in sql.lines() {
-        let line = match line.find("--") {
-            Some(i) => &line[..i],
-            None => line,
-        };
-        if line.trim().is_empty() {
-            continue;
-        }
-        cur.push_str(line);
-        cur.push('\n');
-        if line.trim_end().ends_with(';') {
-            out.push(cur.trim().trim_end_matches(';').to_owned());
-            cur.clear();
-        }
-    }
-    if !cur.trim().is_empty() {
-        out.push(cur.trim().to_owned());
-    }
-    out
-}
-
 /// Inserts new events: one multi-row `INSERT` (one round trip) per chunk. A
 /// call without an event published as bytes writes only the JSON columns.
 pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent]) -> Result<()> {
