@@ -310,7 +310,7 @@ fn an_upgrade_from_every_earlier_version_keeps_every_row(b: Backend, p: &str) {
                     txbox::NewEvent::new("k", &i)
                         .unwrap()
                         .key(key)
-                        .header("n", &i.to_string())
+                        .header("n", i.to_string())
                 })
                 .collect::<Vec<_>>()
         };

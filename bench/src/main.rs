@@ -1890,7 +1890,7 @@ fn migration_cost(s: &Size, out: &mut Vec<Row>) -> Res<()> {
             "measured",
         ));
         out.push(ms_row(
-            &format!("migrate from {name}: longest publish commit during it (vs before)"),
+            format!("migrate from {name}: longest publish commit during it (vs before)"),
             during as f64 / 1000.0,
             before as f64 / 1000.0,
             "measured",
