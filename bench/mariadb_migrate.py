@@ -1,8 +1,9 @@
 # Bench part for MariaDB (issue 30), run by hand: `pip install pymysql; python3
 # bench/mariadb_migrate.py [EVENTS]` from the repository, against the MariaDB of
 # .ci/services.sh. Each upgrade to the current schema from every earlier version, over
-# N events (a tenth unsent, 1,000 keys), the files applied statement by
-# statement (as `migrate` applies them on MySQL), while a publisher commits one
+# N events (a tenth unsent, 1,000 keys), the files' statements applied one by
+# one, as `migrate` applies them on MySQL (without its named lock and lock
+# timeouts, which do not change what they hold), while a publisher commits one
 # event per transaction: the upgrade's time and the longest commit meanwhile.
 import os, sys, time, threading, glob, pymysql
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000000

@@ -48,6 +48,19 @@ fn pg_tls_url(host: &str, mode: &str, roots: &str, app: &str) -> String {
     )
 }
 
+/// How many of the PostgreSQL connections named `app` are encrypted, as the
+/// server sees them (`pg_stat_ssl`), and how many there are.
+fn encrypted_connections(plain: &mut postgres::Client, app: &str) -> (i64, i64) {
+    let row = plain
+        .query_one(
+            "SELECT count(*) FILTER (WHERE s.ssl), count(*) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = $1",
+            &[&app],
+        )
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
 /// `r` failed, and its error says `says`.
 fn refused<T>(r: txbox::Result<T>, says: &str) {
     match r {
@@ -121,14 +134,7 @@ fn postgres_and_rabbitmq_over_tls_publish_relay_and_consume() {
         ids.iter().copied().collect()
     );
 
-    let row = plain
-        .query_one(
-            "SELECT count(*) FILTER (WHERE s.ssl), count(*) FROM pg_stat_activity a \
-             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = $1",
-            &[&app],
-        )
-        .unwrap();
-    let (encrypted, all): (i64, i64) = (row.get(0), row.get(1));
+    let (encrypted, all) = encrypted_connections(&mut plain, &app);
     assert!(all >= 3, "the pool, the listener and the publisher: {all}");
     assert_eq!(encrypted, all, "every connection of the relay is encrypted");
 
@@ -171,14 +177,7 @@ fn postgres_and_rabbitmq_over_tls_publish_relay_and_consume() {
         txbox::ClaimStore::claim(&own, "e", 10, Duration::from_secs(60), uuid::Uuid::now_v7())
             .unwrap();
     assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![id]);
-    let row = plain
-        .query_one(
-            "SELECT count(*) FILTER (WHERE s.ssl), count(*) FROM pg_stat_activity a \
-             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = $1",
-            &[&app],
-        )
-        .unwrap();
-    let (encrypted, all): (i64, i64) = (row.get(0), row.get(1));
+    let (encrypted, all) = encrypted_connections(&mut plain, &app);
     assert!(all >= 1, "the pool's connections: {all}");
     assert_eq!(encrypted, all, "every connection of the pool is encrypted");
 }

@@ -9,6 +9,17 @@ use std::time::{Duration, Instant};
 use common::backend::{Backend, Fixture};
 use txbox::{Config, Outbox};
 
+/// One test of this binary at a time: PostgreSQL's migration lock is one
+/// for the database, and an online index build waits for every transaction
+/// open in it (another test's held one would make a timing fail).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Instantiates each of the tests named on every dialect built in, with a
 /// table prefix of its own (`mig_<tag>_<dialect>_`).
 macro_rules! on_every_dialect {
@@ -72,6 +83,7 @@ fn while_a_publish_is_open<R>(fx: &Fixture, outbox: &Outbox, during: impl FnOnce
 /// connection's publish commits meanwhile (SQLite has one writer at a time:
 /// there only the first).
 fn migrate_on_a_current_schema_waits_for_no_transaction(b: Backend, p: &str) {
+    let _serial = serial();
     let Some(fx) = Fixture::new(b, p) else {
         return;
     };
@@ -116,6 +128,7 @@ fn migrate_on_a_current_schema_waits_for_no_transaction(b: Backend, p: &str) {
 /// transaction ended, the same upgrade goes through.
 #[test]
 fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
+    let _serial = serial();
     let p = "mig_lock_pg_";
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
@@ -141,7 +154,9 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
         assert!(took < Duration::from_secs(3), "gave up after {took:?}");
         let text = err.to_string();
         assert!(
-            text.contains("gave up waiting for a lock") && text.contains("migrate_lock_timeout"),
+            text.contains("schema version 7")
+                && text.contains("gave up waiting for a lock")
+                && text.contains("migrate_lock_timeout"),
             "{text}"
         );
     });
@@ -156,6 +171,35 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
     assert_eq!(latest, 7);
 }
 
+/// A version that cannot be read (here a role without the grant) is an
+/// error, not taken for a database without tables: `pending_migrations`
+/// listed every file, and `migrate` ran them all again.
+#[test]
+fn postgres_a_version_that_cannot_be_read_is_an_error() {
+    let _serial = serial();
+    let p = "mig_grant_pg_";
+    let Some(_fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let mut c = common::client().unwrap();
+    c.batch_execute(
+        "DO $$ BEGIN CREATE ROLE txbox_no_grant LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+    )
+    .unwrap();
+    let config = Config::builder().table_prefix(p).build().unwrap();
+    let url = common::pg_url().replacen("postgres@", "txbox_no_grant@", 1);
+    assert!(url.contains("txbox_no_grant@"), "{url}");
+    let store = txbox::PgStore::connect(&url, &config).unwrap();
+    for e in [
+        txbox::Store::pending_migrations(&store)
+            .map(|m| m.len())
+            .unwrap_err(),
+        txbox::Store::migrate(&store).unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("permission denied"), "{e}");
+    }
+}
+
 /// An upgrade's index build on a table that exists (PostgreSQL, `CREATE
 /// INDEX CONCURRENTLY`) lets publishes commit while it waits, and a build
 /// that stopped (here its lock timeout, behind a transaction holding an old
@@ -163,6 +207,7 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
 /// `migrate` drops and builds again before it records the version.
 #[test]
 fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() {
+    let _serial = serial();
     let p = "mig_cic_pg_";
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
@@ -176,14 +221,14 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
     let mut c = common::client().unwrap();
     // schema 7 without its last index and unrecorded: its upgrade builds it
     c.batch_execute(&format!(
-        "DROP INDEX {p}dead_letters_key_seq_idx; \
+        "DROP INDEX {p}outbox_key_seq_idx; \
          DELETE FROM {p}txbox_schema_version WHERE version = 7"
     ))
     .unwrap();
     let valid = |c: &mut postgres::Client| -> Option<bool> {
         c.query_opt(
             "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
-            &[&format!("{p}dead_letters_key_seq_idx")],
+            &[&format!("{p}outbox_key_seq_idx")],
         )
         .unwrap()
         .map(|r| r.get(0))
@@ -198,8 +243,9 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
             let waiting: i64 = c
                 .query_one(
                     "SELECT count(*) FROM pg_stat_activity \
-                     WHERE query LIKE 'CREATE INDEX CONCURRENTLY%' AND wait_event_type = 'Lock'",
-                    &[],
+                     WHERE query LIKE 'CREATE INDEX CONCURRENTLY IF NOT EXISTS ' || $1 || '%' \
+                       AND wait_event_type = 'Lock'",
+                    &[&format!("{p}outbox_key_seq_idx")],
                 )
                 .unwrap()
                 .get(0);
@@ -229,6 +275,79 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
     txbox::Store::migrate(&store).unwrap();
     assert_eq!(valid(&mut c), Some(true), "built again");
     assert!(fx.store.pending_migrations().unwrap().is_empty());
+}
+
+/// Schema 7 numbers the waiting events in a transaction of its own, after
+/// the column: publishes commit while it runs (made slow here by a trigger
+/// that sleeps for each row it numbers), where before the outbox stayed
+/// locked from the column to the end (publishes waited for the whole
+/// numbering); the events there before are numbered below the one published
+/// meanwhile, and that one below the next.
+#[test]
+fn postgres_publishes_go_on_while_schema_7_numbers_the_waiting_events() {
+    let _serial = serial();
+    let p = "mig_num_pg_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    schema_at(&fx, 6);
+    let config = Config::builder()
+        .table_prefix(p)
+        .migrate_lock_timeout(Duration::from_secs(10))
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let old = fx.publish(&config, "e", 3, true);
+    // 0.7 s for each event the upgrade numbers
+    fx.execute(&format!(
+        "CREATE OR REPLACE FUNCTION {p}slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           PERFORM pg_sleep(0.7); RETURN NEW; END $$; \
+         CREATE TRIGGER {p}slow BEFORE UPDATE ON {p}outbox_events FOR EACH ROW \
+           WHEN (current_query() LIKE 'UPDATE %SET seq%') EXECUTE FUNCTION {p}slow()"
+    ));
+    let mut c = common::client().unwrap();
+    let (migrated, publish_took, new) = std::thread::scope(|s| {
+        let migrating = s.spawn(|| fx.store.migrate());
+        common::wait_until("the numbering waits", Duration::from_secs(10), || {
+            let waiting: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE query LIKE 'UPDATE %outbox_events o SET seq%' AND wait_event = 'PgSleep'",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            waiting > 0
+        });
+        let t = Instant::now();
+        let new = fx.publish(&config, "e", 1, true);
+        let took = t.elapsed();
+        (migrating.join().unwrap(), took, new)
+    });
+    migrated.unwrap();
+    assert!(
+        publish_took < Duration::from_secs(1),
+        "a publish waited {publish_took:?} for the numbering"
+    );
+    let mut seq = |id: txbox::EventId| -> i64 {
+        c.query_one(
+            &format!("SELECT seq FROM {p}outbox_events WHERE id = $1"),
+            &[&id.as_uuid()],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let after = fx.publish(&config, "e", 1, true);
+    let numbers: Vec<i64> = old
+        .iter()
+        .chain(&new)
+        .chain(&after)
+        .map(|id| seq(*id))
+        .collect();
+    assert!(
+        numbers.windows(2).all(|w| w[0] < w[1]),
+        "in insert order: {numbers:?}"
+    );
 }
 
 /// The tables of `fx`'s prefix made again as a txbox at schema `version`
@@ -282,6 +401,7 @@ fn id_sql(fx: &Fixture, id: txbox::EventId) -> String {
 /// process comes back after its lease, the failed one through the dead
 /// letters; the inbox still knows its ids.
 fn an_upgrade_from_every_earlier_version_keeps_every_row(b: Backend, p: &str) {
+    let _serial = serial();
     use txbox::{ClaimArgs, Outcome};
     let Some(current) = Fixture::new(b, p) else {
         return;
@@ -463,6 +583,7 @@ fn latin1_server(prefix: &str) -> Option<mysql::PooledConn> {
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_tables_take_any_text_on_a_latin1_server() {
+    let _serial = serial();
     let p = "mig_latin1_new_";
     let Some(_c) = latin1_server(p) else {
         return;
@@ -508,6 +629,7 @@ fn mysql_tables_take_any_text_on_a_latin1_server() {
 #[cfg(feature = "mysql")]
 #[test]
 fn mysql_an_upgraded_latin1_table_keeps_each_key_one_key() {
+    let _serial = serial();
     use mysql::prelude::Queryable;
     let p = "mig_latin1_old_";
     let Some(mut c) = latin1_server(p) else {
@@ -616,6 +738,7 @@ fn migrate_child_process() {
 /// Two processes migrate one database from nothing at the same moment: both
 /// succeed, each version is recorded once, and the schema works.
 fn two_processes_migrating_at_once(b: Backend, p: &str) {
+    let _serial = serial();
     let name = format!("{b:?}");
     let Some(fx) = Fixture::new(b, p) else {
         return;

@@ -9,40 +9,70 @@
 --
 -- The events there already keep the order they had: those that can still
 -- hold a key back (pending, in process, failed) are numbered below every new
--- one, in id order (-N to -1); the dead letters below those, in id order from
--- -9e18 on (an event of a key still in the outbox was published after its
--- dead letters), and so is a dead letter that a relay of an earlier version
--- moves during a rolling upgrade (the column's default); sent events get none
--- (no rule looks at them). A dead letter keeps its event's number, and an
--- event retried from the dead letters gets it back.
+-- one, in id order (from -6e18 on); the dead letters below those, in id
+-- order from -9e18 on (an event of a key still in the outbox was published
+-- after its dead letters), and so is a dead letter that a relay of an
+-- earlier version moves during a rolling upgrade; sent events get none (no
+-- rule looks at them). A dead letter keeps its event's number, and an event
+-- retried from the dead letters gets it back.
 --
 -- A role that publishes needs the sequence too:
 -- `GRANT USAGE, SELECT ON SEQUENCE {prefix}outbox_events_seq TO <role>`.
 --
--- `migrate` applies this file once, after 006: the column and the numbering
--- in one transaction, which holds the outbox table's lock while it numbers
--- the unsent events; then the key indexes by insert order, built
--- CONCURRENTLY (writers go on meanwhile; an INVALID one left by a build that
--- stopped is dropped and built again); then the version. By hand: replace
--- `{prefix}` and run it once with psql, after 006, not in one transaction as
--- a whole (no `-1`), the statements before the first CREATE INDEX in one
--- (BEGIN ... COMMIT).
+-- `migrate` applies this file once, after 006, in four steps, each part up
+-- to a COMMIT in a transaction of its own:
+-- 1. the column, without a default: a moment's lock of the outbox;
+-- 2. the numbering of the events there: it locks only their rows, so
+--    publishes go on (their events still get no number) and a relay of the
+--    earlier version skips those rows meanwhile;
+-- 3. the default, and the numbering of the events published during 2, after
+--    the others: a moment's lock again;
+-- 4. the key indexes by insert order, built CONCURRENTLY (an INVALID one
+--    left by a build that stopped is dropped and built again); then the
+--    version.
+-- Each step can be run again: a migration that stopped goes on from where it
+-- is. By hand: replace `{prefix}` and run it once with psql, after 006, as it
+-- is (no `-1`), or each part before a COMMIT between BEGIN and COMMIT.
+-- 1. the column
 CREATE SEQUENCE IF NOT EXISTS {prefix}outbox_events_seq;
 ALTER TABLE {prefix}outbox_events ADD COLUMN IF NOT EXISTS seq bigint;
 ALTER TABLE {prefix}outbox_dead_letters ADD COLUMN IF NOT EXISTS seq bigint;
 ALTER SEQUENCE {prefix}outbox_events_seq OWNED BY {prefix}outbox_events.seq;
+COMMIT;
+-- 2. the events there, after any numbered before (a step run again)
 UPDATE {prefix}outbox_events o SET seq = n.seq
-FROM (SELECT id, row_number() OVER (ORDER BY id) - count(*) OVER () - 1 AS seq
-      FROM {prefix}outbox_events WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED')) n
+FROM (SELECT id, row_number() OVER (ORDER BY id) + COALESCE(
+          (SELECT max(seq) FROM {prefix}outbox_events
+           WHERE seq < 0 AND seq > -8000000000000000000), -6000000000000000000) AS seq
+      FROM {prefix}outbox_events
+      WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') AND seq IS NULL) n
 WHERE o.id = n.id AND o.seq IS NULL;
 UPDATE {prefix}outbox_dead_letters d SET seq = n.seq
-FROM (SELECT id, -9000000000000000000 + row_number() OVER (ORDER BY id) AS seq
+FROM (SELECT id, row_number() OVER (ORDER BY id) + COALESCE(
+          (SELECT max(seq) FROM {prefix}outbox_dead_letters WHERE seq < -8000000000000000000),
+          -9000000000000000000) AS seq
       FROM {prefix}outbox_dead_letters WHERE seq IS NULL) n
-WHERE d.id = n.id;
+WHERE d.id = n.id AND d.seq IS NULL;
+COMMIT;
+-- 3. the default; the events published during 2, after those of 2
 ALTER TABLE {prefix}outbox_dead_letters ALTER COLUMN seq SET DEFAULT -9000000000000000000;
 ALTER TABLE {prefix}outbox_events
     ALTER COLUMN seq SET DEFAULT nextval('{prefix}outbox_events_seq');
--- the key indexes of schema 4, by insert order instead of id
+UPDATE {prefix}outbox_events o SET seq = n.seq
+FROM (SELECT id, row_number() OVER (ORDER BY id) + COALESCE(
+          (SELECT max(seq) FROM {prefix}outbox_events
+           WHERE seq < 0 AND seq > -8000000000000000000), -6000000000000000000) AS seq
+      FROM {prefix}outbox_events
+      WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') AND seq IS NULL) n
+WHERE o.id = n.id AND o.seq IS NULL;
+UPDATE {prefix}outbox_dead_letters d SET seq = n.seq
+FROM (SELECT id, row_number() OVER (ORDER BY id) + COALESCE(
+          (SELECT max(seq) FROM {prefix}outbox_dead_letters WHERE seq < -8000000000000000000),
+          -9000000000000000000) AS seq
+      FROM {prefix}outbox_dead_letters WHERE seq IS NULL) n
+WHERE d.id = n.id AND d.seq IS NULL;
+COMMIT;
+-- 4. the key indexes of schema 4, by insert order instead of id
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {prefix}outbox_key_seq_idx
     ON {prefix}outbox_events (event_type, event_key, seq)
     WHERE event_key IS NOT NULL AND status IN ('PENDING', 'IN_PROCESS', 'FAILED');

@@ -247,9 +247,11 @@ pub struct PendingMigration {
 }
 
 impl PendingMigration {
-    /// Its statements one by one, as `migrate` runs them: for a tool of your
-    /// own that applies them (each on its own, or in one transaction where
-    /// the file says it may be).
+    /// Its statements one by one, for a tool of your own that applies them.
+    /// `migrate` runs PostgreSQL's `CREATE INDEX CONCURRENTLY` / `DROP INDEX
+    /// CONCURRENTLY` outside any transaction, each on its own, and the runs
+    /// of statements between them and `COMMIT`s each in one transaction
+    /// (without `CONCURRENTLY` where the table is new).
     pub fn statements(&self) -> Vec<String> {
         split_statements(&self.sql)
     }

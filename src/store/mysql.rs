@@ -70,6 +70,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         // index dropped already
         exists_errors: &[1061, 1060, 1062, 1091],
         error_code,
+        version_table: format!(
+            "SELECT 1 FROM information_schema.TABLES WHERE table_schema = DATABASE() AND table_name = '{}'",
+            t.schema_version
+        ),
         ping: "SELECT 1",
         // the unique key's last entry
         insert_mark: format!("SELECT COALESCE(MAX(seq), 0) FROM {o}"),

@@ -64,6 +64,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         // already, no index to drop
         exists_errors: &[955, 1408, 1430, 1451, 2441, 2260, 1, 1418],
         error_code,
+        version_table: format!(
+            "SELECT 1 FROM user_tables WHERE table_name = UPPER('{}')",
+            t.schema_version
+        ),
         ping: "SELECT 1 FROM DUAL",
         insert_mark: format!("SELECT COALESCE(MAX(seq), 0) FROM {o}"),
         max_ids: 1000,

@@ -127,6 +127,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         }),
         exists_errors: &[],
         error_code: |_| None,
+        version_table: format!("SELECT 1 WHERE to_regclass('{}') IS NOT NULL", t.schema_version),
         ping: "SELECT 1",
         // the sequence's last number: every row inserted so far has it or less
         insert_mark: format!(
@@ -514,8 +515,9 @@ impl SqlStore<PgDialect> {
 /// host: the driver's `connect_timeout` bounds the TCP connect only, and a
 /// server (or a proxy with no backend) that accepts and never answers would
 /// hold the TLS request or the login forever. On a thread of its own, left
-/// behind when the time is up (it ends with the connection: keepalives,
-/// `tcp_user_timeout`, or the far side closing).
+/// behind when the time is up: it ends when the connection does (the far
+/// side closing it, or `tcp_user_timeout` where the far side is gone; a live
+/// server that never answers keeps it, one thread per failed `connect`).
 fn first_connection(pg: &postgres::Config, tls: PgTls) -> std::result::Result<(), String> {
     let per_host = pg
         .get_connect_timeout()

@@ -51,6 +51,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         lock_timeout: None,
         exists_errors: &[],
         error_code: |_| None,
+        version_table: format!(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{}'",
+            t.schema_version
+        ),
         ping: "SELECT 1",
         // the counter the insert trigger advances
         insert_mark: format!("SELECT n FROM {}outbox_seq", t.prefix),

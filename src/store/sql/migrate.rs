@@ -6,15 +6,24 @@ use super::*;
 use crate::store::PendingMigration;
 
 impl<D: Dialect> SqlStore<D> {
-    /// The last schema version recorded (an error when there is no version
-    /// table yet).
+    /// The last schema version recorded: 0 where there is no version table
+    /// (a new database, or txbox 0.1's) or none is recorded in it yet; any
+    /// other error reading it (a lost connection, a missing grant) is an
+    /// error, never taken for an empty schema.
     fn schema_version(&self, c: &mut dyn Conn) -> Result<i64> {
         let sql = format!(
             "SELECT COALESCE(MAX(version), 0) FROM {}",
             self.tables.schema_version
         );
-        let rows = run_query(c, &self.d, &sql, &[], &[])?;
-        Ok(rows.first().map_or(0, |r| r.int(0)))
+        match run_query(c, &self.d, &sql, &[], &[]) {
+            Ok(rows) => Ok(rows.first().map_or(0, |r| r.int(0))),
+            // read outside a transaction (or in SQLite's, which a failed
+            // statement does not end): the connection can ask again
+            Err(e) => match run_query(c, &self.d, &self.d.version_table, &[], &[]) {
+                Ok(rows) if rows.is_empty() => Ok(0),
+                _ => Err(e),
+            },
+        }
     }
 
     /// The files a schema at version `at` runs, with their versions: each
@@ -30,8 +39,7 @@ impl<D: Dialect> SqlStore<D> {
     /// [`Store::pending_migrations`].
     pub(crate) fn pending(&self) -> Result<Vec<PendingMigration>> {
         let mut conn = self.pool.get()?;
-        // no version table: the baseline creates it
-        let at = self.schema_version(&mut *conn).unwrap_or(0);
+        let at = self.schema_version(&mut *conn)?;
         Ok(self
             .files_to_run(at)
             .into_iter()
@@ -58,10 +66,9 @@ impl<D: Dialect> SqlStore<D> {
     pub(crate) fn apply_migrations(&self) -> Result<()> {
         let d = &self.d;
         let mut conn = self.pool.get()?;
-        // no version table yet: an upgrade from 0.1, or a new schema
         if self
-            .schema_version(&mut *conn)
-            .is_ok_and(|at| self.files_to_run(at).is_empty())
+            .files_to_run(self.schema_version(&mut *conn)?)
+            .is_empty()
         {
             return Ok(());
         }
@@ -87,7 +94,7 @@ impl<D: Dialect> SqlStore<D> {
                 Some(o) => !run_query(c, d, &o.existing, &[], &[])?.is_empty(),
                 None => false,
             };
-            let at = self.schema_version(c).unwrap_or(0);
+            let at = self.schema_version(c)?;
             for (version, file) in self.files_to_run(at) {
                 self.run_file(c, file, !whole, online).map_err(|e| {
                     let e = self.gave_up_on(&format!("schema version {version}"), e);
@@ -121,9 +128,10 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// Runs one schema file. Its statements run in order, each run of them
-    /// in one transaction where `in_tx` (and DDL is transactional); an
-    /// online index build runs on its own, outside any, after dropping the
-    /// invalid index a build that stopped left. The version is the file's
+    /// (up to a `COMMIT` or an online index build) in one transaction where
+    /// `in_tx` (and DDL is transactional); an online index build runs on its
+    /// own, outside any, after dropping the invalid index a build that
+    /// stopped left. The version is the file's
     /// last statement: recorded only once everything before it is done, so
     /// a file that stopped half-way is run again (its statements are
     /// idempotent where they are not one transaction).
@@ -138,8 +146,14 @@ impl<D: Dialect> SqlStore<D> {
         }
         let online = d.online_index.as_ref().filter(|_| online);
         let outside = |s: &str| online.is_some_and(|o| builds(o, s));
+        // where one of a file's transactions ends and the next begins
+        let boundary = |s: &str| s.eq_ignore_ascii_case("COMMIT");
         let mut rest = &statements[..];
         while let Some(first) = rest.first() {
+            if boundary(first) {
+                rest = &rest[1..];
+                continue;
+            }
             if outside(first) {
                 if let Some((o, name)) = online.and_then(|o| Some((o, built_index(o, first)?))) {
                     if !run_query(c, d, &(o.invalid)(name), &[], &[])?.is_empty() {
@@ -151,7 +165,10 @@ impl<D: Dialect> SqlStore<D> {
                 rest = &rest[1..];
                 continue;
             }
-            let n = rest.iter().position(|s| outside(s)).unwrap_or(rest.len());
+            let n = rest
+                .iter()
+                .position(|s| outside(s) || boundary(s))
+                .unwrap_or(rest.len());
             let (run, after) = rest.split_at(n);
             if in_tx && d.transactional_ddl {
                 transaction(c, d, |c| self.run_statements(c, run))?;

@@ -468,6 +468,9 @@ pub struct Catalog {
     /// The database's own code of an error (MySQL's error number, Oracle's
     /// ORA number), read from the driver's error, never from its text.
     pub error_code: fn(&Error) -> Option<i64>,
+    /// -> a row when the version table exists (asked when reading the
+    /// version failed: no table is schema 0, any other error is one).
+    pub version_table: String,
     /// A statement that touches no table, for [`crate::Store::ping`].
     pub ping: &'static str,
     /// -> a number at least as high as every outbox `seq` given so far
