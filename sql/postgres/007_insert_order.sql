@@ -9,7 +9,8 @@
 --
 -- The events there already keep the order they had: those that can still
 -- hold a key back (pending, in process, failed) are numbered below every new
--- one, in id order (from -6e18 on); the dead letters below those, in id
+-- one, in id order (from -6e18 on, those published while the upgrade ran
+-- from -3e18 on); the dead letters below those, in id
 -- order from -9e18 on (an event of a key still in the outbox was published
 -- after its dead letters), and so is a dead letter that a relay of an
 -- earlier version moves during a rolling upgrade; sent events get none (no
@@ -39,13 +40,16 @@ ALTER TABLE {prefix}outbox_events ADD COLUMN IF NOT EXISTS seq bigint;
 ALTER TABLE {prefix}outbox_dead_letters ADD COLUMN IF NOT EXISTS seq bigint;
 ALTER SEQUENCE {prefix}outbox_events_seq OWNED BY {prefix}outbox_events.seq;
 COMMIT;
--- 2. the events there, after any numbered before (a step run again)
+-- 2. the events there, from -6e18 on, after any a stopped run numbered
+-- (the partial status indexes find them)
 UPDATE {prefix}outbox_events o SET seq = n.seq
 FROM (SELECT id, row_number() OVER (ORDER BY id) + COALESCE(
           (SELECT max(seq) FROM {prefix}outbox_events
-           WHERE seq < 0 AND seq > -8000000000000000000), -6000000000000000000) AS seq
+           WHERE (status = 'PENDING' OR status = 'IN_PROCESS' OR status = 'FAILED')
+             AND seq < -3000000000000000000 AND seq > -8000000000000000000),
+          -6000000000000000000) AS seq
       FROM {prefix}outbox_events
-      WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') AND seq IS NULL) n
+      WHERE (status = 'PENDING' OR status = 'IN_PROCESS' OR status = 'FAILED') AND seq IS NULL) n
 WHERE o.id = n.id AND o.seq IS NULL;
 UPDATE {prefix}outbox_dead_letters d SET seq = n.seq
 FROM (SELECT id, row_number() OVER (ORDER BY id) + COALESCE(
@@ -54,16 +58,15 @@ FROM (SELECT id, row_number() OVER (ORDER BY id) + COALESCE(
       FROM {prefix}outbox_dead_letters WHERE seq IS NULL) n
 WHERE d.id = n.id AND d.seq IS NULL;
 COMMIT;
--- 3. the default; the events published during 2, after those of 2
+-- 3. the default; the events published during 2, after those of 2 (from
+-- -3e18 on: no look for the highest number while the table is locked)
 ALTER TABLE {prefix}outbox_dead_letters ALTER COLUMN seq SET DEFAULT -9000000000000000000;
 ALTER TABLE {prefix}outbox_events
     ALTER COLUMN seq SET DEFAULT nextval('{prefix}outbox_events_seq');
 UPDATE {prefix}outbox_events o SET seq = n.seq
-FROM (SELECT id, row_number() OVER (ORDER BY id) + COALESCE(
-          (SELECT max(seq) FROM {prefix}outbox_events
-           WHERE seq < 0 AND seq > -8000000000000000000), -6000000000000000000) AS seq
+FROM (SELECT id, row_number() OVER (ORDER BY id) - 3000000000000000000 AS seq
       FROM {prefix}outbox_events
-      WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') AND seq IS NULL) n
+      WHERE (status = 'PENDING' OR status = 'IN_PROCESS' OR status = 'FAILED') AND seq IS NULL) n
 WHERE o.id = n.id AND o.seq IS NULL;
 UPDATE {prefix}outbox_dead_letters d SET seq = n.seq
 FROM (SELECT id, row_number() OVER (ORDER BY id) + COALESCE(
