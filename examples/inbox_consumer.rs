@@ -13,7 +13,6 @@ use std::collections::HashSet;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use txbox::{MaintenanceStore, Store};
 
 use txbox::kafka::{ensure_topic, KafkaConsumer, KafkaSender};
 use txbox::{Config, Error, Outbox, PgStore, Relay, Sender, StopSignal};

@@ -16,7 +16,6 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use txbox::Store;
 
 use serde::{Deserialize, Serialize};
 use txbox::{Config, EventId, NewEvent, Outbox, PgStore, ReceivedEvent, Relay, StopSignal};

@@ -27,7 +27,7 @@ use std::time::Duration;
 use r2d2_postgres::PostgresConnectionManager;
 use serde::Deserialize;
 use serde_json::json;
-use txbox::{Config, Outbox, PgStore, Relay, SenderFactory, Store};
+use txbox::{Config, Outbox, PgStore, Relay, SenderFactory};
 
 /// The exchange, queue and topic the example sends to.
 pub const DESTINATION: &str = "web-orders";

@@ -12,6 +12,7 @@ pub(crate) enum Verify {
     /// root certificate, RabbitMQ's `verify_none`).
     Nothing,
     /// Signed by a trusted CA, for any host name (`verify-ca`).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Chain,
     /// Signed by a trusted CA and issued for the host connected to (`verify-full`).
     Full,

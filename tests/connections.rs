@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::json;
 use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
-use txbox::{Config, InboxCache, Outbox, Relay, Sender, SenderFactory, Store};
+use txbox::{Config, InboxCache, Outbox, Relay, Sender, SenderFactory};
 
 /// The test CA's folder (`TXBOX_TLS_DIR`), or `None` with the reason printed
 /// (a failure in CI).

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use txbox::{Config, EventId, MemorySender, Outbox, PgStore, Relay, Store, Wake};
+use txbox::{Config, EventId, MemorySender, Outbox, PgStore, Relay, Wake};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

@@ -60,9 +60,10 @@ WHERE d.id = n.id AND d.seq IS NULL;
 COMMIT;
 -- 3. the default; the events published during 2, after those of 2 (from
 -- -3e18 on: no look for the highest number while the table is locked)
-ALTER TABLE {prefix}outbox_dead_letters ALTER COLUMN seq SET DEFAULT -9000000000000000000;
+-- (the outbox first, as a relay locks them: no deadlock with its moves)
 ALTER TABLE {prefix}outbox_events
     ALTER COLUMN seq SET DEFAULT nextval('{prefix}outbox_events_seq');
+ALTER TABLE {prefix}outbox_dead_letters ALTER COLUMN seq SET DEFAULT -9000000000000000000;
 UPDATE {prefix}outbox_events o SET seq = n.seq
 FROM (SELECT id, row_number() OVER (ORDER BY id) - 3000000000000000000 AS seq
       FROM {prefix}outbox_events

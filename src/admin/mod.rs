@@ -159,6 +159,7 @@ impl AdminOptions {
 }
 
 /// The running endpoint; dropping it (or [`AdminServer::shutdown`]) stops it.
+#[must_use = "dropping it stops it"]
 pub struct AdminServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,

@@ -393,13 +393,8 @@ impl Inbox {
     }
 }
 
-/// What the dialects' inbox handlers tell a consumer loop.
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
+/// What the PostgreSQL inbox's handler on a pool tells a consumer loop.
+#[cfg(feature = "postgres")]
 mod verdicts {
     use std::fmt::Display;
 
@@ -452,6 +447,7 @@ mod verdicts {
 /// cleaner.shutdown(std::time::Duration::from_secs(5))?;
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping it stops it"]
 pub struct InboxCleanup {
     relay: crate::Relay,
 }

@@ -71,6 +71,7 @@ use probe::{beat, Threads};
 /// relay.shutdown(Duration::from_secs(10))?;
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping it stops it"]
 pub struct Relay {
     stop: Option<crossbeam_channel::Sender<()>>,
     done: Receiver<usize>,

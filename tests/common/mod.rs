@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use txbox::Store;
 
 use txbox::PgStore;
 

@@ -35,6 +35,28 @@ impl<D: Dialect> SqlStore<D> {
         &self.tables
     }
 
+    /// [`Store::migrate`](crate::Store::migrate), without the trait in scope.
+    pub fn migrate(&self) -> Result<()> {
+        self.apply_migrations()
+    }
+
+    /// [`Store::pending_migrations`](crate::Store::pending_migrations),
+    /// without the trait in scope.
+    pub fn pending_migrations(&self) -> Result<Vec<crate::store::PendingMigration>> {
+        self.pending()
+    }
+
+    /// [`Store::ping`](crate::Store::ping), without the trait in scope.
+    pub fn ping(&self) -> Result<()> {
+        Store::ping(self)
+    }
+
+    /// [`MaintenanceStore::status`](crate::MaintenanceStore::status), without
+    /// the trait in scope.
+    pub fn status(&self) -> Result<Vec<TypeStatus>> {
+        MaintenanceStore::status(self)
+    }
+
     /// Every statement template the store runs, by name, with its table names
     /// filled in: for a DBA to read and `EXPLAIN`, or for a baseline that sends
     /// the relay's own SQL by hand (the benchmark's). Placeholders are written

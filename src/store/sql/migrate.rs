@@ -15,13 +15,18 @@ impl<D: Dialect> SqlStore<D> {
             "SELECT COALESCE(MAX(version), 0) FROM {}",
             self.tables.schema_version
         );
-        match run_query(c, &self.d, &sql, &[], &[]) {
-            Ok(rows) => Ok(rows.first().map_or(0, |r| r.int(0))),
+        let read = |c: &mut dyn Conn| {
+            run_query(c, &self.d, &sql, &[], &[]).map(|rows| rows.first().map_or(0, |r| r.int(0)))
+        };
+        match read(c) {
+            Ok(at) => Ok(at),
             // read outside a transaction (or in SQLite's, which a failed
             // statement does not end): the connection can ask again
             Err(e) => match run_query(c, &self.d, &self.d.version_table, &[], &[]) {
                 Ok(rows) if rows.is_empty() => Ok(0),
-                _ => Err(e),
+                // there now: another migrator made it meanwhile
+                Ok(_) => read(c),
+                Err(_) => Err(e),
             },
         }
     }

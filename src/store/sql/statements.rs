@@ -171,6 +171,7 @@ pub(crate) struct KeyLookup {
 
 impl KeyLookup {
     /// No hint: the planner finds the key index on its own (SQLite, Oracle).
+    #[cfg(any(feature = "sqlite", feature = "oracle"))]
     pub(crate) fn plain(walk: Option<WalkStyle>) -> Self {
         KeyLookup {
             hint: |_| String::new(),
@@ -181,6 +182,7 @@ impl KeyLookup {
 }
 
 /// `IN (q)`: how most dialects take the walk's candidates.
+#[cfg(feature = "sqlite")]
 pub(crate) fn within_in(q: &str) -> String {
     format!("IN ({q})")
 }
@@ -243,6 +245,7 @@ fn walk(o: &str, now: &str, live: &str, rule: &str, head_rule: &str, style: &Wal
 }
 
 /// `id IN ({ids})`, the way most dialects finish a batch by its ids.
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "oracle"))]
 pub(crate) const IDS_IN: &str = "id IN ({ids})";
 
 /// The statements of [`Common`] for a dialect whose clock is `now`, whose "now + n

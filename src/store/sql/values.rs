@@ -172,6 +172,7 @@ pub struct Script {
 
 /// Implements [`Conn`] for driver types (a client and its transaction, say) whose
 /// query, execute and batch (and optionally script) are the same functions.
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 macro_rules! conn_impls {
     ($query:path, $execute:path, $batch:path $(, $script:path)?;) => {};
     ($query:path, $execute:path, $batch:path $(, $script:path)?; $t:ty $(, $rest:ty)* $(,)?) => {
@@ -192,10 +193,13 @@ macro_rules! conn_impls {
         sql::conn_impls!($query, $execute, $batch $(, $script)?; $($rest),*);
     };
 }
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) use conn_impls;
 /// A pooled or locked connection, used through the connection it dereferences to.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) struct Held<T>(pub(crate) T);
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl<T> Conn for Held<T>
 where
     T: std::ops::DerefMut,
