@@ -313,7 +313,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     fn insert_mark(&self) -> Result<Option<i64>> {
         let mut conn = self.pool.get()?;
         let rows = run_query(&mut *conn, &self.d, &self.d.insert_mark, &[], &[])?;
-        Ok(Some(rows.first().map_or(0, |r| r.int(0))))
+        Ok(Some(rows.first().map_or(Ok(0), |r| r.int(0))?))
     }
 
     fn can_hold_claims(&self) -> bool {
@@ -352,7 +352,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         };
         let mut conn = self.pool.get()?;
         let rows = run_query(&mut *conn, &self.d, w.queue_usage, &[], &[])?;
-        Ok(rows.first().and_then(|r| r.opt_float(0)))
+        Ok(rows.first().map(|r| r.opt_float(0)).transpose()?.flatten())
     }
 
     fn max_connections(&self) -> Option<usize> {
@@ -419,16 +419,22 @@ impl<D: Dialect> MaintenanceStore for SqlStore<D> {
 
     fn status(&self) -> Result<Vec<TypeStatus>> {
         let mut conn = self.pool.get()?;
-        Ok(run_query(&mut *conn, &self.d, &self.d.status, &[], &[])?
+        run_query(&mut *conn, &self.d, &self.d.status, &[], &[])?
             .iter()
-            .map(|r| TypeStatus {
-                event_type: r.text(0),
-                pending: r.int(1).max(0) as u64,
-                in_process: r.int(2).max(0) as u64,
-                failed: r.int(3).max(0) as u64,
-                oldest_pending_age: r.opt_float(4).map(|s| Duration::from_secs_f64(s.max(0.0))),
+            .map(|r| {
+                Ok(TypeStatus {
+                    event_type: r.text(0)?,
+                    pending: r.count(1)?,
+                    in_process: r.count(2)?,
+                    failed: r.count(3)?,
+                    // a clock a little behind the database's reads below 0
+                    oldest_pending_age: r
+                        .opt_float(4)?
+                        .filter(|s| s.is_finite())
+                        .map(|s| Duration::from_secs_f64(s.max(0.0))),
+                })
             })
-            .collect())
+            .collect()
     }
 }
 
@@ -485,7 +491,7 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
             f.status.map(|s| s.as_str()).into(),
         ];
         let rows = run_query(&mut *conn, &self.d, &self.d.dlq_count, &fixed, &[])?;
-        Ok(rows.first().map(|r| r.int(0)).unwrap_or(0).max(0) as u64)
+        rows.first().map_or(Ok(0), |r| r.count(0))
     }
 
     fn blocked_keys(&self, event_type: &str, limit: usize) -> Result<Vec<BlockedKey>> {
@@ -503,7 +509,7 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
         let mut keys: Vec<BlockedKey> = Vec::new();
         let mut seqs = Vec::new();
         for r in &rows {
-            let key = r.text(0);
+            let key = r.text(0)?;
             if keys.last().is_some_and(|k| k.key == key) {
                 continue;
             }
@@ -514,15 +520,15 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
                 event_type: event_type.to_string(),
                 key,
                 blocked_by: r.id(1)?,
-                status: r.text(2),
+                status: r.text(2)?,
                 waiting: 0,
             });
-            seqs.push(r.int(3));
+            seqs.push(r.int(3)?);
         }
         for (k, seq) in keys.iter_mut().zip(seqs) {
             let fixed = [event_type.into(), k.key.as_str().into(), Val::Int(seq)];
             let n = run_query(&mut *conn, d, &d.common.key_waiting, &fixed, &[])?;
-            k.waiting = n.first().map_or(0, |r| r.int(0).max(0) as u64);
+            k.waiting = n.first().map_or(Ok(0), |r| r.count(0))?;
         }
         Ok(keys)
     }

@@ -76,7 +76,7 @@ pub(crate) struct Deleted {
     pub(crate) id: EventId,
     pub(crate) headers: String,
     pub(crate) created_at: String,
-    pub(crate) seq: i64,
+    pub(crate) seq: Option<i64>,
 }
 
 impl HeldTx {
@@ -159,16 +159,20 @@ impl HeldTx {
         let events = claimed_events(&mut rows)?;
         // what a write-back needs beyond the events: the stored headers and the
         // creation time (the rows' other text moved into the events)
-        self.deleted = delete_acked.then(|| {
-            rows.into_iter()
-                .map(|mut r| Deleted {
-                    id: r.id(0).unwrap_or_default(),
-                    headers: r.take_text(3).unwrap_or_default(),
-                    created_at: r.take_text(8).unwrap_or_default(),
-                    seq: r.int(9),
+        self.deleted = if delete_acked {
+            let deleted = rows.into_iter().map(|mut r| {
+                Ok(Deleted {
+                    id: r.id(0)?,
+                    headers: r.take_text(3).ok_or_else(|| missing(3))?,
+                    created_at: r.take_text(8).ok_or_else(|| missing(8))?,
+                    // none while schema 7 still numbers the events there
+                    seq: r.opt_int(9)?,
                 })
-                .collect()
-        });
+            });
+            Some(deleted.collect::<Result<Vec<_>>>()?)
+        } else {
+            None
+        };
         Ok((events, Some(self)))
     }
 }
@@ -249,7 +253,7 @@ pub(crate) fn restore_steps<'a>(
             row.created_at.as_str().into(),
             bytes,
             content_type,
-            Val::Int(row.seq),
+            row.seq.map_or(Val::Null, Val::Int),
         ];
         steps.push((restore, fixed, Vec::new()));
     }

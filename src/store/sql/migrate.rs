@@ -16,7 +16,8 @@ impl<D: Dialect> SqlStore<D> {
             self.tables.schema_version
         );
         let read = |c: &mut dyn Conn| {
-            run_query(c, &self.d, &sql, &[], &[]).map(|rows| rows.first().map_or(0, |r| r.int(0)))
+            let rows = run_query(c, &self.d, &sql, &[], &[])?;
+            rows.first().map_or(Ok(0), |r| r.int(0))
         };
         match read(c) {
             Ok(at) => Ok(at),
@@ -216,7 +217,7 @@ impl<D: Dialect> SqlStore<D> {
                 &[],
             )
             .map_err(|e| self.gave_up_on(what, e))?;
-            if got.first().map_or(0, |r| r.int(0)) == 1 {
+            if got.first().map(|r| r.opt_int(0)).transpose()?.flatten() == Some(1) {
                 return Ok(());
             }
             if !lock.poll || std::time::Instant::now() >= deadline {

@@ -26,19 +26,22 @@ pub(crate) fn status_list(s: &[DlqStatus]) -> String {
         .join(", ")
 }
 
-pub(crate) fn parse_headers(text: &str) -> BTreeMap<String, String> {
+pub(crate) fn parse_headers(text: &str) -> Result<BTreeMap<String, String>> {
     if text == "{}" {
-        return BTreeMap::new(); // most events have none
+        return Ok(BTreeMap::new()); // most events have none
     }
     match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
-        Ok(map) => map
+        Ok(map) => Ok(map
             .into_iter()
             .map(|(k, v)| match v {
                 serde_json::Value::String(s) => (k, s),
                 other => (k, other.to_string()),
             })
-            .collect(),
-        Err(_) => BTreeMap::new(),
+            .collect()),
+        Err(e) => Err(Error::database(
+            crate::error::DatabaseErrorKind::Other,
+            format!("the headers column holds no JSON object ({e}): {text:.80}"),
+        )),
     }
 }
 
@@ -53,21 +56,27 @@ pub(crate) fn event_row(r: &mut Row) -> Result<Event> {
     // parsed once: later reads of the id find it as such
     r.0[0] = Val::Id(id.as_uuid());
     let headers = match r.get(3) {
-        Val::Text(text) => parse_headers(text),
-        _ => parse_headers(&r.text(3)),
+        Val::Text(text) => parse_headers(text)?,
+        _ => parse_headers(&r.text(3)?)?,
     };
     let (payload, content_type) = body(r, 4, 6)?;
     Ok(Event {
         id,
-        event_type: r.take_text(1).unwrap_or_default(),
+        event_type: r.take_text(1).ok_or_else(|| missing(1))?,
         destination: String::new(),
         routing_key: String::new(),
         key: r.take_text(2),
         headers,
         payload,
         content_type,
-        attempts: r.int(5).max(0) as u32,
+        attempts: attempts(r, 5)?,
     })
+}
+
+/// A count of attempts: a whole number from 0 up.
+fn attempts(r: &Row, i: usize) -> Result<u32> {
+    let n = r.int(i)?;
+    u32::try_from(n).map_err(|_| unexpected(i, "a count of attempts", &Val::Int(n)))
 }
 
 /// The payload of a row whose text payload is column `text` and whose payload
@@ -76,7 +85,7 @@ pub(crate) fn event_row(r: &mut Row) -> Result<Event> {
 fn body(r: &mut Row, text: usize, bytes: usize) -> Result<(Vec<u8>, Option<String>)> {
     Ok(match r.take_text(bytes + 1) {
         Some(content_type) => (r.take_blob(bytes)?.unwrap_or_default(), Some(content_type)),
-        None => (r.take_bytes(text).unwrap_or_default(), None),
+        None => (r.take_bytes(text).ok_or_else(|| missing(text))?, None),
     })
 }
 
@@ -91,16 +100,16 @@ pub(crate) fn dead_letter(r: &mut Row) -> Result<DeadLetter> {
     let (payload, content_type) = body(r, 4, 10)?;
     Ok(DeadLetter {
         id: r.id(0)?,
-        event_type: r.text(1),
+        event_type: r.text(1)?,
         key: r.opt_text(2),
-        headers: parse_headers(&r.text(3)),
+        headers: parse_headers(&r.text(3)?)?,
         payload,
         content_type,
-        attempts: r.int(5).max(0) as u32,
+        attempts: attempts(r, 5)?,
         last_error: r.opt_text(6),
-        status: r.text(7).parse().unwrap_or(DlqStatus::Dead),
-        created_at: r.text(8),
-        moved_at: r.text(9),
+        status: r.text(7)?.parse()?,
+        created_at: r.text(8)?,
+        moved_at: r.text(9)?,
     })
 }
 

@@ -63,8 +63,9 @@ impl Row {
         }
     }
 
-    pub(crate) fn text(&self, i: usize) -> String {
-        self.opt_text(i).unwrap_or_default()
+    /// Column `i` as text, an error when it is NULL.
+    pub(crate) fn text(&self, i: usize) -> Result<String> {
+        self.opt_text(i).ok_or_else(|| missing(i))
     }
 
     /// Column `i` as text, moved out of the row when it is text (no copy).
@@ -102,36 +103,75 @@ impl Row {
         Ok(self.take_bytes(i))
     }
 
-    pub(crate) fn int(&self, i: usize) -> i64 {
-        match self.get(i) {
-            Val::Int(n) => *n,
-            Val::Float(f) => *f as i64,
-            Val::Text(s) => {
-                let s = s.trim();
-                // whole numbers as such; "3.0" and the like through a float
-                s.parse::<i64>()
-                    .or_else(|_| s.parse::<f64>().map(|f| f as i64))
-                    .unwrap_or(0)
-            }
-            Val::Bytes(b) => String::from_utf8_lossy(b)
-                .trim()
-                .parse::<f64>()
-                .map(|f| f as i64)
-                .unwrap_or(0),
-            _ => 0,
-        }
+    /// Column `i` as a whole number, an error when it is NULL or anything
+    /// else (never read as 0).
+    pub(crate) fn int(&self, i: usize) -> Result<i64> {
+        self.opt_int(i)?.ok_or_else(|| missing(i))
     }
 
-    pub(crate) fn opt_float(&self, i: usize) -> Option<f64> {
-        match self.get(i) {
-            Val::Null => None,
+    /// Column `i` as a count: a whole number from 0 up.
+    pub(crate) fn count(&self, i: usize) -> Result<u64> {
+        let n = self.int(i)?;
+        u64::try_from(n).map_err(|_| unexpected(i, "a count", &Val::Int(n)))
+    }
+
+    /// Column `i` as a whole number, `None` for NULL; an error for a value
+    /// that is no whole number.
+    pub(crate) fn opt_int(&self, i: usize) -> Result<Option<i64>> {
+        let v = self.get(i);
+        #[allow(clippy::cast_possible_truncation)]
+        let whole = |f: f64| (f.is_finite() && f.fract() == 0.0).then_some(f as i64);
+        // whole numbers as such; "3.0" and the like through a float
+        let parsed = |s: &str| {
+            let s = s.trim();
+            s.parse::<i64>()
+                .ok()
+                .or_else(|| s.parse::<f64>().ok().and_then(whole))
+        };
+        let n = match v {
+            Val::Null => return Ok(None),
+            Val::Int(n) => Some(*n),
+            Val::Float(f) => whole(*f),
+            Val::Text(s) => parsed(s),
+            Val::Bytes(b) => std::str::from_utf8(b).ok().and_then(parsed),
+            Val::Id(_) => None,
+        };
+        n.map(Some)
+            .ok_or_else(|| unexpected(i, "a whole number", v))
+    }
+
+    /// Column `i` as a number, `None` for NULL; an error for a value that is
+    /// no number.
+    pub(crate) fn opt_float(&self, i: usize) -> Result<Option<f64>> {
+        let v = self.get(i);
+        let f = match v {
+            Val::Null => return Ok(None),
+            #[allow(clippy::cast_precision_loss)]
             Val::Int(n) => Some(*n as f64),
             Val::Float(f) => Some(*f),
             Val::Text(s) => s.trim().parse().ok(),
-            Val::Bytes(b) => String::from_utf8_lossy(b).trim().parse().ok(),
+            Val::Bytes(b) => std::str::from_utf8(b)
+                .ok()
+                .and_then(|s| s.trim().parse().ok()),
             Val::Id(_) => None,
-        }
+        };
+        f.map(Some).ok_or_else(|| unexpected(i, "a number", v))
     }
+}
+
+/// A column whose value is not what txbox's statement expects there (a
+/// schema changed by hand, a driver that maps a type another way): an error
+/// naming the column and what it held, never a default read in its place.
+pub(crate) fn unexpected(i: usize, expected: &str, found: &Val) -> Error {
+    Error::database(
+        crate::error::DatabaseErrorKind::Other,
+        format!("column {i} of a row: expected {expected}, found {found:?}"),
+    )
+}
+
+/// A column that is NULL where txbox's statement expects a value.
+pub(crate) fn missing(i: usize) -> Error {
+    unexpected(i, "a value", &Val::Null)
 }
 
 /// One database connection of a driver.
@@ -282,3 +322,76 @@ pub enum Style {
 /// or [`OracleDialect`](crate::OracleDialect), each the driver's connection pool
 /// and its SQL. Sealed: txbox implements it for these four only.
 pub trait Dialect: Backend {}
+
+#[cfg(test)]
+mod tests {
+    use super::{Row, Val};
+    use crate::store::sql::{dead_letter, event_row};
+
+    /// A value that is not what the statement expects is an error naming the
+    /// column and what it held: never 0, an empty map, DEAD or a default id.
+    #[test]
+    fn rows_read_strictly() {
+        let r = Row(vec![
+            Val::Text("3".into()),
+            Val::Float(4.0),
+            Val::Text("x".into()),
+            Val::Null,
+            Val::Float(2.5),
+            Val::Bytes(b"-7".to_vec()),
+        ]);
+        assert_eq!(r.int(0).unwrap(), 3);
+        assert_eq!(r.int(1).unwrap(), 4);
+        assert_eq!(r.int(5).unwrap(), -7);
+        assert_eq!(r.opt_int(3).unwrap(), None);
+        for (i, found) in [(2, "Text(\"x\")"), (3, "Null"), (4, "Float(2.5)")] {
+            let e = r.int(i).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("column {i}")) && e.contains(found),
+                "{e}"
+            );
+        }
+        assert!(r.count(5).unwrap_err().to_string().contains("a count"));
+        assert!(r.opt_float(2).is_err());
+        assert!(r.text(3).is_err());
+        assert!(r.text(7).is_err(), "a column past the row's end");
+
+        let id = uuid::Uuid::now_v7();
+        let event = |headers: Val, attempts: Val| {
+            Row(vec![
+                Val::Id(id),
+                Val::Text("t".into()),
+                Val::Null,
+                headers,
+                Val::Text("{}".into()),
+                attempts,
+                Val::Null,
+                Val::Null,
+            ])
+        };
+        assert!(event_row(&mut event(Val::Text("{}".into()), Val::Int(0))).is_ok());
+        let e = event_row(&mut event(Val::Text("not json".into()), Val::Int(0)));
+        assert!(e.unwrap_err().to_string().contains("headers"));
+        let e = event_row(&mut event(Val::Text("{}".into()), Val::Int(-1)));
+        assert!(e.unwrap_err().to_string().contains("attempts"));
+        let dead = |status: &str| {
+            let mut r = Row(vec![
+                Val::Id(id),
+                Val::Text("t".into()),
+                Val::Null,
+                Val::Text("{}".into()),
+                Val::Text("{}".into()),
+                Val::Int(1),
+                Val::Null,
+                Val::Text(status.into()),
+                Val::Text("2026-12-01T00:00:00Z".into()),
+                Val::Text("2026-12-01T00:00:00Z".into()),
+                Val::Null,
+                Val::Null,
+            ]);
+            dead_letter(&mut r)
+        };
+        assert!(dead("RETRY").is_ok());
+        assert!(dead("LOST").unwrap_err().to_string().contains("LOST"));
+    }
+}
