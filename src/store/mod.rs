@@ -257,21 +257,50 @@ impl PendingMigration {
     }
 }
 
-/// Splits a migration file into statements (on `;` at line ends, comments dropped).
+/// Splits a migration file into statements: a statement ends with a `;` at
+/// the end of a line (a one-line trigger or PL/SQL block keeps its inner
+/// ones), comments (`--`) are dropped, and neither is looked for inside a
+/// quoted string or a dollar-quoted body (`$$ ... $$`, `$fn$ ... $fn$`),
+/// which may span lines.
 pub(crate) fn split_statements(sql: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
+    // inside a '...' string, or the tag of the dollar-quoted body we are in
+    let mut quoted = false;
+    let mut dollar: Option<&str> = None;
     for line in sql.lines() {
-        let line = match line.find("--") {
-            Some(i) => &line[..i],
-            None => line,
-        };
-        if line.trim().is_empty() {
+        let in_text = quoted || dollar.is_some();
+        let mut end = line.len();
+        let mut i = 0;
+        while i < line.len() {
+            let rest = &line[i..];
+            if let Some(tag) = dollar {
+                if rest.starts_with(tag) {
+                    dollar = None;
+                    i += tag.len();
+                    continue;
+                }
+            } else if quoted {
+                quoted = !rest.starts_with('\'');
+            } else if rest.starts_with("--") {
+                end = i;
+                break;
+            } else if rest.starts_with('\'') {
+                quoted = true;
+            } else if let Some(tag) = dollar_tag(rest) {
+                dollar = Some(tag);
+                i += tag.len();
+                continue;
+            }
+            i += rest.chars().next().map_or(1, char::len_utf8);
+        }
+        let code = &line[..end];
+        if code.trim().is_empty() && !in_text {
             continue;
         }
-        cur.push_str(line);
+        cur.push_str(code);
         cur.push('\n');
-        if line.trim_end().ends_with(';') {
+        if !quoted && dollar.is_none() && code.trim_end().ends_with(';') {
             out.push(cur.trim().trim_end_matches(';').to_owned());
             cur.clear();
         }
@@ -280,6 +309,17 @@ pub(crate) fn split_statements(sql: &str) -> Vec<String> {
         out.push(cur.trim().to_owned());
     }
     out
+}
+
+/// The tag a dollar-quoted body opens with at the start of `s` (`$$`,
+/// `$body$`), if any: `$1` and a lone `$` are none.
+fn dollar_tag(s: &str) -> Option<&str> {
+    let inner = s.strip_prefix('$')?;
+    let len = inner.find('$')?;
+    inner[..len]
+        .chars()
+        .all(|c| c.is_ascii_alphabetic() || c == '_')
+        .then(|| &s[..len + 2])
 }
 
 /// Claiming and finishing batches: what the relay's pollers need.

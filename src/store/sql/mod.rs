@@ -248,6 +248,28 @@ mod tests {
         );
     }
 
+    /// `--` and a line's closing `;` inside a string or a dollar-quoted
+    /// body are text, not a comment or a statement's end.
+    #[test]
+    fn splits_statements_outside_strings_and_bodies() {
+        let s = split_statements(
+            "INSERT INTO t VALUES ('a -- b'); -- c\n\
+             CREATE FUNCTION f() RETURNS int AS $body$\n\
+             BEGIN\n  RETURN 1; -- one\n\n  -- none\nEND $body$;\n\
+             SELECT 'x;\n-- y';\n\
+             SELECT $1 FROM t WHERE s = '$$' AND m ~ '^a$';\n",
+        );
+        assert_eq!(
+            s,
+            vec![
+                "INSERT INTO t VALUES ('a -- b')",
+                "CREATE FUNCTION f() RETURNS int AS $body$\nBEGIN\n  RETURN 1; -- one\n\n  -- none\nEND $body$",
+                "SELECT 'x;\n-- y'",
+                "SELECT $1 FROM t WHERE s = '$$' AND m ~ '^a$'",
+            ]
+        );
+    }
+
     #[test]
     fn shifts_placeholders() {
         assert_eq!(
