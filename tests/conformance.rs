@@ -101,10 +101,7 @@ fn claims_after_an_id_skip_lower_ones_until_asked_without(b: Backend, p: &str) {
     let lease = Duration::from_secs(60);
     let claim = |after: Option<EventId>, n: usize| -> (Uuid, Vec<EventId>) {
         let t = Uuid::now_v7();
-        let args = ClaimArgs {
-            after,
-            ..ClaimArgs::new("e", n, lease)
-        };
+        let args = ClaimArgs::new("e", n, lease).after(after);
         let got = fx.store.claim_after(&args, t).unwrap();
         (t, got.iter().map(|e| e.id).collect())
     };
@@ -669,10 +666,7 @@ fn an_upgrade_keeps_the_order_of_the_events_waiting(b: Backend, p: &str) {
     let mut ids = fx.publish_events(&c, keyed("e", &["a"], 3));
     fx.store.migrate().unwrap();
     ids.extend(fx.publish_events(&c, keyed("e", &["a"], 2)));
-    let args = ClaimArgs {
-        ordered: Some(txbox::OnPoison::Block),
-        ..ClaimArgs::new("e", 100, Duration::from_secs(60))
-    };
+    let args = ClaimArgs::new("e", 100, Duration::from_secs(60)).ordered(txbox::OnPoison::Block);
     let mut sent = Vec::new();
     for _ in 0..ids.len() {
         let token = Uuid::now_v7();
@@ -1036,11 +1030,9 @@ fn ordered_claims_walk_the_keys_from_a_cursor(b: Backend, p: &str) {
     let keys: Vec<&str> = names.iter().map(String::as_str).collect();
     let k = fx.publish_events(&c, keyed("e", &keys, 1));
     let claim = |from_key: Option<&str>| -> (Uuid, Vec<EventId>) {
-        let args = ClaimArgs {
-            ordered: Some(txbox::OnPoison::Block),
-            from_key,
-            ..ClaimArgs::new("e", 10, Duration::from_secs(60))
-        };
+        let args = ClaimArgs::new("e", 10, Duration::from_secs(60))
+            .ordered(txbox::OnPoison::Block)
+            .from_key(from_key);
         let token = Uuid::now_v7();
         let got = fx.store.claim_after(&args, token).unwrap();
         (token, got.iter().map(|e| e.id).collect())
@@ -1087,10 +1079,7 @@ fn ordered_claims_take_one_event_per_key_in_order(b: Backend, p: &str) {
     let lease = Duration::from_secs(60);
     let claim = |t: &str, policy: txbox::OnPoison| -> (Uuid, Vec<EventId>) {
         let token = Uuid::now_v7();
-        let args = ClaimArgs {
-            ordered: Some(policy),
-            ..ClaimArgs::new(t, 100, lease)
-        };
+        let args = ClaimArgs::new(t, 100, lease).ordered(policy);
         let got = fx.store.claim_after(&args, token).unwrap();
         (token, got.iter().map(|e| e.id).collect())
     };

@@ -504,10 +504,8 @@ fn an_upgrade_from_every_earlier_version_keeps_every_row(b: Backend, p: &str) {
         // the key: its waiting events in order, each as it was published,
         // then one published now
         let later = fx.publish_events(&config, keyed("order-1", 3, 1));
-        let ordered = ClaimArgs {
-            ordered: Some(txbox::OnPoison::Block),
-            ..ClaimArgs::new("k", 100, Duration::from_secs(60))
-        };
+        let ordered =
+            ClaimArgs::new("k", 100, Duration::from_secs(60)).ordered(txbox::OnPoison::Block);
         let mut out = Vec::new();
         for n in 0..4 {
             let token = uuid::Uuid::now_v7();
@@ -691,10 +689,8 @@ fn mysql_an_upgraded_latin1_table_keeps_each_key_one_key() {
         .publish_all(&mut tx, [new])
         .unwrap()[0];
     tx.commit().unwrap();
-    let args = txbox::ClaimArgs {
-        ordered: Some(txbox::OnPoison::Block),
-        ..txbox::ClaimArgs::new("e", 10, Duration::from_secs(60))
-    };
+    let args =
+        txbox::ClaimArgs::new("e", 10, Duration::from_secs(60)).ordered(txbox::OnPoison::Block);
     for want in [old_id, new_id] {
         let token = uuid::Uuid::now_v7();
         let got = txbox::ClaimStore::claim_after(&store, &args, token).unwrap();
@@ -783,10 +779,8 @@ fn two_processes_migrating_at_once(b: Backend, p: &str) {
         &config,
         vec![txbox::NewEvent::new("e", &1).unwrap().key("k")],
     );
-    let args = txbox::ClaimArgs {
-        ordered: Some(txbox::OnPoison::Block),
-        ..txbox::ClaimArgs::new("e", 10, Duration::from_secs(60))
-    };
+    let args =
+        txbox::ClaimArgs::new("e", 10, Duration::from_secs(60)).ordered(txbox::OnPoison::Block);
     let got = fx.store.claim_after(&args, uuid::Uuid::now_v7()).unwrap();
     assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
 }

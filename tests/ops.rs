@@ -914,10 +914,8 @@ fn the_cli_and_http_show_which_keys_are_blocked_and_by_what() {
         .collect();
     let ids = fx.publish_events(&c, events);
     let t = Uuid::now_v7();
-    let args = txbox::ClaimArgs {
-        ordered: Some(txbox::OnPoison::Block),
-        ..txbox::ClaimArgs::new("order-events", 10, Duration::from_secs(60))
-    };
+    let args = txbox::ClaimArgs::new("order-events", 10, Duration::from_secs(60))
+        .ordered(txbox::OnPoison::Block);
     let claimed = fx.store.claim_after(&args, t).unwrap();
     assert_eq!(claimed.len(), 1, "one event of the key at a time");
     let error = "poison".to_string();

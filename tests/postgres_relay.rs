@@ -863,10 +863,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
     let before = snapshot(&mut client, p);
     let other = txbox::PgStore::connect(&pg_url_as(&app), &common::prefix_config(p)).unwrap();
     let lease = Duration::from_secs(60);
-    let claim_x = ClaimArgs {
-        delete_acked,
-        ..ClaimArgs::new("x", 100, lease)
-    };
+    let claim_x = ClaimArgs::new("x", 100, lease).delete_acked(delete_acked);
     let token = uuid::Uuid::now_v7();
     let sent = |events: &[txbox::Event]| -> Vec<(EventId, Outcome)> {
         let acked = if delete_acked {
@@ -983,10 +980,7 @@ fn finish_and_claim(p: &str, delete: bool) {
     };
     let lease = Duration::from_secs(60);
 
-    let first = ClaimArgs {
-        delete_acked: delete,
-        ..ClaimArgs::new("x", 4, lease)
-    };
+    let first = ClaimArgs::new("x", 4, lease).delete_acked(delete);
     let (a, held) = store.claim_held(&first).unwrap();
     assert_eq!(of(&a), ids[..4]);
     let mut outcomes = all_acked(&a);
@@ -994,10 +988,7 @@ fn finish_and_claim(p: &str, delete: bool) {
         delay: Duration::from_secs(3600),
         error: "busy".into(),
     };
-    let next = ClaimArgs {
-        after: a.last().map(|e| e.id),
-        ..first
-    };
+    let next = first.after(a.last().map(|e| e.id));
     let (n, claim) = held
         .unwrap()
         .finish_and_claim(&a, &outcomes, &next)
@@ -1019,16 +1010,13 @@ fn finish_and_claim(p: &str, delete: bool) {
         .get(0);
     assert_eq!(attempts, 1);
     // the new batch is held: another relay gets only the rest
-    let (rest, other_held) = other.claim_held(&ClaimArgs { limit: 10, ..first }).unwrap();
+    let (rest, other_held) = other.claim_held(&first.limit(10)).unwrap();
     assert_eq!(of(&rest), ids[8..]);
     drop(other_held); // rolled back: free again
 
     // all acked, and the next claim after the batch's last id
     let step = |held: Option<Box<dyn txbox::HeldBatch>>, events: &[txbox::Event]| {
-        let next = ClaimArgs {
-            after: events.last().map(|e| e.id),
-            ..next
-        };
+        let next = next.after(events.last().map(|e| e.id));
         held.unwrap()
             .finish_and_claim(events, &all_acked(events), &next)
             .unwrap()
@@ -1066,10 +1054,7 @@ fn an_idle_held_claim_sends_only_its_probe() {
     };
     let store = txbox::PgStore::connect(&pg_url_as(app), &common::prefix_config(p)).unwrap();
     for delete_acked in [false, true] {
-        let args = ClaimArgs {
-            delete_acked,
-            ..ClaimArgs::new("x", 100, Duration::from_secs(60))
-        };
+        let args = ClaimArgs::new("x", 100, Duration::from_secs(60)).delete_acked(delete_acked);
         let (events, held) = store.claim_held(&args).unwrap();
         assert!(events.is_empty() && held.is_none());
     }

@@ -124,11 +124,9 @@ impl Relay {
         let began = EventId::new();
         let mut delivery = Delivery::default();
         for (event_type, s) in config.events() {
-            let args = ClaimArgs {
-                ordered: s.key_order(),
-                upto,
-                ..ClaimArgs::new(event_type, s.batch_size, s.lease)
-            };
+            let args = ClaimArgs::new(event_type, s.batch_size, s.lease)
+                .ordered(s.key_order())
+                .upto(upto);
             let (destination, routing_key) = s.address(event_type);
             loop {
                 let token = Uuid::now_v7();

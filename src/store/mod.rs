@@ -126,7 +126,19 @@ pub trait HeldBatch: Send {
 /// What a claim takes: the arguments of [`ClaimStore::claim_after`](crate::ClaimStore::claim_after),
 /// [`ClaimStore::claim_held`](crate::ClaimStore::claim_held) and
 /// [`HeldBatch::finish_and_claim`].
+///
+/// Built with [`ClaimArgs::new`] and the setters (`#[non_exhaustive]`: a
+/// field added later breaks no caller); its fields are there to read.
+///
+/// ```
+/// # use std::time::Duration;
+/// let args = txbox::ClaimArgs::new("order-events", 100, Duration::from_secs(60))
+///     .ordered(txbox::OnPoison::Block)
+///     .from_key("order-7");
+/// assert_eq!(args.from_key, Some("order-7"));
+/// ```
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ClaimArgs<'a> {
     /// The event type.
     pub event_type: &'a str,
@@ -169,6 +181,55 @@ impl<'a> ClaimArgs<'a> {
             from_key: None,
             upto: None,
         }
+    }
+
+    /// Only ids greater than `after` (a backlog's last id).
+    #[must_use]
+    pub fn after(mut self, after: impl Into<Option<EventId>>) -> Self {
+        self.after = after.into();
+        self
+    }
+
+    /// At most `limit` events.
+    #[must_use]
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// The lease (or a held claim's idle limit).
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Held claims: delete the rows in the claim.
+    #[must_use]
+    pub fn delete_acked(mut self, delete_acked: bool) -> Self {
+        self.delete_acked = delete_acked;
+        self
+    }
+
+    /// Ordered by key, with this poison policy (`None`: unordered).
+    #[must_use]
+    pub fn ordered(mut self, on_poison: impl Into<Option<crate::OnPoison>>) -> Self {
+        self.ordered = on_poison.into();
+        self
+    }
+
+    /// Ordered types: the key walk starts after this key.
+    #[must_use]
+    pub fn from_key(mut self, key: impl Into<Option<&'a str>>) -> Self {
+        self.from_key = key.into();
+        self
+    }
+
+    /// Only events numbered up to this insert mark.
+    #[must_use]
+    pub fn upto(mut self, mark: impl Into<Option<i64>>) -> Self {
+        self.upto = mark.into();
+        self
     }
 }
 
