@@ -38,9 +38,28 @@ pub enum Error {
         max: usize,
     },
 
-    /// Input that txbox refuses, with the reason.
+    /// An argument of a call that txbox refuses (a consumer name, a batch of
+    /// ids too large, a query parameter of the admin endpoint), with the
+    /// reason.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+
+    /// `publish` refused an event that cannot be stored as it is: a key,
+    /// header or content type out of bounds (the payload has its own
+    /// [`Error::PayloadTooLarge`], the type [`Error::UnknownEventType`]).
+    #[error("event refused: {0}")]
+    InvalidEvent(String),
+
+    /// A call txbox cannot serve as it was made (a connection with
+    /// autocommit on, an outcome for an event that is not in the batch, a
+    /// method that needs a store the value was built without): a mistake in
+    /// the calling code.
+    #[error("misuse: {0}")]
+    Misuse(String),
+
+    /// Something txbox's own code should never let happen: a bug, to report.
+    #[error("internal error (a bug in txbox): {0}")]
+    Internal(String),
 
     /// The payload of an event could not be serialized to JSON.
     #[error("payload of event type {event_type:?} cannot be serialized: {source}")]
@@ -107,6 +126,10 @@ pub enum Error {
     #[error("broker: {0}")]
     Broker(String),
 
+    /// The inbox's cache (Redis) returned an error or could not be reached.
+    #[error("cache: {0}")]
+    Cache(String),
+
     /// A consumer loop stopped because a handler asked it to.
     #[error("consumer stopped: {0}")]
     ConsumerStopped(String),
@@ -123,10 +146,6 @@ pub enum Error {
         /// Why the change is refused.
         message: String,
     },
-
-    /// A sender could not be created or failed as a whole.
-    #[error("sender: {0}")]
-    Sender(String),
 
     /// `Relay::shutdown` ran out of time with threads still running.
     #[error("shutdown deadline passed with {0} relay thread(s) still running")]

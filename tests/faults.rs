@@ -95,7 +95,10 @@ fn relay_worker_process() {
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|e| txbox::Error::Sender(e.to_string()))?;
+            .map_err(|source| txbox::Error::Io {
+                context: "the sender's file".into(),
+                source,
+            })?;
         Ok(Box::new(FileSender {
             file,
             in_flight: Default::default(),

@@ -438,7 +438,9 @@ fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body:
     };
     result.unwrap_or_else(|e| match e {
         Error::NotFound(_) => err(404, &e.to_string()),
-        Error::InvalidInput(_) | Error::MissingEventId(_) => err(400, &e.to_string()),
+        Error::InvalidInput(_) | Error::MissingEventId(_) | Error::InvalidEvent(_) => {
+            err(400, &e.to_string())
+        }
         Error::InvalidTransition { .. } => err(409, &e.to_string()),
         other => err(500, &other.to_string()),
     })

@@ -379,9 +379,10 @@ impl Inbox {
         if self.is_cached(id) {
             return Ok(Handled::Duplicate);
         }
-        let store = self.inner.store.as_ref().ok_or_else(|| {
-            Error::InvalidInput("handle_at_most_once needs Inbox::with_store".into())
-        })?;
+        let store =
+            self.inner.store.as_ref().ok_or_else(|| {
+                Error::Misuse("handle_at_most_once needs Inbox::with_store".into())
+            })?;
         self.count(Stat::Statements, 1);
         if store.inbox_insert(&self.inner.service, &[id])?.is_empty() {
             self.count(Stat::Duplicates, 1);

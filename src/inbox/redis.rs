@@ -66,7 +66,7 @@ pub struct RedisCacheBuilder {
 }
 
 fn err(e: redis::RedisError) -> Error {
-    Error::Broker(format!("redis: {e}"))
+    Error::Cache(format!("redis: {e}"))
 }
 
 impl RedisCacheBuilder {
@@ -205,7 +205,7 @@ impl RedisCache {
             if let Some((until, why)) = &s.down {
                 let now = Instant::now();
                 if now < *until || s.trying {
-                    return Err(Error::Broker(format!(
+                    return Err(Error::Cache(format!(
                         "redis: skipped for {:?} after a failure ({why})",
                         until.saturating_duration_since(now)
                     )));

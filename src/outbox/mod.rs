@@ -184,7 +184,7 @@ impl Outbox {
                 || ct.len() > 255
                 || !ct.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
             {
-                return Err(Error::InvalidInput(format!(
+                return Err(Error::InvalidEvent(format!(
                     "content type {:?} of event type {:?}: must be 1 to 255 printable ASCII characters",
                     ct.escape_debug().to_string(),
                     e.event_type
@@ -193,7 +193,7 @@ impl Outbox {
         }
         if let Some(k) = &e.key {
             if k.len() > 255 {
-                return Err(Error::InvalidInput(format!(
+                return Err(Error::InvalidEvent(format!(
                     "key of event type {:?} is {} bytes, at most 255",
                     e.event_type,
                     k.len()
@@ -207,7 +207,7 @@ impl Outbox {
             .keys()
             .find(|n| n.is_empty() || n.len() > 255 || n.chars().any(char::is_control))
         {
-            return Err(Error::InvalidInput(format!(
+            return Err(Error::InvalidEvent(format!(
                 "header {:?} of event type {:?}: a header name must be 1 to 255 bytes without \
                  control characters",
                 name.escape_debug().to_string(),
@@ -219,7 +219,7 @@ impl Outbox {
             .keys()
             .find(|n| n.starts_with(RESERVED_HEADER_PREFIX))
         {
-            return Err(Error::InvalidInput(format!(
+            return Err(Error::InvalidEvent(format!(
                 "header {name:?} of event type {:?}: names starting with {RESERVED_HEADER_PREFIX:?} are reserved",
                 e.event_type
             )));
@@ -232,7 +232,7 @@ impl Outbox {
             .keys()
             .find(|n| n.eq_ignore_ascii_case(HEADER_CONTENT_TYPE))
         {
-            return Err(Error::InvalidInput(format!(
+            return Err(Error::InvalidEvent(format!(
                 "header {name:?} of event type {:?}: txbox sends the content type in it; \
                  publish bytes with their content type (NewEvent::bytes) to set one",
                 e.event_type
@@ -244,7 +244,7 @@ impl Outbox {
             .map(|(k, v)| k.len() + v.len() + HEADER_OVERHEAD)
             .sum();
         if header_bytes > MAX_HEADER_BYTES {
-            return Err(Error::InvalidInput(format!(
+            return Err(Error::InvalidEvent(format!(
                 "headers of event type {:?} are {header_bytes} bytes (names and values, and \
                  {HEADER_OVERHEAD} per header), at most {MAX_HEADER_BYTES}",
                 e.event_type

@@ -206,12 +206,16 @@ impl crate::transaction::Transaction for PgPreparedTx<'_, '_, '_> {
                     .insert
                     .unknown
                     .store(true, std::sync::atomic::Ordering::Relaxed);
-                Err(Error::InvalidInput(format!(
-                    "PgPrepared: this transaction's connection does not know the prepared \
-                     statement (a transaction of another client, or a session that was reset); \
-                     the transaction is aborted, roll it back: {}",
-                    crate::error::PgError(err)
-                )))
+                // the next transaction prepares it again: roll back, run again
+                Err(Error::database(
+                    crate::DatabaseErrorKind::Retryable,
+                    format!(
+                        "PgPrepared: this transaction's connection does not know the prepared \
+                         statement (a transaction of another client, or a session that was \
+                         reset); the transaction is aborted, roll it back: {}",
+                        crate::error::PgError(err)
+                    ),
+                ))
             }
             Err(err) => Err(err.into()),
         }

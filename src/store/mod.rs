@@ -677,10 +677,13 @@ pub(crate) fn connect(url: &str, config: &crate::Config) -> Result<Arc<dyn FullS
                 && scheme
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
-            Err(Error::InvalidInput(format!(
-                "database url: unknown scheme {:?}: expected postgres://, mysql://, sqlite:PATH or oracle://",
-                if plain { scheme } else { "?" }
-            )))
+            Err(Error::Config {
+                path: "database url".into(),
+                message: format!(
+                    "unknown scheme {:?}: expected postgres://, mysql://, sqlite:PATH or oracle://",
+                    if plain { scheme } else { "?" }
+                ),
+            })
         }
     }
 }

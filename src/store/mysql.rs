@@ -276,7 +276,10 @@ impl SqlStore<MySqlDialect> {
             Some(rest) => format!("mysql:{rest}"),
             None => url.to_owned(),
         };
-        let invalid = |e: &dyn std::fmt::Display| Error::InvalidInput(format!("database url: {e}"));
+        let invalid = |e: &dyn std::fmt::Display| Error::Config {
+            path: "database url".into(),
+            message: e.to_string(),
+        };
         let mut parsed = url::Url::parse(&url).map_err(|e| invalid(&e))?;
         let mut ours = std::collections::BTreeMap::new();
         let kept: Vec<(String, String)> = parsed
@@ -353,7 +356,7 @@ impl SqlStore<MySqlDialect> {
             .pool_opts(
                 mysql::PoolOpts::default().with_constraints(
                     mysql::PoolConstraints::new(1, 16)
-                        .ok_or_else(|| Error::InvalidInput("pool size".into()))?,
+                        .ok_or_else(|| Error::Internal("pool size 1 to 16".into()))?,
                 ),
             );
         if ssl.is_some() {

@@ -305,8 +305,9 @@ impl SqlStore<OracleDialect> {
 /// `oracle://user:password@host:port/service` as (user, password, target). The
 /// target follows the last `@`, so a password may hold `@` (and `:`) as it is.
 fn parse_url(url: &str) -> Result<(&str, &str, &str)> {
-    let bad = || {
-        Error::InvalidInput("oracle url: expected oracle://user:password@host:port/service".into())
+    let bad = || Error::Config {
+        path: "database url".into(),
+        message: "oracle: expected oracle://user:password@host:port/service".into(),
     };
     let rest = url.strip_prefix("oracle://").ok_or_else(bad)?;
     let (cred, target) = rest.rsplit_once('@').ok_or_else(bad)?;
@@ -345,7 +346,7 @@ mod tests {
 
 fn in_transaction(conn: &oracle::Connection) -> Result<()> {
     if conn.autocommit() {
-        return Err(Error::InvalidInput(
+        return Err(Error::Misuse(
             "the oracle connection has autocommit on: publish needs a transaction (autocommit off)"
                 .into(),
         ));

@@ -235,8 +235,8 @@ pub(crate) fn restore_steps<'a>(
             )
         });
         let (Some(row), Some(e)) = (by_row.get(id), by_event.get(id)) else {
-            return Err(Error::InvalidInput(format!(
-                "event {id} is not in the held batch"
+            return Err(Error::Misuse(format!(
+                "an outcome for event {id}, which is not in the held batch"
             )));
         };
         let [text, bytes, content_type] = stored_payload(&published(e));

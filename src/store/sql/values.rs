@@ -188,7 +188,7 @@ pub trait Conn {
     /// it.
     fn script(&mut self, sql: &str) -> Result<Script> {
         let _ = sql;
-        Err(Error::InvalidInput(
+        Err(Error::Internal(
             "this driver cannot run a statement script".into(),
         ))
     }
@@ -281,7 +281,7 @@ pub trait Backend: Send + Sync + 'static {
     /// A connection that may outlive the call (a held claim keeps one). Pools of
     /// dialects with [`Catalog::hold_claim`] implement it.
     fn get_owned(&self) -> Result<Box<dyn Conn + Send>> {
-        Err(Error::InvalidInput(
+        Err(Error::Internal(
             "this store cannot hand out a connection of its own".into(),
         ))
     }
