@@ -14,8 +14,10 @@ use crate::event::{
     RESERVED_HEADER_PREFIX,
 };
 
-/// Where a received message came from.
+/// Where a received message came from. `#[non_exhaustive]`: another broker
+/// adds its own variant.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Position {
     /// A Kafka record.
     Kafka {
