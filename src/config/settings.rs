@@ -23,18 +23,6 @@ pub enum PollingStrategy {
     Adaptive,
 }
 
-impl TryFrom<String> for PollingStrategy {
-    type Error = String;
-    /// `"fixed"` or `"adaptive"`, as in the TOML configuration.
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "fixed" => Ok(PollingStrategy::Fixed),
-            "adaptive" => Ok(PollingStrategy::Adaptive),
-            other => Err(format!("must be \"fixed\" or \"adaptive\", not {other:?}")),
-        }
-    }
-}
-
 /// How a poller claims a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(try_from = "String")]
@@ -61,36 +49,6 @@ pub enum ClaimMode {
     Lock,
 }
 
-impl std::fmt::Display for ClaimMode {
-    /// `lease` or `lock`, as the TOML configuration spells it.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ClaimMode::Lease => "lease",
-            ClaimMode::Lock => "lock",
-        })
-    }
-}
-
-impl std::str::FromStr for ClaimMode {
-    type Err = String;
-    /// `"lease"` or `"lock"`, as in the TOML configuration; the error says what
-    /// is allowed.
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "lease" => Ok(ClaimMode::Lease),
-            "lock" => Ok(ClaimMode::Lock),
-            other => Err(format!("must be \"lease\" or \"lock\", not {other:?}")),
-        }
-    }
-}
-
-impl TryFrom<String> for ClaimMode {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        s.parse()
-    }
-}
-
 /// How a poller learns that events were committed, besides polling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(try_from = "String")]
@@ -114,18 +72,6 @@ pub enum Wake {
     /// commits send no notification (the relay tells the database so when it
     /// starts, [`ClaimStore::set_commit_wake`](crate::ClaimStore::set_commit_wake)).
     Poll,
-}
-
-impl TryFrom<String> for Wake {
-    type Error = String;
-    /// `"notify"` or `"poll"`, as in the TOML configuration.
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "notify" => Ok(Wake::Notify),
-            "poll" => Ok(Wake::Poll),
-            other => Err(format!("must be \"notify\" or \"poll\", not {other:?}")),
-        }
-    }
 }
 
 /// Whether one event type's events are sent in order per key.
@@ -166,18 +112,6 @@ pub enum EventOrder {
     Key,
 }
 
-impl TryFrom<String> for EventOrder {
-    type Error = String;
-    /// `"none"` or `"key"`, as in the TOML configuration.
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "none" => Ok(EventOrder::None),
-            "key" => Ok(EventOrder::Key),
-            other => Err(format!("must be \"none\" or \"key\", not {other:?}")),
-        }
-    }
-}
-
 /// What an ordered type ([`EventOrder::Key`]) does with an event that used up
 /// its retries (a poison event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -194,16 +128,47 @@ pub enum OnPoison {
     Skip,
 }
 
-impl TryFrom<String> for OnPoison {
-    type Error = String;
-    /// `"block"` or `"skip"`, as in the TOML configuration.
-    fn try_from(s: String) -> Result<Self, String> {
-        match s.as_str() {
-            "block" => Ok(OnPoison::Block),
-            "skip" => Ok(OnPoison::Skip),
-            other => Err(format!("must be \"block\" or \"skip\", not {other:?}")),
+/// The names of a setting's values, as the TOML configuration spells them:
+/// `FromStr` and `TryFrom<String>` (which serde reads them through) refuse
+/// another name saying which are allowed, and `Display` writes the name.
+macro_rules! named_values {
+    ($($ty:ident { $($name:literal => $variant:ident),+ $(,)? })*) => {$(
+        impl std::str::FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                match s {
+                    $($name => Ok($ty::$variant),)+
+                    other => Err(format!(
+                        "must be {}, not {other:?}",
+                        [$(concat!("\"", $name, "\"")),+].join(" or ")
+                    )),
+                }
+            }
         }
-    }
+
+        impl TryFrom<String> for $ty {
+            type Error = String;
+            fn try_from(s: String) -> std::result::Result<Self, String> {
+                s.parse()
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self {
+                    $($ty::$variant => $name,)+
+                })
+            }
+        }
+    )*};
+}
+
+named_values! {
+    PollingStrategy { "fixed" => Fixed, "adaptive" => Adaptive }
+    ClaimMode { "lease" => Lease, "lock" => Lock }
+    Wake { "notify" => Notify, "poll" => Poll }
+    EventOrder { "none" => None, "key" => Key }
+    OnPoison { "block" => Block, "skip" => Skip }
 }
 
 /// Polling settings of one event type (`[events.x.polling]`).
