@@ -201,8 +201,9 @@ impl Error {
         }
     }
 
-    /// Whether the same call may succeed if tried again (a database deadlock or
-    /// lock wait timeout).
+    /// Whether the same call may succeed if tried again (a database deadlock,
+    /// a lock wait timeout, a prepared statement the connection forgot: roll
+    /// the transaction back and run it again).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,

@@ -63,7 +63,9 @@ impl Outbox {
     /// Serializes `payload` to JSON and inserts one event into `tx`. Returns its id.
     ///
     /// Errors: [`Error::UnknownEventType`], [`Error::Serialize`],
-    /// [`Error::PayloadTooLarge`], [`Error::Database`]. After an error the caller's
+    /// [`Error::PayloadTooLarge`], [`Error::InvalidEvent`] (a key or header out of
+    /// bounds), [`Error::Misuse`] (an Oracle connection in autocommit),
+    /// [`Error::Database`]. After an error the caller's
     /// transaction is still the caller's to roll back (PostgreSQL will refuse further
     /// statements in it after a database error).
     ///
@@ -87,7 +89,7 @@ impl Outbox {
     /// Returns its id. The bytes go to a binary column and reach the broker, and
     /// consumers, unchanged.
     ///
-    /// Errors: as [`Outbox::publish`], and [`Error::InvalidInput`] for a content
+    /// Errors: as [`Outbox::publish`], and [`Error::InvalidEvent`] for a content
     /// type that is not 1 to 255 printable ASCII characters.
     ///
     /// ```no_run

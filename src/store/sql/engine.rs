@@ -523,7 +523,9 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
                 status: r.text(2)?,
                 waiting: 0,
             });
-            seqs.push(r.int(3)?);
+            // none while schema 7 still numbers the events there: every
+            // waiting event of the key counts
+            seqs.push(r.opt_int(3)?.unwrap_or(i64::MIN));
         }
         for (k, seq) in keys.iter_mut().zip(seqs) {
             let fixed = [event_type.into(), k.key.as_str().into(), Val::Int(seq)];
