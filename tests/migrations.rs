@@ -200,6 +200,37 @@ fn postgres_a_version_that_cannot_be_read_is_an_error() {
     }
 }
 
+/// Runs `migrate` on a thread of its own, waits until one of its statements
+/// whose text is `like` (a LIKE pattern) waits, for a lock or in a sleep,
+/// and then publishes one event of type `e`. Returns what `migrate`
+/// returned, how long the publish took, and the id of its event.
+fn publish_while_migrate_waits<R: Send>(
+    fx: &Fixture,
+    config: &Config,
+    like: &str,
+    migrate: impl FnOnce() -> R + Send,
+) -> (R, Duration, Vec<txbox::EventId>) {
+    let mut c = common::client().unwrap();
+    std::thread::scope(|s| {
+        let migrating = s.spawn(migrate);
+        common::wait_until("the migration waits", Duration::from_secs(10), || {
+            let waiting: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1 \
+                     AND (wait_event_type = 'Lock' OR wait_event = 'PgSleep')",
+                    &[&like],
+                )
+                .unwrap()
+                .get(0);
+            waiting > 0
+        });
+        let t = Instant::now();
+        let new = fx.publish(config, "e", 1, true);
+        let took = t.elapsed();
+        (migrating.join().unwrap(), took, new)
+    })
+}
+
 /// An upgrade's index build on a table that exists (PostgreSQL, `CREATE
 /// INDEX CONCURRENTLY`) lets publishes commit while it waits, and a build
 /// that stopped (here its lock timeout, behind a transaction holding an old
@@ -237,25 +268,9 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
     let mut old = common::client().unwrap();
     old.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
         .unwrap();
-    let (migrated, publish_took) = std::thread::scope(|s| {
-        let migrating = s.spawn(|| txbox::Store::migrate(&store));
-        common::wait_until("the index build waits", Duration::from_secs(10), || {
-            let waiting: i64 = c
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                     WHERE query LIKE 'CREATE INDEX CONCURRENTLY IF NOT EXISTS ' || $1 || '%' \
-                       AND wait_event_type = 'Lock'",
-                    &[&format!("{p}outbox_key_seq_idx")],
-                )
-                .unwrap()
-                .get(0);
-            waiting > 0
-        });
-        let t = Instant::now();
-        fx.publish(&config, "e", 1, true);
-        let took = t.elapsed();
-        (migrating.join().unwrap(), took)
-    });
+    let like = format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {p}outbox_key_seq_idx%");
+    let (migrated, publish_took, _) =
+        publish_while_migrate_waits(&fx, &config, &like, || txbox::Store::migrate(&store));
     assert!(
         publish_took < Duration::from_secs(1),
         "a publish waited {publish_took:?} for the index build"
@@ -305,25 +320,11 @@ fn postgres_publishes_go_on_while_schema_7_numbers_the_waiting_events() {
          CREATE TRIGGER {p}slow BEFORE UPDATE ON {p}outbox_events FOR EACH ROW \
            WHEN (current_query() LIKE 'UPDATE %SET seq%') EXECUTE FUNCTION {p}slow()"
     ));
-    let mut c = common::client().unwrap();
-    let (migrated, publish_took, new) = std::thread::scope(|s| {
-        let migrating = s.spawn(|| fx.store.migrate());
-        common::wait_until("the numbering waits", Duration::from_secs(10), || {
-            let waiting: i64 = c
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                     WHERE query LIKE 'UPDATE %outbox_events o SET seq%' AND wait_event = 'PgSleep'",
-                    &[],
-                )
-                .unwrap()
-                .get(0);
-            waiting > 0
+    let (migrated, publish_took, new) =
+        publish_while_migrate_waits(&fx, &config, "UPDATE %outbox_events o SET seq%", || {
+            fx.store.migrate()
         });
-        let t = Instant::now();
-        let new = fx.publish(&config, "e", 1, true);
-        let took = t.elapsed();
-        (migrating.join().unwrap(), took, new)
-    });
+    let mut c = common::client().unwrap();
     migrated.unwrap();
     assert!(
         publish_took < Duration::from_secs(1),
