@@ -2,7 +2,8 @@
 //! and its file's statements (the SQL stores apply them,
 //! [`Store::migrate`](crate::Store::migrate)).
 
-/// A schema version [`Store::migrate`] would apply ([`Store::pending_migrations`]).
+/// A schema version [`Store::migrate`](crate::Store::migrate) would apply
+/// ([`Store::pending_migrations`](crate::Store::pending_migrations)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingMigration {
     /// The version: 1 for the baseline (`001_schema.sql`, idempotent, run
