@@ -18,7 +18,7 @@
 //! ```
 //! Needs PostgreSQL (`TXBOX_DATABASE_URL`, default
 //! postgres://postgres@127.0.0.1:5432/test), and RabbitMQ (`TXBOX_RABBITMQ_URL`)
-//! or Kafka (`TXBOX_KAFKA_BROKERS`). `tests/web_service.rs` drives it over HTTP
+//! or Kafka (`TXBOX_KAFKA_BROKERS`). `tests/suite/web_service.rs` drives it over HTTP
 //! and reads the events back from both brokers.
 
 use std::sync::Arc;
@@ -275,7 +275,7 @@ fn show(pool: &Pool, id: i64) -> Result<Answer, Failure> {
     })
 }
 
-#[allow(dead_code)] // `tests/web_service.rs` includes this file for `start`
+#[allow(dead_code)] // `tests/suite/web_service.rs` includes this file for `start`
 fn main() -> std::process::ExitCode {
     let _ = env_logger::builder()
         .filter_level(log::LevelFilter::Warn)

@@ -328,6 +328,17 @@ impl Tally {
     }
 }
 
+/// The name the test harness knows the test `name` of module `module` (its
+/// `module_path!()`) by: its path without the binary's crate, as
+/// `--exact` wants it (`migrations::migrate_child_process` in the suite
+/// binary, `name` alone at a binary's root).
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{name}"),
+        None => name.to_owned(),
+    }
+}
+
 /// Runs the ignored test `test` of this test binary as a child process with
 /// `env` set (a relay process for the crash tests), its output discarded.
 pub fn spawn_child(test: &str, env: &[(&str, &str)]) -> std::process::Child {

@@ -1,12 +1,10 @@
 //! PostgreSQL -> relay -> Kafka (Tansu here; any Kafka via TXBOX_KAFKA_BROKERS) -> consumer loop.
 #![cfg(feature = "kafka")]
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use txbox::kafka::{KafkaConsumer, KafkaSender};
 use txbox::{Config, Dlq, NewEvent, Outbox, Relay, StopSignal};

@@ -1,15 +1,13 @@
 //! PostgreSQL -> relay -> RabbitMQ -> consumer loop, against the real broker.
 #![cfg(feature = "rabbitmq")]
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use crate::common::*;
 use amiquip::{
     AmqpValue, Connection, ExchangeDeclareOptions, ExchangeType, FieldTable, QueueDeclareOptions,
 };
-use common::*;
 use serde_json::json;
 use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
 use txbox::{Config, Dlq, NewEvent, Outbox, Relay, SenderFactory, StopSignal};

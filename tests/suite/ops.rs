@@ -3,14 +3,12 @@
 //! real HTTP client, and the metrics.
 #![cfg(all(feature = "cli", feature = "admin-http"))]
 
-mod common;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::backend::{Backend, Fixture};
-use common::wait_until;
+use crate::common::backend::{Backend, Fixture};
+use crate::common::wait_until;
 use txbox::admin::{AdminOptions, AdminServer};
 use txbox::{Config, Dlq, DlqStatus, EventId, MemorySender, Outcome, Relay};
 use uuid::Uuid;
@@ -138,7 +136,7 @@ fn cli(prefix: &str, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_txbox"))
         .args([
             "--database-url",
-            &common::pg_url(),
+            &crate::common::pg_url(),
             "--table-prefix",
             prefix,
         ])
@@ -160,7 +158,7 @@ fn a_dead_letter_another_instance_holds_is_refused_with_a_clear_error() {
     };
     let c = config(p);
     let ids = dead_letters(&fx, &c, "order-created", 1);
-    let mut other = common::client().unwrap();
+    let mut other = crate::common::client().unwrap();
     let mut tx = other.transaction().unwrap();
     tx.execute(
         &format!("SELECT 1 FROM {p}outbox_dead_letters WHERE id = $1 FOR UPDATE"),
@@ -796,8 +794,9 @@ fn health_gives_a_short_reason_not_the_database_error() {
                 .unwrap(),
             postgres::NoTls,
         ));
-    let store =
-        Arc::new(txbox::PgStore::from_pool(pool, &common::prefix_config("t_ops_down_")).unwrap());
+    let store = Arc::new(
+        txbox::PgStore::from_pool(pool, &crate::common::prefix_config("t_ops_down_")).unwrap(),
+    );
     let server = AdminServer::start(store, AdminOptions::new()).unwrap();
     let (agent, base) = http(&server);
     let (code, text) = body(agent.get(format!("{base}/health")).call().unwrap());
@@ -972,7 +971,7 @@ fn migrate_dry_run_lists_what_would_run_and_changes_nothing() {
         (code, out.trim()),
         (0, "the schema is current: nothing to run")
     );
-    let mut c = common::client().unwrap();
+    let mut c = crate::common::client().unwrap();
     c.batch_execute(&format!(
         "DELETE FROM {p}txbox_schema_version WHERE version = 7"
     ))

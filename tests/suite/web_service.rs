@@ -3,17 +3,15 @@
 //! stores nothing and publishes nothing, `GET /orders/{id}` shows an order.
 #![cfg(all(feature = "postgres", feature = "kafka", feature = "rabbitmq"))]
 
-mod common;
-
 #[allow(dead_code)] // the example's `main` and `run` are not called here
-#[path = "../examples/web_service.rs"]
-mod web_service;
+#[path = "../../examples/web_service.rs"]
+mod example;
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::*;
-use web_service::{Broker, DESTINATION};
+use crate::common::*;
+use example::{Broker, DESTINATION};
 
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
@@ -71,7 +69,7 @@ fn orders_placed_over_http_reach_each_broker() {
         return;
     }
     for broker in [Broker::RabbitMq, Broker::Kafka] {
-        let service = web_service::start(&pg_url(), broker, "127.0.0.1:0").unwrap();
+        let service = example::start(&pg_url(), broker, "127.0.0.1:0").unwrap();
         let base = format!("http://{}", service.addr);
         let mut c = client().unwrap();
         // orders are never cleaned up (the outbox's sent rows are)

@@ -1,12 +1,10 @@
 //! Migrations on a live database, against the real PostgreSQL, MariaDB and
 //! SQLite: `migrate` at start-up must not stall the writers.
 
-mod common;
-
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
-use common::backend::{Backend, Fixture};
+use crate::common::backend::{Backend, Fixture};
 use txbox::{Config, Outbox};
 
 /// One test of this binary at a time: PostgreSQL's migration lock is one
@@ -140,12 +138,12 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
         .build()
         .unwrap();
     // the last version not applied yet: it alters the outbox table
-    let mut c = common::client().unwrap();
+    let mut c = crate::common::client().unwrap();
     c.batch_execute(&format!(
         "DELETE FROM {p}txbox_schema_version WHERE version = (SELECT max(version) FROM {p}txbox_schema_version)"
     ))
     .unwrap();
-    let store = txbox::PgStore::connect(&common::pg_url(), &config).unwrap();
+    let store = txbox::PgStore::connect(&crate::common::pg_url(), &config).unwrap();
     let outbox = Outbox::new(&config).unwrap();
     while_a_publish_is_open(&fx, &outbox, || {
         let started = Instant::now();
@@ -181,13 +179,13 @@ fn postgres_a_version_that_cannot_be_read_is_an_error() {
     let Some(_fx) = Fixture::new(Backend::Postgres, p) else {
         return;
     };
-    let mut c = common::client().unwrap();
+    let mut c = crate::common::client().unwrap();
     c.batch_execute(
         "DO $$ BEGIN CREATE ROLE txbox_no_grant LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$",
     )
     .unwrap();
     let config = Config::builder().table_prefix(p).build().unwrap();
-    let url = common::pg_url().replacen("postgres@", "txbox_no_grant@", 1);
+    let url = crate::common::pg_url().replacen("postgres@", "txbox_no_grant@", 1);
     assert!(url.contains("txbox_no_grant@"), "{url}");
     let store = txbox::PgStore::connect(&url, &config).unwrap();
     for e in [
@@ -210,10 +208,10 @@ fn publish_while_migrate_waits<R: Send>(
     like: &str,
     migrate: impl FnOnce() -> R + Send,
 ) -> (R, Duration, Vec<txbox::EventId>) {
-    let mut c = common::client().unwrap();
+    let mut c = crate::common::client().unwrap();
     std::thread::scope(|s| {
         let migrating = s.spawn(migrate);
-        common::wait_until("the migration waits", Duration::from_secs(10), || {
+        crate::common::wait_until("the migration waits", Duration::from_secs(10), || {
             let waiting: i64 = c
                 .query_one(
                     "SELECT count(*) FROM pg_stat_activity WHERE query LIKE $1 \
@@ -249,7 +247,7 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
         .event("e", |e| e)
         .build()
         .unwrap();
-    let mut c = common::client().unwrap();
+    let mut c = crate::common::client().unwrap();
     // schema 7 without its last index and unrecorded: its upgrade builds it
     c.batch_execute(&format!(
         "DROP INDEX {p}outbox_key_seq_idx; \
@@ -264,8 +262,8 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
         .unwrap()
         .map(|r| r.get(0))
     };
-    let store = txbox::PgStore::connect(&common::pg_url(), &config).unwrap();
-    let mut old = common::client().unwrap();
+    let store = txbox::PgStore::connect(&crate::common::pg_url(), &config).unwrap();
+    let mut old = crate::common::client().unwrap();
     old.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
         .unwrap();
     let like = format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {p}outbox_key_seq_idx%");
@@ -324,7 +322,7 @@ fn postgres_publishes_go_on_while_schema_7_numbers_the_waiting_events() {
         publish_while_migrate_waits(&fx, &config, "UPDATE %outbox_events o SET seq%", || {
             fx.store.migrate()
         });
-    let mut c = common::client().unwrap();
+    let mut c = crate::common::client().unwrap();
     migrated.unwrap();
     assert!(
         publish_took < Duration::from_secs(1),
@@ -357,7 +355,7 @@ fn postgres_publishes_go_on_while_schema_7_numbers_the_waiting_events() {
 /// took the server's character set until schema 5 made it utf8mb4.
 fn schema_at(fx: &Fixture, version: usize) {
     let p = &fx.prefix;
-    let drop: Vec<String> = common::backend::TABLES
+    let drop: Vec<String> = crate::common::backend::TABLES
         .iter()
         .chain(&["outbox_quiet_types", "outbox_seq"])
         .map(|t| format!("DROP TABLE IF EXISTS {p}{t}"))
@@ -566,11 +564,11 @@ const LATIN1_URL: &str = "mysql://root@127.0.0.1:3308/test";
 #[cfg(feature = "mysql")]
 fn latin1_server(prefix: &str) -> Option<mysql::PooledConn> {
     use mysql::prelude::Queryable;
-    if !common::service_up("MariaDB latin1", "127.0.0.1:3308") {
+    if !crate::common::service_up("MariaDB latin1", "127.0.0.1:3308") {
         return None;
     }
     let mut c = mysql::Pool::new(LATIN1_URL).unwrap().get_conn().unwrap();
-    for t in common::backend::TABLES {
+    for t in crate::common::backend::TABLES {
         c.query_drop(format!("DROP TABLE IF EXISTS {prefix}{t}"))
             .unwrap();
     }
@@ -649,9 +647,11 @@ fn mysql_an_upgraded_latin1_table_keeps_each_key_one_key() {
             .map(String::from)
             .collect()
     };
-    for s in old(include_str!("../sql/mysql/001_schema.sql"))
+    for s in old(include_str!("../../sql/mysql/001_schema.sql"))
         .into_iter()
-        .chain(old(include_str!("../sql/mysql/002_inbox_per_consumer.sql")))
+        .chain(old(include_str!(
+            "../../sql/mysql/002_inbox_per_consumer.sql"
+        )))
     {
         c.query_drop(s).unwrap();
     }
@@ -740,7 +740,7 @@ fn two_processes_migrating_at_once(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else {
         return;
     };
-    for t in common::backend::TABLES
+    for t in crate::common::backend::TABLES
         .iter()
         .chain(&["outbox_quiet_types", "outbox_seq"])
     {
@@ -754,7 +754,11 @@ fn two_processes_migrating_at_once(b: Backend, p: &str) {
     let children: Vec<_> = (0..2)
         .map(|_| {
             std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "migrate_child_process", "--ignored", "--quiet"])
+                .args([
+                    "--exact",
+                    &crate::common::test_name(module_path!(), "migrate_child_process"),
+                ])
+                .args(["--ignored", "--quiet"])
                 .env("TXBOX_MIGRATE_PREFIX", p)
                 .env("TXBOX_MIGRATE_BACKEND", &name)
                 .env("TXBOX_MIGRATE_AT", at.to_string())

@@ -1,13 +1,11 @@
 //! The inbox against real PostgreSQL (and Redis for the shared cache).
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 use txbox::InboxStore;
 
-use common::*;
+use crate::common::*;
 use txbox::{Config, Error, EventId, Position, ReceivedEvent};
 use txbox::{Handled, Inbox, InboxCache, InboxCleanup, MemoryCache};
 

@@ -10,13 +10,11 @@
     feature = "admin-http"
 ))]
 
-mod common;
-
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
 use txbox::{Config, InboxCache, Outbox, Relay, Sender, SenderFactory};

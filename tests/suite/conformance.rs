@@ -5,14 +5,12 @@
 //! it is done. SQLite has one writer per database: its "several instances" tests are
 //! several stores (connections) in one process, which is what SQLite can offer.
 
-mod common;
-
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::backend::{Backend, Fixture};
-use common::wait_until;
+use crate::common::backend::{Backend, Fixture};
+use crate::common::wait_until;
 use txbox::Inbox;
 use txbox::{
     ClaimArgs, Config, Dlq, DlqFilter, DlqStatus, Error, Event, EventId, MemorySender, Outcome,
@@ -404,7 +402,8 @@ fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &
         &c,
         vec![
             txbox::NewEvent::new("e", &7).unwrap(),
-            txbox::NewEvent::bytes("e", common::RAW_BYTES, "application/x-protobuf").key("k"),
+            txbox::NewEvent::bytes("e", crate::common::RAW_BYTES, "application/x-protobuf")
+                .key("k"),
             txbox::NewEvent::bytes("e", Vec::new(), "application/octet-stream"),
         ],
     );
@@ -426,7 +425,10 @@ fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &
         seen,
         vec![
             (b"7".to_vec(), None),
-            (common::RAW_BYTES.to_vec(), Some("application/x-protobuf")),
+            (
+                crate::common::RAW_BYTES.to_vec(),
+                Some("application/x-protobuf")
+            ),
             (Vec::new(), Some("application/octet-stream")),
             (big.clone(), Some("application/avro")),
             (b"0".to_vec(), None),
@@ -454,7 +456,7 @@ fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &
     let dead = dlq.get(ids[1]).unwrap();
     assert_eq!(
         (dead.payload.as_slice(), dead.content_type.as_deref()),
-        (common::RAW_BYTES, Some("application/x-protobuf"))
+        (crate::common::RAW_BYTES, Some("application/x-protobuf"))
     );
     let json = serde_json::to_value(&dead).unwrap();
     assert_eq!(json["payload"], "/wD+XHg0MYAAwyg=", "base64 in JSON");
@@ -471,7 +473,7 @@ fn binary_payloads_come_back_unchanged_through_the_dead_letters(b: Backend, p: &
             .collect::<Vec<_>>(),
         vec![
             (
-                common::RAW_BYTES.to_vec(),
+                crate::common::RAW_BYTES.to_vec(),
                 Some("application/x-protobuf".into())
             ),
             (big, Some("application/avro".into()))
@@ -765,7 +767,7 @@ fn four_relays_deliver_every_event_exactly_once(b: Backend, p: &str) {
     wait_until("nothing left in process", Duration::from_secs(30), || {
         fx.counts("e") == txbox::TypeStatus::default()
     });
-    common::shut_down_and_check_each_once(relays, &senders, &published);
+    crate::common::shut_down_and_check_each_once(relays, &senders, &published);
 }
 
 fn failing_sender_ends_in_the_dlq_and_a_retry_delivers(b: Backend, p: &str) {
@@ -1449,10 +1451,10 @@ fn mysql_resumes_an_upgrade_that_stopped_half_way() {
     let Some(fx) = Fixture::schema_v1(Backend::MySql, p, &old) else {
         return;
     };
-    let pool = ::mysql::Pool::new(common::backend::mysql_url().as_str()).unwrap();
+    let pool = ::mysql::Pool::new(crate::common::backend::mysql_url().as_str()).unwrap();
     let mut c = pool.get_conn().unwrap();
     // the first statement of 002 only, as a migration that died after it
-    let first = include_str!("../sql/mysql/002_inbox_per_consumer.sql")
+    let first = include_str!("../../sql/mysql/002_inbox_per_consumer.sql")
         .replace("{prefix}", p)
         .lines()
         .filter(|l| !l.starts_with("--"))
@@ -1486,7 +1488,7 @@ fn mysql_inbox_inserts_from_concurrent_consumers_do_not_deadlock() {
     };
     let config = txbox::Config::builder().table_prefix(p).build().unwrap();
     let inbox = txbox::Inbox::new(&config, "billing").unwrap();
-    let pool = ::mysql::Pool::new(common::backend::mysql_url().as_str()).unwrap();
+    let pool = ::mysql::Pool::new(crate::common::backend::mysql_url().as_str()).unwrap();
     let (recorded, deadlocks, other) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
     let until = std::time::Instant::now() + Duration::from_secs(10);
     std::thread::scope(|s| {

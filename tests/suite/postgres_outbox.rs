@@ -1,10 +1,8 @@
 //! Publishing and configuration against a real PostgreSQL.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use txbox::{Config, Error, NewEvent, Outbox};
 
@@ -37,7 +35,7 @@ fn rollback_leaves_no_event_and_commit_makes_it_visible() {
         .publish(&mut tx, "order-created", &json!({"n": 2}))
         .unwrap();
     // not visible to others before commit
-    let mut other = common::client().unwrap();
+    let mut other = crate::common::client().unwrap();
     assert_eq!(count(&mut other, p, "PENDING"), 0);
     tx.commit().unwrap();
 
@@ -653,7 +651,7 @@ fn a_prepared_publisher_writes_the_same_rows_and_refuses_another_connection() {
 
     // on a transaction of another client: a clear error, nothing written, and that
     // client goes on once the aborted transaction is rolled back
-    let mut other = common::client().unwrap();
+    let mut other = crate::common::client().unwrap();
     let mut tx = other.transaction().unwrap();
     let err = outbox
         .publish(
@@ -740,7 +738,7 @@ fn a_pooled_connection_keeps_its_prepared_publisher() {
 /// PostgreSQL as on the other dialects.
 #[test]
 fn postgres_errors_say_whether_a_retry_may_succeed() {
-    let (Some(mut a), Some(mut b)) = (common::client(), common::client()) else {
+    let (Some(mut a), Some(mut b)) = (crate::common::client(), crate::common::client()) else {
         return;
     };
     a.batch_execute(

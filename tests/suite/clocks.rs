@@ -10,13 +10,11 @@
 //! ignored test run only as that child, under `faketime`).
 #![cfg(feature = "rabbitmq")]
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use txbox::{Config, EventOrder, MemorySender, NewEvent, Outbox, Relay};
 
 /// The event type of these tests, ordered by key.
@@ -85,7 +83,11 @@ impl Skewed {
         let mut child = Command::new("faketime")
             .args(["-f", offset])
             .arg(std::env::current_exe().unwrap())
-            .args(["--exact", "skewed_publisher_process", "--ignored"])
+            .args([
+                "--exact",
+                &crate::common::test_name(module_path!(), "skewed_publisher_process"),
+            ])
+            .args(["--ignored"])
             .args(["--nocapture", "--test-threads", "1", "--quiet"])
             .env("TXBOX_CLOCK_PREFIX", prefix)
             .stdin(Stdio::piped())

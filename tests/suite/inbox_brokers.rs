@@ -2,11 +2,9 @@
 //! is handled once; a message without an event id follows the policy.
 #![cfg(all(feature = "kafka", feature = "rabbitmq"))]
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use txbox::{Config, Error, Outbox, Relay, Sender};
 use txbox::{Inbox, MissingIdPolicy};
 

@@ -3,8 +3,6 @@
 //! "poll"` at the source, two-phase commit, and a listening connection that
 //! goes silent.
 
-mod common;
-
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -12,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use txbox::{Config, EventId, MemorySender, Outbox, PgStore, Relay, Wake};
 
 fn ms(n: u64) -> Duration {
@@ -65,7 +63,7 @@ fn thirty_two_publishers_are_all_sent_on_commit_not_at_the_poll() {
     };
     let config = sleepy(p, Duration::from_secs(30), &[("n", Wake::Notify)]);
     let (relay, sender) = sleeping_relay(store, &mut client, p, &config);
-    let mut counting = common::listening(p);
+    let mut counting = crate::common::listening(p);
 
     let outbox = Arc::new(Outbox::new(&config).unwrap());
     let published = Arc::new(Mutex::new(Vec::new()));
@@ -185,7 +183,7 @@ fn a_type_whose_wake_up_is_poll_sends_no_notification() {
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
-    let mut listening = common::listening(p);
+    let mut listening = crate::common::listening(p);
     let commit = |client: &mut postgres::Client, config: &Config, t: &str| {
         let outbox = Outbox::new(config).unwrap();
         let mut tx = client.transaction().unwrap();
@@ -222,7 +220,7 @@ fn past_the_queue_limit_commits_do_not_notify_and_events_still_go_out() {
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
-    let mut listening = common::listening(p);
+    let mut listening = crate::common::listening(p);
     let config = Config::builder()
         .table_prefix(p)
         .event("t", |e| e.adaptive_polling(ms(200), ms(400), 1.5))

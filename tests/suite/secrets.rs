@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-mod common;
-
 use txbox::admin::AdminOptions;
 use txbox::kafka::{KafkaConsumer, KafkaSender};
 use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
@@ -118,7 +116,7 @@ fn errors_that_name_a_url_redact_its_password() {
         attempts: 0,
     };
     // until the reconnect backoff is over and a send tries to connect again
-    common::wait_until(
+    crate::common::wait_until(
         "a send that connects again",
         Duration::from_secs(10),
         || {

@@ -1,15 +1,13 @@
 //! The relay against a real PostgreSQL, with the in-memory sender standing in for
 //! the broker (the relay's logic is under test here, not a broker).
 
-mod common;
-
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use txbox::{
     ClaimArgs, ClaimMode, Config, Dlq, DlqStatus, EventId, EventSettings, MemorySender, NewEvent,
@@ -255,7 +253,7 @@ fn killed_connections(p: &str, claim: ClaimMode, delete: bool) {
     // a claim whose connection dies before its reply is committed but unseen: its
     // rows come back after the lease, so the lease is short here
     let defaults = |e: EventSettings| fast(e).batch_size(50).lease(Duration::from_secs(2));
-    let config = common::mode_config(p, defaults, claim, delete)
+    let config = crate::common::mode_config(p, defaults, claim, delete)
         .event("k", |e| e)
         .recovery_interval(ms(200))
         .build()
@@ -267,7 +265,7 @@ fn killed_connections(p: &str, claim: ClaimMode, delete: bool) {
     let producer = {
         let outbox = outbox.clone();
         std::thread::spawn(move || {
-            let mut c = common::client().unwrap();
+            let mut c = crate::common::client().unwrap();
             let mut ids = Vec::new();
             for i in 0..40 {
                 let mut tx = c.transaction().unwrap();
@@ -365,7 +363,7 @@ fn pooled_connections_killed_are_tested_and_replaced() {
         postgres::NoTls,
     );
     let pool = r2d2::Pool::builder().max_size(4).build(manager).unwrap();
-    let theirs = txbox::PgStore::from_pool(pool, &common::prefix_config(p)).unwrap();
+    let theirs = txbox::PgStore::from_pool(pool, &crate::common::prefix_config(p)).unwrap();
     theirs.ping().unwrap();
     kill_all(&mut client);
     theirs
@@ -579,7 +577,7 @@ fn refusals_in_a_backlog(p: &str, claim: ClaimMode, delete: bool, transient: boo
             .backoff_delay(ms(200))
             .backoff_jitter(0.0)
     };
-    let config = common::mode_config(p, defaults, claim, delete)
+    let config = crate::common::mode_config(p, defaults, claim, delete)
         .event("f", |e| e)
         .build()
         .unwrap();
@@ -646,7 +644,7 @@ fn shutdown_finishes(p: &str, claim: ClaimMode, delete: bool) {
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
-    let config = common::mode_config(p, |e: EventSettings| fast(e), claim, delete)
+    let config = crate::common::mode_config(p, |e: EventSettings| fast(e), claim, delete)
         .event("e", |e| e.batch_size(100).in_flight(3))
         .build()
         .unwrap();
@@ -861,7 +859,8 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
     }
     tx.commit().unwrap();
     let before = snapshot(&mut client, p);
-    let other = txbox::PgStore::connect(&pg_url_as(&app), &common::prefix_config(p)).unwrap();
+    let other =
+        txbox::PgStore::connect(&pg_url_as(&app), &crate::common::prefix_config(p)).unwrap();
     let lease = Duration::from_secs(60);
     let claim_x = ClaimArgs::new("x", 100, lease).delete_acked(delete_acked);
     let token = uuid::Uuid::now_v7();
@@ -961,8 +960,9 @@ fn finish_and_claim(p: &str, delete: bool) {
     let Some((_, mut client)) = fresh(p) else {
         return;
     };
-    let store = txbox::PgStore::connect(&pg_url_as(&app), &common::prefix_config(p)).unwrap();
-    let other = txbox::PgStore::connect(&pg_url(), &common::prefix_config(p)).unwrap();
+    let store =
+        txbox::PgStore::connect(&pg_url_as(&app), &crate::common::prefix_config(p)).unwrap();
+    let other = txbox::PgStore::connect(&pg_url(), &crate::common::prefix_config(p)).unwrap();
     let outbox = outbox_of_x(p);
     let mut tx = client.transaction().unwrap();
     let ids = outbox
@@ -1052,7 +1052,7 @@ fn an_idle_held_claim_sends_only_its_probe() {
     let Some((_, mut client)) = fresh(p) else {
         return;
     };
-    let store = txbox::PgStore::connect(&pg_url_as(app), &common::prefix_config(p)).unwrap();
+    let store = txbox::PgStore::connect(&pg_url_as(app), &crate::common::prefix_config(p)).unwrap();
     for delete_acked in [false, true] {
         let args = ClaimArgs::new("x", 100, Duration::from_secs(60)).delete_acked(delete_acked);
         let (events, held) = store.claim_held(&args).unwrap();
@@ -1085,8 +1085,9 @@ fn held_claims_need_a_store_that_can_hold_them() {
         .event("y", |e| e.claim(ClaimMode::Lock))
         .build()
         .unwrap();
-    let store =
-        Arc::new(txbox::SqliteStore::connect(":memory:", &common::prefix_config("")).unwrap());
+    let store = Arc::new(
+        txbox::SqliteStore::connect(":memory:", &crate::common::prefix_config("")).unwrap(),
+    );
     store.migrate().unwrap();
     let err = Relay::start(store.clone(), &config, MemorySender::new())
         .err()
@@ -1184,7 +1185,9 @@ fn lease_and_held_claims_share_a_table_and_deliver_each_event_once() {
             if i == 0 {
                 store.clone()
             } else {
-                Arc::new(txbox::PgStore::connect(&pg_url(), &common::prefix_config(p)).unwrap())
+                Arc::new(
+                    txbox::PgStore::connect(&pg_url(), &crate::common::prefix_config(p)).unwrap(),
+                )
             }
         })
         .collect();
@@ -1204,7 +1207,7 @@ fn lease_and_held_claims_share_a_table_and_deliver_each_event_once() {
     wait_until("10,000 rows processed", Duration::from_secs(60), || {
         count(&mut client, p, "PROCESSED") == 10_000
     });
-    common::shut_down_and_check_each_once(relays, &senders, &published);
+    crate::common::shut_down_and_check_each_once(relays, &senders, &published);
     let share = |m: ClaimMode| -> usize {
         (0..4)
             .filter(|i| mode(*i) == m)
@@ -1452,7 +1455,8 @@ fn held_claims_needing_more_connections_than_the_pool_are_refused() {
             postgres::NoTls,
         ))
         .unwrap();
-    let store = Arc::new(txbox::PgStore::from_pool(pool, &common::prefix_config(p)).unwrap());
+    let store =
+        Arc::new(txbox::PgStore::from_pool(pool, &crate::common::prefix_config(p)).unwrap());
     let held = |n: usize| {
         let mut b = Config::builder().table_prefix(p).defaults(|e| {
             e.claim(ClaimMode::Lock)
@@ -1751,7 +1755,7 @@ fn a_rollback_notifies_nobody_and_a_commit_once_per_type() {
     let Some((_store, mut client)) = fresh(p) else {
         return;
     };
-    let mut listening = common::listening(p);
+    let mut listening = crate::common::listening(p);
     let config = Config::builder()
         .table_prefix(p)
         .event("a", |e| e)
