@@ -1,0 +1,22 @@
+//! The relay against a real PostgreSQL, with the in-memory sender standing in for
+//! the broker (the relay's logic is under test here, not a broker), a module per
+//! subject.
+
+use std::time::Duration;
+
+use txbox::EventSettings;
+
+pub(super) fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+pub(super) fn fast(e: EventSettings) -> EventSettings {
+    e.adaptive_polling(ms(10), ms(100), 1.5)
+}
+
+mod config;
+mod connections;
+mod delivery;
+mod errors;
+mod held;
+mod wake;
