@@ -184,7 +184,7 @@ pub use store::{pg_config, PgConnector, PgDialect, PgPool, PgStore, PgTls};
 pub use store::{
     BlockedKey, ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus,
     FullStore, HeldBatch, HeldClaim, InboxStore, MaintenanceStore, Notifications, Outcome,
-    PendingMigration, Settled, Store, Tables, TypeStatus,
+    PendingMigration, Store, Tables, TypeStatus,
 };
 #[cfg(any(
     feature = "postgres",

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::{Ctx, Slept};
-use crate::store::{ClaimStore, Notifications, Settled};
+use crate::store::{ClaimStore, Notifications};
 
 /// How long one wait for a notification lasts: how soon a stop is seen (and so
 /// how long `Relay::shutdown` may wait for the listener). A wait sends nothing
@@ -38,11 +38,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// listener asks again after this, doubling up to [`MAX_RECHECK`].
 const MIN_RECHECK: Duration = Duration::from_millis(1);
 const MAX_RECHECK: Duration = Duration::from_millis(8);
-/// After this long without an answer that moved (the transactions waited for
-/// are long ones, most likely publishing nothing), the rechecks go on
-/// doubling up to [`SLOW_RECHECK`].
-const SLOW_AFTER: Duration = Duration::from_secs(1);
-const SLOW_RECHECK: Duration = Duration::from_secs(1);
 /// After this long without a word on the connection, the listener checks that it
 /// still answers, waiting at most [`CHECK_TIMEOUT`]: a connection that went
 /// silent is found within 40 s (the keepalives find a dead peer within 50 s).
@@ -113,8 +108,6 @@ impl Listener {
         let mut held: BTreeMap<String, (u64, Instant)> = BTreeMap::new();
         let mut recheck = MIN_RECHECK;
         let mut next_check = Instant::now();
-        // since when no owed type's answer has moved
-        let mut stalled_since = Instant::now();
         let mut heard = Instant::now();
         loop {
             if ctx.stopped() {
@@ -129,13 +122,11 @@ impl Listener {
                 wait = wait.min(HOLD_POLL);
             }
             let (woken, mut settled) = self.step(n, wait, &mut held, &mut heard)?;
-            // whatever else is owed: the waits for skipped commits ask on
-            // another connection
-            if woken.is_empty() && heard.elapsed() >= CHECK_AFTER {
-                n.check(CHECK_TIMEOUT).map_err(Lost)?;
-                heard = Instant::now();
-            }
             if woken.is_empty() && owed.is_empty() {
+                if heard.elapsed() >= CHECK_AFTER {
+                    n.check(CHECK_TIMEOUT).map_err(Lost)?;
+                    heard = Instant::now();
+                }
                 continue;
             }
             // asked before the wake-up (by a hold or a release, or now): the
@@ -155,40 +146,20 @@ impl Listener {
                 self.wake(t);
             }
             let mut waiting = false;
-            let mut moved = false;
-            for (t, s) in settled {
-                let again = match s {
+            for (t, done) in settled {
+                if done {
                     // the commits that skipped are visible now: wake it again
-                    Settled::Yes => owed.remove(&t),
-                    // some are: wake it again, and ask again later
-                    Settled::Partly => {
-                        owed.insert(t.clone());
-                        moved = true;
-                        true
+                    if owed.remove(&t) && !woken.contains(&t) {
+                        self.wake(&t);
                     }
-                    _ => {
-                        owed.insert(t.clone());
-                        false
-                    }
-                };
-                waiting |= s != Settled::Yes;
-                if again && !woken.contains(&t) {
-                    self.wake(&t);
+                } else {
+                    owed.insert(t);
+                    waiting = true;
                 }
-            }
-            if moved || !waiting {
-                stalled_since = Instant::now();
             }
             if waiting {
                 next_check = Instant::now() + recheck;
-                // nothing ended for a while: long transactions, asked about
-                // less often
-                let most = if stalled_since.elapsed() >= SLOW_AFTER {
-                    SLOW_RECHECK
-                } else {
-                    MAX_RECHECK
-                };
-                recheck = (recheck * 2).min(most);
+                recheck = (recheck * 2).min(MAX_RECHECK);
             } else if owed.is_empty() {
                 recheck = MIN_RECHECK;
             }
@@ -205,7 +176,7 @@ impl Listener {
         wait: Duration,
         held: &mut BTreeMap<String, (u64, Instant)>,
         heard: &mut Instant,
-    ) -> Result<(BTreeSet<String>, BTreeMap<String, Settled>), Lost> {
+    ) -> Result<(BTreeSet<String>, BTreeMap<String, bool>), Lost> {
         let mut woken = BTreeSet::new();
         if let Some(t) = n.next(wait).map_err(Lost)? {
             woken.insert(t);

@@ -399,18 +399,13 @@ pub trait Notifications: Send {
     /// then wakes every poller once).
     fn next(&mut self, timeout: Duration) -> Result<Option<String>>;
 
-    /// For each of `event_types`, whether the commits of it that left out
-    /// their notification (another commit of its event type was notifying at
-    /// that moment, or the type was [held](Notifications::hold)) are visible
-    /// to the next claim: [`Settled::Yes`] once every one is, `Partly` while
-    /// some have become visible since the last answer and others may still
-    /// be committing. The default says `Yes`: a store whose every commit
-    /// notifies.
-    fn settled(&mut self, event_types: &[String]) -> Result<Vec<(String, Settled)>> {
-        Ok(event_types
-            .iter()
-            .map(|t| (t.clone(), Settled::Yes))
-            .collect())
+    /// For each of `event_types`, whether no publisher of it is committing
+    /// that left out its notification (another commit of its event type was
+    /// notifying at that moment, or the type was [held](Notifications::hold)).
+    /// Once a type's answer is true, every such commit of it is visible to the
+    /// next claim. The default says true: a store whose every commit notifies.
+    fn settled(&mut self, event_types: &[String]) -> Result<Vec<(String, bool)>> {
+        Ok(event_types.iter().map(|t| (t.clone(), true)).collect())
     }
 
     /// Checks that the connection still answers, waiting at most `timeout`:
@@ -430,46 +425,16 @@ pub trait Notifications: Send {
     /// The relay holds a type from a notification until its poller's next
     /// claim starts: while commits come faster than claims, notifications
     /// bring nothing. The default holds nothing.
-    fn hold(&mut self, event_type: &str) -> Result<(bool, Settled)> {
+    fn hold(&mut self, event_type: &str) -> Result<(bool, bool)> {
         let settled = self.settled(&[event_type.to_owned()])?;
-        Ok((false, Settled::all(settled)))
+        Ok((false, settled.iter().all(|(_, s)| *s)))
     }
 
     /// Ends a [`Notifications::hold`]; then says whether it is
     /// [`settled`](Notifications::settled).
-    fn release(&mut self, event_type: &str) -> Result<Settled> {
+    fn release(&mut self, event_type: &str) -> Result<bool> {
         let settled = self.settled(&[event_type.to_owned()])?;
-        Ok(Settled::all(settled))
-    }
-}
-
-/// Whether the commits of an event type that left out their notification are
-/// visible to a claim yet ([`Notifications::settled`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Settled {
-    /// All of them: a claim from now on sees every one.
-    Yes,
-    /// Some have become visible since the last answer (a claim now sees
-    /// those); others may still be committing.
-    Partly,
-    /// None has become visible since the last answer.
-    No,
-}
-
-impl Settled {
-    /// The answer for all of `answers` together: `Yes` if each is, `No` if
-    /// none has moved.
-    fn all(answers: Vec<(String, Settled)>) -> Settled {
-        let mut all = Settled::Yes;
-        for (_, s) in answers {
-            all = match (all, s) {
-                (_, Settled::Partly) | (Settled::Partly, _) => Settled::Partly,
-                (_, Settled::No) | (Settled::No, _) => Settled::No,
-                _ => Settled::Yes,
-            };
-        }
-        all
+        Ok(settled.iter().all(|(_, s)| *s))
     }
 }
 

@@ -65,16 +65,15 @@ pub fn fresh_with_url(prefix: &str, url: &str) -> Option<(Arc<PgStore>, postgres
 }
 
 /// The backend of a relay's listener on the outbox of `p`, if one listens: its
-/// last statement is the `LISTEN`, or one of the advisory-lock or snapshot
-/// queries it makes after it (which name the table).
+/// last statement is the `LISTEN`, or one of the advisory-lock checks it makes
+/// after it (which name the table).
 pub fn listener_pid(client: &mut postgres::Client, p: &str) -> Option<i32> {
     let listening = format!("LISTEN {p}outbox_events");
     let table = format!("{p}outbox_events");
     client
         .query_opt(
             "SELECT pid FROM pg_stat_activity WHERE query = $1 \
-             OR ((query LIKE '%advisory%' OR query LIKE '%txid_current_snapshot%') \
-             AND strpos(query, $2) > 0) LIMIT 1",
+             OR (query LIKE '%advisory%' AND strpos(query, $2) > 0) LIMIT 1",
             &[&listening, &table],
         )
         .expect("pg_stat_activity")

@@ -137,10 +137,10 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
         .event("e", |e| e)
         .build()
         .unwrap();
-    // schema 7 (it alters the outbox table) and 8 not applied yet
+    // the last version not applied yet: it alters the outbox table
     let mut c = crate::common::client().unwrap();
     c.batch_execute(&format!(
-        "DELETE FROM {p}txbox_schema_version WHERE version >= 7"
+        "DELETE FROM {p}txbox_schema_version WHERE version = (SELECT max(version) FROM {p}txbox_schema_version)"
     ))
     .unwrap();
     let store = txbox::PgStore::connect(&crate::common::pg_url(), &config).unwrap();
@@ -166,7 +166,7 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
         )
         .unwrap()
         .get(0);
-    assert_eq!(latest, 8);
+    assert_eq!(latest, 7);
 }
 
 /// A version that cannot be read (here a role without the grant) is an
@@ -248,10 +248,10 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
         .build()
         .unwrap();
     let mut c = crate::common::client().unwrap();
-    // schema 7 without its last index, 7 and 8 unrecorded: its upgrade builds it
+    // schema 7 without its last index and unrecorded: its upgrade builds it
     c.batch_execute(&format!(
         "DROP INDEX {p}outbox_key_seq_idx; \
-         DELETE FROM {p}txbox_schema_version WHERE version >= 7"
+         DELETE FROM {p}txbox_schema_version WHERE version = 7"
     ))
     .unwrap();
     let valid = |c: &mut postgres::Client| -> Option<bool> {
@@ -283,7 +283,7 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
         Some(false),
         "the stopped build left it INVALID"
     );
-    assert_eq!(fx.store.pending_migrations().unwrap().len(), 2, "7 and 8");
+    assert_eq!(fx.store.pending_migrations().unwrap().len(), 1);
     old.batch_execute("COMMIT").unwrap();
     txbox::Store::migrate(&store).unwrap();
     assert_eq!(valid(&mut c), Some(true), "built again");

@@ -112,31 +112,10 @@ fn thirty_two_publishers_are_all_sent_on_commit_not_at_the_poll() {
 /// skipped), not at the poll 30 s later.
 #[test]
 fn a_commit_that_skipped_its_notification_is_sent_when_it_completes() {
-    skipped_commit_is_sent_when_it_completes("t_wake_skipped_", false);
-}
-
-/// The same while a transaction that wrote elsewhere stays open throughout:
-/// the listener waits for the transactions in progress when the notification
-/// came, and that one never ends; B is sent when its own commit ends all the
-/// same.
-#[test]
-fn a_skipped_commit_is_sent_when_it_completes_beside_a_long_transaction() {
-    skipped_commit_is_sent_when_it_completes("t_wake_skipped_long_", true);
-}
-
-fn skipped_commit_is_sent_when_it_completes(p: &str, long_transaction: bool) {
+    let p = "t_wake_skipped_";
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
-    let mut long = crate::common::client().expect("PostgreSQL");
-    if long_transaction {
-        // a transaction id of its own, open until the test ends
-        long.batch_execute(&format!(
-            "DROP TABLE IF EXISTS {p}elsewhere; CREATE TABLE {p}elsewhere (n int); \
-             BEGIN; INSERT INTO {p}elsewhere VALUES (1)"
-        ))
-        .unwrap();
-    }
     // a business table whose rows hold their commit for `ms`, after txbox's
     // trigger (deferred triggers fire in the order their rows were written)
     client
@@ -150,8 +129,8 @@ fn skipped_commit_is_sent_when_it_completes(p: &str, long_transaction: bool) {
         .unwrap();
     let config = sleepy(p, Duration::from_secs(30), &[("n", Wake::Notify)]);
     let (relay, sender) = sleeping_relay(store, &mut client, p, &config);
-    let slow_commit = |slow_ms: i32| {
-        let (config, p) = (config.clone(), p.to_owned());
+    let slow_commit = move |slow_ms: i32| {
+        let config = config.clone();
         std::thread::spawn(move || {
             let outbox = Outbox::new(&config).unwrap();
             let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls).unwrap();
@@ -192,9 +171,6 @@ fn skipped_commit_is_sent_when_it_completes(p: &str, long_transaction: bool) {
         committed.elapsed()
     );
     relay.shutdown(Duration::from_secs(5)).unwrap();
-    if long_transaction {
-        long.batch_execute("ROLLBACK").unwrap();
-    }
 }
 
 /// `wake = "poll"` turns the notification off at the source: a commit of that
@@ -475,34 +451,18 @@ fn a_listening_connection_gone_silent_is_noticed_within_a_minute() {
     let store = Arc::new(PgStore::connect(&proxy.url(), &config).unwrap());
     store.migrate().unwrap();
     let (relay, sender) = sleeping_relay(store, &mut client, p, &config);
-    let silent_pid = listener_pid(&mut client, p).expect("a listener");
     assert_eq!(proxy.silence_listeners(), 1);
     let silenced = Instant::now();
     let outbox = Outbox::new(&config).unwrap();
     let mut tx = client.transaction().unwrap();
     let id = outbox.publish(&mut tx, "n", &1).unwrap();
     tx.commit().unwrap();
-    // noticed: the relay ended the silent session and listens on a new one
-    wait_until(
-        "the silent session ended and another listening",
-        Duration::from_secs(60),
-        || {
-            let gone = client
-                .query_one(
-                    "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $1",
-                    &[&silent_pid],
-                )
-                .map(|r| r.get::<_, bool>(0))
-                .unwrap_or(false);
-            gone && listener_pid(&mut client, p).is_some()
-        },
-    );
-    assert!(silenced.elapsed() < Duration::from_secs(60));
     wait_until(
         "the event committed while the listener was silent sent",
-        Duration::from_secs(10),
+        Duration::from_secs(60),
         || sent_ids(&sender).contains(&id),
     );
+    assert!(silenced.elapsed() < Duration::from_secs(60));
     // listening again: a later commit is sent on its notification, not at the
     // poll 90 s away (the silent session, ended, holds nothing back)
     let t = Instant::now();

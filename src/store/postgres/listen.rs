@@ -1,17 +1,13 @@
-//! The PostgreSQL connection that listens for the relay: `LISTEN`, the
-//! advisory lock of the rationed wake-up on commit (`sql/postgres/006_*.sql`,
-//! `008_*.sql`), and the transactions the commits that skipped their
-//! notification were among.
+//! The PostgreSQL connection that listens for the relay: `LISTEN`, and the
+//! advisory locks of the rationed wake-up on commit (`sql/postgres/006_*.sql`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use r2d2_postgres::PostgresConnectionManager;
 
 use super::{PgConnector, PgPool};
 use crate::error::{Error, Result};
-use crate::store::Settled;
 
 /// The database session that listens for this store's relay: its backend pid
 /// and start time (together they name one session; a pid alone is reused).
@@ -52,120 +48,28 @@ pub(super) fn listen<T: PgConnector>(
     let session: ListenerSession = (row.try_get(0)?, row.try_get(1)?);
     *remembered.lock().unwrap_or_else(|p| p.into_inner()) = Some(session.clone());
     let table = channel.to_ascii_lowercase();
+    // the trigger's "a publisher of the type is committing" lock: free
+    // when none holds it; taken for the statement only (autocommit), so a
+    // publisher that asks for it meanwhile waits a moment at most
+    let committing = format!("pg_try_advisory_xact_lock(hashtextextended('{table} ' || $1, 0))");
+    let settled = format!(
+        "SELECT t, pg_try_advisory_xact_lock(hashtextextended('{table} ' || t, 0)) \
+         FROM unnest($1::text[]) AS t"
+    );
     // the trigger's per-type lock, held by this session: the type's
-    // commits skip their notification meanwhile
+    // commits skip their notification meanwhile; each asks `settled` after
+    // (a select list is computed left to right)
     let hold =
-        format!("SELECT pg_try_advisory_lock(hashtext('{table}'), hashtext($1)), {SNAPSHOT}");
-    let release = format!("SELECT pg_advisory_unlock(hashtext('{table}'), hashtext($1))");
-    // named for whoever reads pg_stat_activity: the listening session's
-    // last statement (a pooled connection's is not)
-    let snapshot = format!("SELECT {SNAPSHOT} /* the listener of {table} */");
-    // the commits that skipped before this LISTEN (beside a hold of a lost
-    // session, or a notification that went to it) are among those in
-    // progress now
-    let now = in_progress(&conn.query_one(snapshot.as_str(), &[])?)?;
+        format!("SELECT pg_try_advisory_lock(hashtext('{table}'), hashtext($1)), {committing}");
+    let release =
+        format!("SELECT pg_advisory_unlock(hashtext('{table}'), hashtext($1)), {committing}");
     Ok(Box::new(Listening {
         conn,
-        pool: pool.clone(),
+        settled,
         hold,
         release,
-        snapshot,
-        witnesses: Witnesses::new(now),
         session: (session, remembered.clone()),
     }))
-}
-
-/// The transactions in progress, as the statement that reads it began
-/// (`txid_current_snapshot`: PostgreSQL 11 has no `pg_current_snapshot`).
-const SNAPSHOT: &str = "txid_current_snapshot()::text";
-const IN_PROGRESS: &str = "SELECT txid_current_snapshot()::text";
-
-/// The ids of the transactions in progress in the snapshot of column 0 or 1
-/// of `row` (its last column): `xmin:xmax:xip,...`.
-fn in_progress(row: &postgres::Row) -> Result<HashSet<i64>> {
-    let text: String = row.try_get(row.len() - 1)?;
-    let xip = text.rsplit(':').next().unwrap_or("");
-    xip.split(',')
-        .filter(|x| !x.is_empty())
-        .map(|x| {
-            x.parse().map_err(|_| {
-                Error::Internal(format!(
-                    "txid_current_snapshot() said {text:?}: not xmin:xmax:xip"
-                ))
-            })
-        })
-        .collect()
-}
-
-/// A commit that skipped its notification is in progress when the
-/// notification it skipped beside arrives, or when the hold it skipped during
-/// ends; the listener notes those transactions per event type (its witnesses)
-/// and the type is settled once they have all ended. Transactions that
-/// publish nothing are among them: a long one is given up after
-/// [`WITNESS_FOR`], so a commit that skipped its notification and then took
-/// longer to complete is sent at the next poll.
-struct Witnesses {
-    /// Per event type, its transactions in progress and since when.
-    of: BTreeMap<String, HashMap<i64, Instant>>,
-    /// Those in progress when the LISTEN began: every type's, once it is
-    /// first asked about.
-    first: HashMap<i64, Instant>,
-}
-
-/// How long the wait for the transactions in progress waits for a
-/// connection of the pool.
-const SNAPSHOT_WAIT: Duration = Duration::from_millis(100);
-
-/// How long a witness transaction is waited for.
-const WITNESS_FOR: Duration = Duration::from_secs(60);
-
-impl Witnesses {
-    fn new(first: HashSet<i64>) -> Self {
-        let at = Instant::now();
-        Witnesses {
-            of: BTreeMap::new(),
-            first: first.into_iter().map(|x| (x, at)).collect(),
-        }
-    }
-
-    /// The witnesses of `event_type` (those of the LISTEN's start at first).
-    fn of(&mut self, event_type: &str) -> &mut HashMap<i64, Instant> {
-        if !self.of.contains_key(event_type) {
-            let first = self.first.clone();
-            self.of.insert(event_type.to_owned(), first);
-        }
-        self.of.entry(event_type.to_owned()).or_default()
-    }
-
-    /// Notes the transactions of `now` as witnesses of `event_type`.
-    fn note(&mut self, event_type: &str, now: &HashSet<i64>) {
-        let at = Instant::now();
-        let w = self.of(event_type);
-        for x in now {
-            w.entry(*x).or_insert(at);
-        }
-    }
-
-    /// Drops the witnesses of `event_type` that ended (not in `now`) or were
-    /// waited for long enough, and says whether it is settled.
-    fn settle(&mut self, event_type: &str, now: &HashSet<i64>) -> Settled {
-        let w = self.of(event_type);
-        let before = w.len();
-        w.retain(|x, since| now.contains(x) && since.elapsed() < WITNESS_FOR);
-        match (w.len(), before) {
-            (0, _) => Settled::Yes,
-            (left, before) if left < before => Settled::Partly,
-            _ => Settled::No,
-        }
-    }
-
-    /// Whether any type still waits (else no snapshot needs reading).
-    fn waiting(&self, event_types: &[String]) -> bool {
-        event_types.iter().any(|t| match self.of.get(t) {
-            Some(w) => !w.is_empty(),
-            None => !self.first.is_empty(),
-        })
-    }
 }
 
 /// A pooled connection that `LISTEN`s (it stays checked out while the relay runs),
@@ -173,17 +77,9 @@ impl Witnesses {
 /// are still committing ([`crate::store::Notifications::settled`]).
 struct Listening<T: PgConnector> {
     conn: r2d2::PooledConnection<PostgresConnectionManager<T>>,
-    /// Where the waits for the transactions in progress ask: a connection
-    /// that goes silent blocks a query until the OS gives it up (or for good,
-    /// behind a proxy that stopped forwarding), and the listening one is
-    /// checked with a deadline instead ([`crate::store::Notifications::check`]).
-    pool: PgPool<T>,
+    settled: String,
     hold: String,
     release: String,
-    /// Reads the transactions in progress (on this connection: named, so
-    /// that `pg_stat_activity` shows whose it is).
-    snapshot: String,
-    witnesses: Witnesses,
     /// This session, and where the store remembers the listening one: a
     /// clean end forgets it, a lost one leaves it to be ended by the next.
     session: (
@@ -229,44 +125,24 @@ impl<T: PgConnector> crate::store::Notifications for Listening<T> {
         }
     }
 
-    fn settled(&mut self, event_types: &[String]) -> Result<Vec<(String, Settled)>> {
-        if !self.witnesses.waiting(event_types) {
-            return Ok(event_types
-                .iter()
-                .map(|t| (t.clone(), Settled::Yes))
-                .collect());
-        }
-        // a pool without a free connection now: asked again later
-        let Ok(mut conn) = self.pool.get_timeout(SNAPSHOT_WAIT) else {
-            return Ok(event_types
-                .iter()
-                .map(|t| (t.clone(), Settled::No))
-                .collect());
-        };
-        let now = in_progress(&conn.query_one(IN_PROGRESS, &[])?)?;
-        Ok(event_types
-            .iter()
-            .map(|t| (t.clone(), self.witnesses.settle(t, &now)))
-            .collect())
+    fn settled(&mut self, event_types: &[String]) -> Result<Vec<(String, bool)>> {
+        let rows = self.conn.query(self.settled.as_str(), &[&event_types])?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
     }
 
     fn check(&mut self, timeout: Duration) -> Result<()> {
         Ok(self.conn.is_valid(timeout)?)
     }
 
-    fn hold(&mut self, event_type: &str) -> Result<(bool, Settled)> {
+    fn hold(&mut self, event_type: &str) -> Result<(bool, bool)> {
         let row = self.conn.query_one(self.hold.as_str(), &[&event_type])?;
-        let now = in_progress(&row)?;
-        self.witnesses.note(event_type, &now);
-        Ok((row.try_get(0)?, self.witnesses.settle(event_type, &now)))
+        Ok((row.try_get(0)?, row.try_get(1)?))
     }
 
-    fn release(&mut self, event_type: &str) -> Result<Settled> {
-        self.conn.query_one(self.release.as_str(), &[&event_type])?;
-        // read after the unlock: a commit that skipped during the hold is in
-        // progress in it, or visible already
-        let now = in_progress(&self.conn.query_one(self.snapshot.as_str(), &[])?)?;
-        self.witnesses.note(event_type, &now);
-        Ok(self.witnesses.settle(event_type, &now))
+    fn release(&mut self, event_type: &str) -> Result<bool> {
+        let row = self.conn.query_one(self.release.as_str(), &[&event_type])?;
+        Ok(row.try_get::<_, bool>(1)?)
     }
 }
