@@ -87,7 +87,32 @@ pub fn wait_for_listener(client: &mut postgres::Client, p: &str) {
     });
 }
 
-/// A client of the test's own that `LISTEN`s on the outbox of `p`.
+/// Waits until the relay on the outbox of `p` listens and has sent an event
+/// of `event_type` committed after that (published here, through `config`,
+/// on `client`), and returns that event's id. The relay's claims at start
+/// (its first poll, and the wake-up of every poller once it listens) are done
+/// by then: an event it sends in time after this was sent because a commit
+/// woke it, not because a first poll found it.
+pub fn relay_woken_by_commits(
+    client: &mut postgres::Client,
+    p: &str,
+    config: &txbox::Config,
+    sender: &txbox::MemorySender,
+    event_type: &str,
+) -> txbox::EventId {
+    wait_for_listener(client, p);
+    let outbox = txbox::Outbox::new(config).expect("outbox");
+    let mut tx = client.transaction().expect("begin");
+    let id = outbox
+        .publish(&mut tx, event_type, &"sentinel")
+        .expect("publish");
+    tx.commit().expect("commit");
+    wait_until("the relay sends on commit", Duration::from_secs(10), || {
+        sender.sent().iter().any(|e| e.id == id)
+    });
+    id
+}
+
 pub fn listening(p: &str) -> postgres::Client {
     let mut c = client().expect("PostgreSQL");
     c.batch_execute(&format!("LISTEN {p}outbox_events"))

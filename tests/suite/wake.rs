@@ -30,9 +30,10 @@ fn sleepy(p: &str, min: Duration, types: &[(&str, Wake)]) -> Config {
     b.build().unwrap()
 }
 
-/// Starts a relay on `store` with a memory sender and waits until its listener
-/// listens and its first polls found nothing: from then on it sleeps in its
-/// polling delay, and only a wake-up sends an event in time.
+/// Starts a relay on `store` with a memory sender (its configuration has the
+/// type `n`, woken by commits) and waits until its claims at start are done:
+/// from then on it sleeps in its polling delay, and only a wake-up sends an
+/// event in time.
 fn sleeping_relay(
     store: Arc<PgStore>,
     client: &mut postgres::Client,
@@ -41,8 +42,7 @@ fn sleeping_relay(
 ) -> (Relay, MemorySender) {
     let sender = MemorySender::new();
     let relay = Relay::start(store, config, sender.clone()).unwrap();
-    wait_for_listener(client, p);
-    std::thread::sleep(ms(300)); // the first polls (start, LISTEN) are done
+    relay_woken_by_commits(client, p, config, &sender, "n");
     (relay, sender)
 }
 

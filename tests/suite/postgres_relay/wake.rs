@@ -44,15 +44,15 @@ fn an_event_committed_while_the_relay_sleeps_is_sent_at_once() {
     let sender = MemorySender::new();
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
     assert!(relay.thread_names().contains(&"txbox-listen".to_string()));
-    wait_for_listener(&mut client, p);
-    std::thread::sleep(ms(300)); // the first poll found nothing: 30 s to the next
+    let sentinel = relay_woken_by_commits(&mut client, p, &config, &sender, "n");
     let t = Instant::now();
     let ids = commit_events(&mut client, &config, 3);
     wait_until("sent on commit", Duration::from_secs(5), || {
-        sender.len() >= 3
+        sender.len() >= 4
     });
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-    let sent: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
+    let mut sent: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
+    assert!(sent.remove(&sentinel));
     assert_eq!(sent, ids.into_iter().collect());
     relay.shutdown(Duration::from_secs(5)).unwrap();
 }
@@ -75,9 +75,9 @@ fn the_listener_killed_listens_again_and_nothing_waits_for_the_poll() {
         pid = listener(&mut client);
         pid.is_some()
     });
-    std::thread::sleep(ms(300)); // the first poll found nothing: 30 s to the next
-                                 // waits (up to 5 s) until the backend is gone: the commit below finds no
-                                 // listener, only the wake-up after the listener listens again sends it
+    relay_woken_by_commits(&mut client, p, &config, &sender, "n");
+    // waits (up to 5 s) until the backend is gone: the commit below finds no
+    // listener, only the wake-up after the listener listens again sends it
     client
         .execute("SELECT pg_terminate_backend($1, 5000)", &[&pid.unwrap()])
         .unwrap();
@@ -93,7 +93,7 @@ fn the_listener_killed_listens_again_and_nothing_waits_for_the_poll() {
     wait_until("listening again", Duration::from_secs(10), || {
         listener(&mut client).is_some_and(|again| Some(again) != pid)
     });
-    std::thread::sleep(ms(300));
+    relay_woken_by_commits(&mut client, p, &config, &sender, "n");
     let t = Instant::now();
     let later = commit_events(&mut client, &config, 2);
     wait_until(
@@ -162,8 +162,7 @@ fn a_type_that_polls_is_not_woken_by_its_commits() {
         .unwrap();
     let sender = MemorySender::new();
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
-    wait_for_listener(&mut client, p);
-    std::thread::sleep(ms(300));
+    relay_woken_by_commits(&mut client, p, &config, &sender, "n");
     let outbox = Outbox::new(&config).unwrap();
     let mut tx = client.transaction().unwrap();
     let polled = outbox.publish(&mut tx, "q", &1).unwrap();
