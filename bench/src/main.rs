@@ -2054,151 +2054,79 @@ const PARTS: [&str; 12] = [
     "instances",
 ];
 
-const USAGE: &str = "usage: bench [--full] [--only PART,PART...] [--in-flight N] [--delete-acked]
-             [--claim lease|lock] [--events N] [--txs N] [--idle SECS] [--rate-secs SECS]
-             [--rounds N]
-
-  --full           the full sizes (100,000 events, 5 minutes idle, 3 rounds; about 10 minutes)
-                   instead of the quick run (under a minute)
-  --events N       pending events for the relay floor, the brokers and the many
-                   instances (quick 20,000; full 100,000)
-  --txs N          transactions for the publish overhead (quick 500; full 5,000);
-                   batch publish runs N/5 batches
-  --idle SECS      how long the idle cost is observed, and the idle time before the
-                   single-event pick-up (quick 10 and 5; full 300 and 60)
-  --rate-secs SECS how long events arrive at 100/s for the pick-up latency
-                   (quick 3; full 30)
-  --rounds N       how often the relay floor's turns (relay, hand loop, hand loop,
-                   relay) and the brokers' runs (relay, direct, database alone)
-                   repeat; each figure is their median (quick 1; full 3)
-  --only PARTS     run only these parts: publish, batch, floor, ordered, plan,
-                   brokers, writers, migrate, idle, latency, idle-direct, instances
-                   (writers: 1, 8, 32 and 64 concurrent publishers with the
-                   wake-up on commit on and off, a relay draining;
-                   migrate: an upgrade's duration and the longest publish
-                   during it over 100,000 events (1,000,000 with --full);
-                   idle-direct: the broker's share of the pick-up after
-                   idle, one event published directly; ordered: the relay floor
-                   of an ordered type; plan: an ordered claim's EXPLAIN over
-                   100,000 pending rows, 1,000,000 with --full)
-  --in-flight N    batches the relay keeps with the broker (1..=16; default: the
-                   relay's default, 3)
-  --delete-acked   the relay floor and the brokers with processed_ttl zero: acked
-                   rows are deleted instead of marked PROCESSED (the hand loop too)
-  --claim lock     the relay floor and the brokers with held claims (claim = \"lock\":
-                   rows locked in an open transaction, not stamped; the hand loop
-                   too); default lease
-  --trigger T      the publish overhead with PostgreSQL's commit notification
-                   `on` (as shipped), `off` (its trigger disabled) or `empty`
-                   (the trigger fires, its function sends nothing)
-  --help           this text";
-
-/// The command line, checked: an unknown flag or a bad value is an error, not a
-/// silently ignored word that runs everything.
+/// The benchmark: what txbox costs a business transaction and how fast and how
+/// safely it drains, each figure beside its baseline in the same run. A bad
+/// flag or value is an error, not a silently ignored word that runs
+/// everything.
+#[derive(clap::Parser)]
+#[command(name = "bench")]
 struct Args {
+    /// The full sizes (100,000 events, 5 minutes idle, 3 rounds; about 10
+    /// minutes) instead of the quick run (under a minute).
+    #[arg(long)]
     full: bool,
-    help: bool,
+    /// Run only these parts (writers: 1, 8, 32 and 64 concurrent publishers
+    /// with the wake-up on commit on and off, a relay draining; migrate: an
+    /// upgrade's duration and the longest publish during it over 100,000
+    /// events, 1,000,000 with --full; idle-direct: the broker's share of the
+    /// pick-up after idle, one event published directly; ordered: the relay
+    /// floor of an ordered type; plan: an ordered claim's EXPLAIN over 100,000
+    /// pending rows, 1,000,000 with --full).
+    #[arg(long, value_name = "PART,PART...", value_delimiter = ',',
+          value_parser = clap::builder::PossibleValuesParser::new(PARTS))]
     only: Option<Vec<String>>,
-    in_flight: Option<usize>,
+    /// Batches the relay keeps with the broker (default: the relay's
+    /// default, 3).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=16))]
+    in_flight: Option<u16>,
+    /// The relay floor and the brokers with processed_ttl zero: acked rows
+    /// are deleted instead of marked PROCESSED (the hand loop too).
+    #[arg(long)]
     delete_acked: bool,
+    /// `lock`: the relay floor and the brokers with held claims (rows locked
+    /// in an open transaction, not stamped; the hand loop too).
+    #[arg(long, value_name = "lease|lock", default_value = "lease")]
     claim: ClaimMode,
-    events: Option<usize>,
-    txs: Option<usize>,
+    /// Pending events for the relay floor, the brokers and the many
+    /// instances (quick 20,000; full 100,000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    events: Option<u64>,
+    /// Transactions for the publish overhead (quick 500; full 5,000); batch
+    /// publish runs N/5 batches.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    txs: Option<u64>,
+    /// How long the idle cost is observed, and the idle time before the
+    /// single-event pick-up (quick 10 and 5; full 300 and 60).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     idle: Option<u64>,
+    /// How long events arrive at 100/s for the pick-up latency (quick 3;
+    /// full 30).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     rate_secs: Option<u64>,
-    rounds: Option<usize>,
+    /// How often the relay floor's turns (relay, hand loop, hand loop, relay)
+    /// and the brokers' runs (relay, direct, database alone) repeat; each
+    /// figure is their median (quick 1; full 3).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: Option<u64>,
+    /// The publish overhead with PostgreSQL's commit notification `on` (as
+    /// shipped), `off` (its trigger disabled) or `empty` (the trigger fires,
+    /// its function sends nothing).
+    #[arg(long, default_value = "on", value_parser = ["on", "off", "empty"])]
     trigger: String,
 }
 
-impl Args {
-    fn parse(args: &[String]) -> Result<Args, String> {
-        let mut a = Args {
-            full: false,
-            help: false,
-            only: None,
-            in_flight: None,
-            delete_acked: false,
-            claim: ClaimMode::Lease,
-            events: None,
-            txs: None,
-            idle: None,
-            rate_secs: None,
-            rounds: None,
-            trigger: "on".into(),
-        };
-        fn positive<T: std::str::FromStr + PartialOrd + Default>(
-            flag: &str,
-            v: Option<&String>,
-        ) -> Result<Option<T>, String> {
-            let v = v.ok_or(format!("{flag} needs a number"))?;
-            match v.parse::<T>() {
-                Ok(n) if n > T::default() => Ok(Some(n)),
-                _ => Err(format!("{flag}: `{v}` is not a positive whole number")),
-            }
-        }
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            match arg.as_str() {
-                "--full" => a.full = true,
-                "--delete-acked" => a.delete_acked = true,
-                "--help" | "-h" => a.help = true,
-                "--only" => {
-                    let v = it.next().ok_or("--only needs a list of parts")?;
-                    let parts: Vec<String> = v.split(',').map(str::to_string).collect();
-                    if let Some(bad) = parts.iter().find(|p| !PARTS.contains(&p.as_str())) {
-                        return Err(format!("--only: unknown part `{bad}`"));
-                    }
-                    a.only = Some(parts);
-                }
-                "--claim" => {
-                    let v = it.next().ok_or("--claim needs `lease` or `lock`")?;
-                    a.claim = v.parse().map_err(|e| format!("--claim {e}"))?;
-                }
-                "--in-flight" => {
-                    let v = it.next().ok_or("--in-flight needs a number")?;
-                    match v.parse() {
-                        Ok(n @ 1..=16) => a.in_flight = Some(n),
-                        _ => return Err(format!("--in-flight: `{v}` is not a number in 1..=16")),
-                    }
-                }
-                "--events" => a.events = positive(arg, it.next())?,
-                "--txs" => a.txs = positive(arg, it.next())?,
-                "--idle" => a.idle = positive(arg, it.next())?,
-                "--rate-secs" => a.rate_secs = positive(arg, it.next())?,
-                "--rounds" => a.rounds = positive(arg, it.next())?,
-                "--trigger" => {
-                    let v = it.next().ok_or("--trigger needs on, off or empty")?;
-                    if !["on", "off", "empty"].contains(&v.as_str()) {
-                        return Err(format!("--trigger: `{v}` is not on, off or empty"));
-                    }
-                    a.trigger = v.clone();
-                }
-                other => return Err(format!("unknown argument `{other}`")),
-            }
-        }
-        Ok(a)
-    }
-}
-
 fn main() -> Res<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if let [flag, prefix, file, broker] = args.as_slice() {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, prefix, file, broker] = raw.as_slice() {
         if flag == "--worker" {
             return worker(prefix, file, broker);
         }
     }
-    let args = match Args::parse(&args) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("bench: {e}\n\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
-    if args.help {
-        println!("{USAGE}");
-        return Ok(());
-    }
-    let (full, only, in_flight) = (args.full, args.only.clone(), args.in_flight);
+    let args = <Args as clap::Parser>::parse();
+    let (full, only) = (args.full, args.only.clone());
+    let in_flight = args.in_flight.map(usize::from);
+    let n = |v: Option<u64>| v.map(|n| n as usize);
+    let (events, txs, rounds) = (n(args.events), n(args.txs), n(args.rounds));
     let part = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
     let s = if full {
         Size {
@@ -2242,15 +2170,15 @@ fn main() -> Res<()> {
         }
     };
     let s = Size {
-        txs: args.txs.unwrap_or(s.txs),
-        batches: args.txs.map_or(s.batches, |n| (n / 5).max(1)),
-        floor: args.events.unwrap_or(s.floor),
-        brokers: args.events.unwrap_or(s.brokers),
-        instances: args.events.unwrap_or(s.instances),
+        txs: txs.unwrap_or(s.txs),
+        batches: txs.map_or(s.batches, |n| (n / 5).max(1)),
+        floor: events.unwrap_or(s.floor),
+        brokers: events.unwrap_or(s.brokers),
+        instances: events.unwrap_or(s.instances),
         idle: args.idle.map_or(s.idle, Duration::from_secs),
         idle_single: args.idle.map_or(s.idle_single, Duration::from_secs),
         rate_secs: args.rate_secs.unwrap_or(s.rate_secs),
-        rounds: args.rounds.unwrap_or(s.rounds),
+        rounds: rounds.unwrap_or(s.rounds),
         trigger: args.trigger.clone(),
         ..s
     };
