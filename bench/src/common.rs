@@ -1,0 +1,536 @@
+//! What the bench parts share: sizes, the table, statistics, CPU readings,
+//! fresh tables, the counting store and the senders.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use txbox::{
+    ClaimMode, ClaimStore, Config, DeadLetterStore, Event, EventId, EventSettings, InboxStore,
+    MaintenanceStore, Outbox, PgStore, SendError, Sender, Started, Store,
+};
+
+pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+pub(crate) fn pg_url() -> String {
+    std::env::var("TXBOX_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+pub(crate) struct Size {
+    pub(crate) txs: usize,
+    pub(crate) batches: usize,
+    pub(crate) floor: usize,
+    pub(crate) brokers: usize,
+    pub(crate) idle: Duration,
+    pub(crate) rate_secs: u64,
+    pub(crate) burst: usize,
+    pub(crate) idle_single: Duration,
+    /// how many single events after an idle spell are timed
+    pub(crate) idle_samples: usize,
+    pub(crate) instances: usize,
+    /// pending rows under the ordered claim's plan
+    pub(crate) plan_rows: usize,
+    /// how long each run of the concurrent publishers lasts
+    pub(crate) writers_secs: u64,
+    /// `--trigger on|off|empty`: the publish overhead with the commit
+    /// notification as shipped, its trigger disabled, or its function emptied
+    /// (the trigger fires and sends nothing): what NOTIFY itself costs
+    pub(crate) trigger: String,
+    /// `--rounds N`: how many times the relay floor's turns and the brokers' relay
+    /// and direct runs repeat; each figure is the median
+    pub(crate) rounds: usize,
+    /// `--in-flight N`: the relay's window for the broker rows (default: the
+    /// configuration's default)
+    pub(crate) in_flight: Option<usize>,
+    /// `--delete-acked`: the relay floor and the brokers with `processed_ttl` zero
+    pub(crate) delete_acked: bool,
+    /// `--claim lock`: the relay floor and the brokers with held claims
+    pub(crate) claim: ClaimMode,
+}
+
+impl Size {
+    /// What the rows' labels add for held claims and deleted acked rows.
+    pub(crate) fn mode(&self) -> String {
+        let held = match self.claim {
+            ClaimMode::Lock => ", held claims",
+            ClaimMode::Lease => "",
+        };
+        let deleted = if self.delete_acked {
+            ", acked rows deleted"
+        } else {
+            ""
+        };
+        format!("{held}{deleted}")
+    }
+
+    /// The configuration of the relay parts: processed rows kept or not, claims
+    /// leased or held.
+    pub(crate) fn relay_config(&self, prefix: &str, options: EventSettings) -> Config {
+        config_with(prefix, options.claim(self.claim), self.delete_acked)
+    }
+}
+
+/// `sql` with each placeholder `$n` replaced by `values[n - 1]` (a literal),
+/// read as a whole number: `$10` is the tenth, not `$1` and a 0. An error for
+/// a placeholder without a value.
+pub(crate) fn with_literals(sql: &str, values: &[&str]) -> Res<String> {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            out.push('$');
+            rest = after;
+            continue;
+        }
+        let n: usize = after[..digits].parse()?;
+        let value = values
+            .get(n.wrapping_sub(1))
+            .ok_or_else(|| format!("no value for ${n} in {sql}"))?;
+        out.push_str(value);
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+pub(crate) fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
+    let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
+    let t = txbox::Tables::new(prefix)?;
+    for table in [
+        t.outbox(),
+        t.dlq(),
+        t.inbox(),
+        t.locks(),
+        t.schema_version(),
+    ] {
+        c.batch_execute(&format!("DROP TABLE IF EXISTS {table}"))?;
+    }
+    let store = Arc::new(PgStore::connect(
+        &pg_url(),
+        &Config::builder().table_prefix(prefix).build()?,
+    )?);
+    store.migrate()?;
+    Ok((store, c))
+}
+
+/// One event type, `bench`; acked rows deleted when `delete_acked`.
+pub(crate) fn config_with(prefix: &str, options: EventSettings, delete_acked: bool) -> Config {
+    let b = Config::builder()
+        .table_prefix(prefix)
+        .event("bench", |_| options);
+    let b = if delete_acked {
+        b.processed_ttl(Duration::ZERO)
+    } else {
+        b
+    };
+    b.build().expect("config")
+}
+
+pub(crate) fn config(prefix: &str, options: EventSettings) -> Config {
+    config_with(prefix, options, false)
+}
+
+/// The middle value (the mean of the middle two of an even count).
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    (v[(n - 1) / 2] + v[n / 2]) / 2.0
+}
+
+/// CPU time the whole machine spent busy so far (every process, every core:
+/// `/proc/stat`), or None where there is no `/proc/stat`.
+pub(crate) fn machine_busy() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map(|t| t.parse().unwrap_or(0.0))
+        .collect();
+    // user nice system idle iowait irq softirq steal ...; in USER_HZ (100 on Linux);
+    // busy: all but idle, iowait and what the hypervisor took (steal)
+    let idle = ticks.get(3)? + ticks.get(4).unwrap_or(&0.0);
+    let total: f64 = ticks.iter().take(7).sum();
+    Some((total - idle) / 100.0)
+}
+
+/// Runs `f` and returns its result with the machine's CPU seconds it took (every
+/// process: the client, the database, the broker), if they can be read.
+pub(crate) fn with_cpu<T>(f: impl FnOnce() -> Res<T>) -> Res<(T, Option<f64>)> {
+    let before = machine_busy();
+    let r = f()?;
+    Ok((r, before.zip(machine_busy()).map(|(b, a)| a - b)))
+}
+
+pub(crate) fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+pub(crate) struct Row {
+    pub(crate) what: String,
+    pub(crate) txbox: String,
+    pub(crate) baseline: String,
+    pub(crate) ratio: String,
+    pub(crate) target: &'static str,
+}
+
+pub(crate) fn row(
+    what: impl Into<String>,
+    txbox: String,
+    baseline: String,
+    ratio: f64,
+    target: &'static str,
+) -> Row {
+    Row {
+        what: what.into(),
+        txbox,
+        baseline,
+        ratio: format!("{ratio:.2}"),
+        target,
+    }
+}
+
+/// A row of two latencies in milliseconds and their ratio.
+pub(crate) fn ms_row(what: impl Into<String>, ours: f64, base: f64, target: &'static str) -> Row {
+    row(
+        what,
+        format!("{ours:.3} ms"),
+        format!("{base:.3} ms"),
+        ours / base,
+        target,
+    )
+}
+
+pub(crate) fn fill(c: &mut postgres::Client, outbox: &Outbox, n: usize) -> Res<Vec<EventId>> {
+    let mut ids = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut tx = c.transaction()?;
+        ids.extend(outbox.publish_all(
+            &mut tx,
+            txbox::NewEvent::batch("bench", chunk.iter().map(|i| serde_json::json!({"n": i})))?,
+        )?);
+        tx.commit()?;
+    }
+    Ok(ids)
+}
+
+/// `n` events for the ordered runs: keys `k0`..`k{keys - 1}` taking turns (each
+/// key's events spread over the whole table, as a busy aggregate's are), or no
+/// key when `keys` is 0.
+pub(crate) fn fill_keyed(
+    c: &mut postgres::Client,
+    outbox: &Outbox,
+    n: usize,
+    keys: usize,
+) -> Res<()> {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut tx = c.transaction()?;
+        let events = chunk
+            .iter()
+            .map(|i| {
+                let e = txbox::NewEvent::new("bench", &serde_json::json!({"n": i}))?;
+                Ok(if keys == 0 {
+                    e
+                } else {
+                    e.key(format!("k{}", i % keys))
+                })
+            })
+            .collect::<txbox::Result<Vec<_>>>()?;
+        outbox.publish_all(&mut tx, events)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+/// Counts the claims (one statement each on PostgreSQL) that the relay's pollers
+/// send through the store; every other call passes through uncounted.
+pub(crate) struct Counting(pub(crate) Arc<PgStore>, pub(crate) Arc<AtomicU64>);
+
+impl Store for Counting {
+    fn migrate(&self) -> txbox::Result<()> {
+        self.0.migrate()
+    }
+    fn ping(&self) -> txbox::Result<()> {
+        self.0.ping()
+    }
+    fn table_prefix(&self) -> &str {
+        self.0.table_prefix()
+    }
+    fn try_lock(&self, name: &str, owner: uuid::Uuid, lease: Duration) -> txbox::Result<bool> {
+        self.0.try_lock(name, owner, lease)
+    }
+    fn unlock(&self, name: &str, owner: uuid::Uuid) -> txbox::Result<()> {
+        self.0.unlock(name, owner)
+    }
+}
+
+impl ClaimStore for Counting {
+    fn claim_after(
+        &self,
+        args: &txbox::ClaimArgs<'_>,
+        token: uuid::Uuid,
+    ) -> txbox::Result<Vec<Event>> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.claim_after(args, token)
+    }
+    fn finish(
+        &self,
+        token: uuid::Uuid,
+        outcomes: &[(EventId, txbox::Outcome)],
+    ) -> txbox::Result<u64> {
+        self.0.finish(token, outcomes)
+    }
+    fn can_hold_claims(&self) -> bool {
+        self.0.can_hold_claims()
+    }
+    fn max_connections(&self) -> Option<usize> {
+        self.0.max_connections()
+    }
+    fn can_notify(&self) -> bool {
+        self.0.can_notify()
+    }
+    fn listen(&self) -> txbox::Result<Box<dyn txbox::Notifications>> {
+        self.0.listen()
+    }
+    fn claim_held(&self, args: &txbox::ClaimArgs<'_>) -> txbox::Result<txbox::HeldClaim> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.claim_held(args)
+    }
+}
+
+impl MaintenanceStore for Counting {
+    fn recover_expired(&self, limit: usize) -> txbox::Result<u64> {
+        self.0.recover_expired(limit)
+    }
+    fn delete_processed(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
+        self.0.delete_processed(ttl, limit)
+    }
+    fn status(&self) -> txbox::Result<Vec<txbox::TypeStatus>> {
+        self.0.status()
+    }
+}
+
+impl DeadLetterStore for Counting {
+    fn move_failed_to_dlq(&self, limit: usize) -> txbox::Result<u64> {
+        self.0.move_failed_to_dlq(limit)
+    }
+    fn requeue_dlq_retries(&self, limit: usize) -> txbox::Result<u64> {
+        self.0.requeue_dlq_retries(limit)
+    }
+    fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
+        self.0.delete_resolved_dlq(ttl, limit)
+    }
+    fn dlq_list(&self, filter: &txbox::DlqFilter) -> txbox::Result<Vec<txbox::DeadLetter>> {
+        self.0.dlq_list(filter)
+    }
+    fn dlq_count(&self, filter: &txbox::DlqFilter) -> txbox::Result<u64> {
+        self.0.dlq_count(filter)
+    }
+    fn dlq_get(&self, id: EventId) -> txbox::Result<Option<txbox::DeadLetter>> {
+        self.0.dlq_get(id)
+    }
+    fn dlq_set_status(
+        &self,
+        ids: &[EventId],
+        from: &[txbox::DlqStatus],
+        to: txbox::DlqStatus,
+    ) -> txbox::Result<Vec<EventId>> {
+        self.0.dlq_set_status(ids, from, to)
+    }
+    fn dlq_delete(
+        &self,
+        ids: &[EventId],
+        from: &[txbox::DlqStatus],
+    ) -> txbox::Result<Vec<EventId>> {
+        self.0.dlq_delete(ids, from)
+    }
+    fn blocked_keys(
+        &self,
+        event_type: &str,
+        limit: usize,
+    ) -> txbox::Result<Vec<txbox::BlockedKey>> {
+        self.0.blocked_keys(event_type, limit)
+    }
+}
+
+impl InboxStore for Counting {
+    fn inbox_insert(&self, consumer: &str, ids: &[EventId]) -> txbox::Result<Vec<EventId>> {
+        self.0.inbox_insert(consumer, ids)
+    }
+    fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
+        self.0.delete_expired_inbox(ttl, limit)
+    }
+}
+
+/// A sender that acks every event at once: the relay's own work, no broker.
+pub(crate) struct Discard;
+
+impl Sender for Discard {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        events.iter().map(|_| Ok(())).collect()
+    }
+}
+
+/// Publishes as `writers` threads for `secs`, each on its own connection, a
+/// business row and an event of `event_type` per transaction; returns the
+/// commits.
+pub(crate) fn publish_flat_out(
+    cfg: &Config,
+    event_type: &'static str,
+    writers: usize,
+    secs: u64,
+) -> Res<u64> {
+    let outbox = Arc::new(Outbox::new(cfg)?);
+    let until = Instant::now() + Duration::from_secs(secs);
+    let commits = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..writers)
+        .map(|_| {
+            let (outbox, commits) = (outbox.clone(), commits.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                let e = |e: postgres::Error| e.to_string();
+                let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls).map_err(e)?;
+                let mut i = 0i64;
+                while Instant::now() < until {
+                    let mut tx = c.transaction().map_err(e)?;
+                    tx.execute("INSERT INTO bench_writer_orders (total) VALUES ($1)", &[&i])
+                        .map_err(e)?;
+                    outbox
+                        .publish(&mut tx, event_type, &serde_json::json!({"order": i}))
+                        .map_err(|e| e.to_string())?;
+                    tx.commit().map_err(e)?;
+                    commits.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().map_err(|_| "a publisher panicked")??;
+    }
+    Ok(commits.load(Ordering::Relaxed))
+}
+
+/// What a [`Timed`] sender saw acked.
+#[derive(Clone, Default)]
+pub(crate) struct Acks {
+    pub(crate) count: Arc<AtomicU64>,
+    /// The time of each event's first ack, when wanted.
+    pub(crate) times: Option<Arc<Mutex<HashMap<EventId, Instant>>>>,
+    /// A file to append `<id> <unix time of the ack in µs>` lines to, for the
+    /// relay processes of the many-instances scenarios.
+    pub(crate) log: Option<Arc<Mutex<std::fs::File>>>,
+}
+
+/// Records what the wrapped sender acked, pipelining as the wrapped one does.
+pub(crate) struct Timed<S> {
+    pub(crate) inner: S,
+    pub(crate) acks: Acks,
+    pub(crate) in_flight: std::collections::VecDeque<Vec<EventId>>,
+}
+
+impl<S> Timed<S> {
+    pub(crate) fn new(inner: S, acks: Acks) -> Self {
+        Timed {
+            inner,
+            acks,
+            in_flight: Default::default(),
+        }
+    }
+
+    pub(crate) fn record(&self, ids: &[EventId], results: &[Result<(), SendError>]) {
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        if let Some(times) = &self.acks.times {
+            let now = Instant::now();
+            let mut times = times.lock().unwrap();
+            for (id, r) in ids.iter().zip(results) {
+                if r.is_ok() {
+                    times.entry(*id).or_insert(now);
+                }
+            }
+        }
+        if let Some(log) = &self.acks.log {
+            let now = unix_micros();
+            let text: String = ids
+                .iter()
+                .zip(results)
+                .filter(|(_, r)| r.is_ok())
+                .map(|(id, _)| format!("{id} {now}\n"))
+                .collect();
+            // a failed write is a failed bench: the parent counts the events as lost
+            let _ = log.lock().unwrap().write_all(text.as_bytes());
+        }
+        self.acks.count.fetch_add(ok as u64, Ordering::Relaxed);
+    }
+}
+
+/// Wall-clock time in microseconds: the one clock a bench process and its relay
+/// processes share.
+pub(crate) fn unix_micros() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
+}
+
+pub(crate) fn ids(events: &[Event]) -> Vec<EventId> {
+    events.iter().map(|e| e.id).collect()
+}
+
+impl<S: Sender> Sender for Timed<S> {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        let r = self.inner.send(events);
+        self.record(&ids(events), &r);
+        r
+    }
+    fn start(&mut self, events: &[Event]) -> Started {
+        match self.inner.start(events) {
+            Started::Done(r) => {
+                self.record(&ids(events), &r);
+                Started::Done(r)
+            }
+            Started::InFlight => {
+                self.in_flight.push_back(ids(events));
+                Started::InFlight
+            }
+        }
+    }
+    fn wait(&mut self) -> Vec<Result<(), SendError>> {
+        let r = self.inner.wait();
+        let ids = self.in_flight.pop_front().unwrap_or_default();
+        self.record(&ids, &r);
+        r
+    }
+}
+
+pub(crate) fn rabbit_url() -> String {
+    std::env::var("TXBOX_RABBITMQ_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into())
+}
+
+pub(crate) fn kafka_brokers() -> String {
+    std::env::var("TXBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+pub(crate) const PARTS: [&str; 12] = [
+    "writers",
+    "migrate",
+    "publish",
+    "batch",
+    "floor",
+    "ordered",
+    "plan",
+    "brokers",
+    "idle",
+    "latency",
+    "idle-direct",
+    "instances",
+];

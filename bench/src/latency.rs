@@ -1,0 +1,269 @@
+//! Part `latency`: commit to broker ack, steady, beside a full-speed type, in a
+//! burst and after idle.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use txbox::{Config, Event, EventId, EventSettings, Outbox, Relay, Sender};
+
+use crate::common::*;
+
+/// The broker a pick-up latency run sends to: its name in the rows, a factory
+/// of its senders and the destination.
+pub(crate) struct PickUpBroker {
+    pub(crate) name: &'static str,
+    pub(crate) factory: Arc<dyn txbox::SenderFactory>,
+    pub(crate) destination: &'static str,
+    pub(crate) routing_key: &'static str,
+    /// Takes what the bench sent off the broker, as a consumer would
+    /// (RabbitMQ confirms slower behind thousands of unread messages).
+    pub(crate) drain: fn() -> Res<()>,
+}
+
+/// The pick-up runs' broker by name (`rabbitmq` or `kafka`), its queue or topic
+/// made ready.
+pub(crate) fn pickup_broker(name: &str) -> Res<PickUpBroker> {
+    Ok(match name {
+        "rabbitmq" => {
+            let url = rabbit_url();
+            ensure_queue(&url)?;
+            PickUpBroker {
+                name: "RabbitMQ",
+                factory: Arc::new(txbox::rabbitmq::RabbitSender::builder(&url).build()),
+                destination: "amq.direct",
+                routing_key: "txbox-bench",
+                drain: || ensure_queue(&rabbit_url()),
+            }
+        }
+        "kafka" => {
+            let brokers = kafka_brokers();
+            txbox::kafka::ensure_topic(&brokers, "txbox-bench-latency", 1)?;
+            PickUpBroker {
+                name: "Kafka",
+                factory: Arc::new(txbox::kafka::KafkaSender::builder(&brokers).build()?),
+                destination: "txbox-bench-latency",
+                routing_key: "txbox-bench",
+                drain: || Ok(()), // a topic keeps no queue to empty
+            }
+        }
+        other => return Err(format!("unknown broker `{other}`").into()),
+    })
+}
+
+impl PickUpBroker {
+    /// Event `n` as the relay hands it to this broker's sender.
+    pub(crate) fn event(&self, n: usize) -> Event {
+        Event {
+            id: EventId::new(),
+            event_type: "bench".into(),
+            destination: self.destination.into(),
+            routing_key: self.routing_key.into(),
+            key: None,
+            headers: Default::default(),
+            payload: format!("{{\"n\":{n}}}").into_bytes(),
+            content_type: None,
+            attempts: 0,
+        }
+    }
+}
+
+pub(crate) fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_latency_";
+    let (store, mut c) = fresh(p)?;
+    c.batch_execute(
+        "DROP TABLE IF EXISTS bench_writer_orders; \
+         CREATE TABLE bench_writer_orders (id bigserial PRIMARY KEY, total bigint)",
+    )?;
+    // `load`: the other event type that 32 publishers fill at full speed
+    // while `bench` is timed
+    let at_broker = EventSettings::default()
+        .destination(broker.destination)
+        .routing_key(broker.routing_key);
+    let cfg = Config::builder()
+        .table_prefix(p)
+        .event("bench", |_| at_broker.clone())
+        .event("load", |_| at_broker.clone())
+        .build()?;
+    let outbox = Outbox::new(&cfg)?;
+    let acked = Arc::new(Mutex::new(HashMap::new()));
+    let factory = broker.factory.clone();
+    // the broker's own share: one event every 10 ms published directly and its
+    // ack awaited, by the same client, no database and no relay
+    let direct = {
+        let mut sender = factory.create()?;
+        let mut l = Vec::new();
+        let start = Instant::now();
+        let mut next = start;
+        let mut n = 0;
+        while start.elapsed() < Duration::from_secs(s.rate_secs) {
+            let e = broker.event(n);
+            let t = Instant::now();
+            let r = sender.send(std::slice::from_ref(&e));
+            if r.iter().all(|r| r.is_ok()) {
+                l.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+            n += 1;
+            next += Duration::from_millis(10);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        l
+    };
+    let acks = Acks {
+        times: Some(acked.clone()),
+        ..Acks::default()
+    };
+    let relay = Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
+        Ok(Box::new(Timed::new(factory.create()?, acks.clone())))
+    })?;
+    let mut commit = |n: usize| -> Res<Vec<(EventId, Instant)>> {
+        let mut tx = c.transaction()?;
+        let ids = outbox.publish_all(
+            &mut tx,
+            txbox::NewEvent::batch("bench", (0..n).map(|i| serde_json::json!({"n": i})))?,
+        )?;
+        tx.commit()?;
+        let t = Instant::now();
+        Ok(ids.into_iter().map(|i| (i, t)).collect())
+    };
+    let latencies = |committed: &[(EventId, Instant)],
+                     acked: &Arc<Mutex<HashMap<EventId, Instant>>>|
+     -> Vec<f64> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let a = acked.lock().unwrap();
+            if committed.iter().all(|(id, _)| a.contains_key(id)) || Instant::now() > deadline {
+                return committed
+                    .iter()
+                    .filter_map(|(id, t)| {
+                        a.get(id)
+                            .map(|x| x.duration_since(*t).as_secs_f64() * 1000.0)
+                    })
+                    .collect();
+            }
+            drop(a);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // the relay's senders connect on their first batch: one event through first,
+    // so the steady rate measures a running relay, not its start
+    let warm = commit(1)?;
+    latencies(&warm, &acked);
+    // steady 100 events/s: one commit every 10 ms, whatever a commit takes
+    let steady = |commit: &mut dyn FnMut(usize) -> Res<Vec<(EventId, Instant)>>| {
+        let mut committed = Vec::new();
+        let start = Instant::now();
+        let mut next = start;
+        while start.elapsed() < Duration::from_secs(s.rate_secs) {
+            committed.extend(commit(1)?);
+            next += Duration::from_millis(10);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        Res::Ok(committed)
+    };
+    let committed = steady(&mut commit)?;
+    // p50 and p99 of the latencies in `l`, side by side
+    let p50_p99 = |what: String, mut l: Vec<f64>| {
+        row(
+            what,
+            format!("{:.1} ms", median(&mut l)),
+            format!("{:.1} ms", pct(&mut l, 0.99)),
+            0.0,
+            "-",
+        )
+    };
+    let name = broker.name;
+    let l = latencies(&committed, &acked);
+    out.push(p50_p99(
+        format!(
+            "pick-up, 100 ev/s, commit->{name} ack p50 / p99 ({} ev)",
+            l.len()
+        ),
+        l,
+    ));
+    // the same while 32 publishers fill the other type at full speed
+    let load = {
+        let cfg = cfg.clone();
+        let secs = s.rate_secs;
+        std::thread::spawn(move || {
+            publish_flat_out(&cfg, "load", 32, secs).map_err(|e| e.to_string())
+        })
+    };
+    let committed = steady(&mut commit)?;
+    let loaded = load.join().map_err(|_| "the load panicked")??;
+    let l = latencies(&committed, &acked);
+    out.push(row(
+        format!(
+            "pick-up, 100 ev/s while 32 publishers fill another type ({loaded} events), \
+             commit->{name} ack p50 / p99 ({} ev)",
+            l.len()
+        ),
+        format!("{:.1} ms", median(&mut l.clone())),
+        format!("{:.1} ms", pct(&mut l.clone(), 0.99)),
+        0.0,
+        "p99 <= 20 ms",
+    ));
+    (broker.drain)()?;
+    out.push(p50_p99(
+        format!(
+            "  {name}: one event published directly, publish->ack p50 / p99 ({} ev)",
+            direct.len()
+        ),
+        direct,
+    ));
+    // a burst in one transaction: each event, and the last one
+    let committed = commit(s.burst)?;
+    let mut l = latencies(&committed, &acked);
+    let last = l.iter().copied().fold(0.0, f64::max);
+    out.push(p50_p99(
+        format!("pick-up ({name}), burst of {}, p50 / p99", s.burst),
+        std::mem::take(&mut l),
+    ));
+    out.push(row(
+        format!("pick-up ({name}), burst of {}, the last event", s.burst),
+        format!("{last:.1} ms"),
+        "-".into(),
+        0.0,
+        "<= burst / relay floor rate + 50 ms",
+    ));
+    // a consumer would have taken the burst: RabbitMQ confirms slower with
+    // thousands of messages in the queue (one event after a minute: 0.8 ms on
+    // an empty queue, 4.8 ms behind 2,000), which is the bench's, not the relay's
+    (broker.drain)()?;
+    // idle, then one event, `idle_samples` times
+    let mut after_idle = Vec::new();
+    for _ in 0..s.idle_samples {
+        std::thread::sleep(s.idle_single);
+        let committed = commit(1)?;
+        after_idle.extend(latencies(&committed, &acked));
+    }
+    out.push(p50_p99(
+        format!(
+            "pick-up ({name}), one event after {:?} idle, p50 / p99 ({} samples)",
+            s.idle_single, s.idle_samples
+        ),
+        after_idle,
+    ));
+    relay.shutdown(Duration::from_secs(10))?;
+    Ok(())
+}
+
+pub(crate) fn ensure_queue(url: &str) -> Res<()> {
+    use amiquip::{Connection, FieldTable, QueueDeclareOptions};
+    let mut conn = Connection::insecure_open(url)?;
+    let ch = conn.open_channel(None)?;
+    let q = QueueDeclareOptions {
+        auto_delete: false,
+        ..Default::default()
+    };
+    ch.queue_declare("txbox-bench", q)?;
+    ch.queue_bind(
+        "txbox-bench",
+        "amq.direct",
+        "txbox-bench",
+        FieldTable::new(),
+    )?;
+    ch.queue_purge("txbox-bench")?;
+    conn.close()?;
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! Part `writers`: concurrent publishers with the wake-up on commit on, off,
+//! as schema 3 had it, and firing an empty function.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use txbox::{EventSettings, Relay, Sender};
+
+use crate::common::*;
+
+/// How the concurrent publishers' commits wake the relay.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum WakeUp {
+    /// the rationed trigger as shipped (schema 6)
+    On,
+    /// the trigger disabled: the relay polls
+    Off,
+    /// schema 3's trigger: every commit notifies
+    EveryCommit,
+    /// the trigger fires and its function returns at once: what the deferred
+    /// trigger itself costs (the relay polls)
+    Empty,
+}
+
+/// N concurrent publishers through `Outbox::publish` with the wake-up on commit
+/// as shipped, off (its trigger disabled) and as schema 3 had it (every commit
+/// notifies), a relay draining in each: commits per second and the ratios to
+/// off. Each run starts on fresh tables (a run's dead rows would slow the
+/// next); the runs take turns, each figure the median of `rounds`.
+pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    let p = "bench_writers_";
+    let cfg = config_with(p, EventSettings::default(), true);
+    let every_commit = include_str!("../../sql/postgres/003_notify_on_commit.sql")
+        .lines()
+        .filter(|l| l.starts_with("CREATE "))
+        .map(|l| l.replace("{prefix}", p))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let empty = format!(
+        "CREATE OR REPLACE FUNCTION {p}txbox_wake() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RETURN NULL; END $$"
+    );
+    let modes = [WakeUp::On, WakeUp::Off, WakeUp::EveryCommit, WakeUp::Empty];
+    for n in [1usize, 8, 32, 64] {
+        let mut tps: [Vec<f64>; 4] = Default::default();
+        let mut cpu: [Vec<f64>; 4] = Default::default();
+        let mut xids: [Vec<f64>; 4] = Default::default();
+        let mut claims: [Vec<f64>; 4] = Default::default();
+        for r in 0..s.rounds.max(2) {
+            // each round in another order: none always goes first
+            for k in 0..modes.len() {
+                let i = (r + k) % modes.len();
+                let mode = modes[i];
+                let (store, mut c) = fresh(p)?;
+                c.batch_execute(
+                    "DROP TABLE IF EXISTS bench_writer_orders; \
+                     CREATE TABLE bench_writer_orders (id bigserial PRIMARY KEY, total bigint)",
+                )?;
+                if mode == WakeUp::Empty {
+                    c.batch_execute(&empty)?;
+                }
+                if mode == WakeUp::Off || mode == WakeUp::EveryCommit {
+                    c.batch_execute(&format!(
+                        "ALTER TABLE {p}outbox_events DISABLE TRIGGER {p}outbox_events_wake"
+                    ))?;
+                }
+                if mode == WakeUp::EveryCommit {
+                    c.batch_execute(&every_commit)?;
+                }
+                c.batch_execute("CHECKPOINT")?;
+                let acks = Acks::default();
+                let count = acks.count.clone();
+                let claimed = Arc::new(AtomicU64::new(0));
+                let store = Arc::new(Counting(store, claimed.clone()));
+                let relay =
+                    Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
+                        Ok(Box::new(Timed::new(Discard, acks.clone())))
+                    })?;
+                // the machine's CPU from the first commit until the relay sent
+                // the last event: the publishers, the database and the relay
+                let xid = |c: &mut postgres::Client| -> Res<i64> {
+                    Ok(c.query_one("SELECT txid_current()", &[])?.get(0))
+                };
+                let first = xid(&mut c)?;
+                let (commits, busy) = with_cpu(|| {
+                    let commits = publish_flat_out(&cfg, "bench", n, s.writers_secs)?;
+                    // the relay keeps up (or the run says so)
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    while count.load(Ordering::Relaxed) < commits && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Res::Ok(commits)
+                })?;
+                if count.load(Ordering::Relaxed) < commits {
+                    return Err(format!("the relay sent {count:?} of {commits} events").into());
+                }
+                // every writing transaction takes an id: the publishers' and
+                // the relay's (claims, finishes)
+                let writes = (xid(&mut c)? - first - 1) as f64;
+                xids[i].push(writes / commits.max(1) as f64);
+                claims[i]
+                    .push(claimed.load(Ordering::Relaxed) as f64 * 1000.0 / commits.max(1) as f64);
+                let rate = commits as f64 / s.writers_secs as f64;
+                tps[i].push(rate);
+                if let Some(busy) = busy {
+                    cpu[i].push(busy * 1e6 / commits.max(1) as f64);
+                }
+                relay.shutdown(Duration::from_secs(10))?;
+            }
+        }
+        let [on, off, every, _] = &mut tps;
+        let (on, off, every) = (median(on), median(off), median(every));
+        let target = match n {
+            1 => ">= 0.93",
+            64 => ">= 0.9",
+            _ => ">= 0.95",
+        };
+        out.push(row(
+            format!("{n} concurrent publishers, commits/s, wake-up on vs off"),
+            format!("{on:.0}/s"),
+            format!("{off:.0}/s"),
+            on / off,
+            target,
+        ));
+        out.push(row(
+            format!("  {n} publishers, schema 3's trigger (every commit notifies) vs off"),
+            format!("{every:.0}/s"),
+            format!("{off:.0}/s"),
+            every / off,
+            "-",
+        ));
+        if cpu.iter().all(|c| !c.is_empty()) {
+            let [on, off, _, empty] = &mut cpu;
+            let (on, off, empty) = (median(on), median(off), median(empty));
+            // on a machine the publishers keep busy, the commit rate is
+            // the inverse of this: the steadier figure of the two
+            out.push(row(
+                format!("  {n} publishers, machine CPU per commit (and its relaying), on vs off (ratio off/on)"),
+                format!("{on:.0} us"),
+                format!("{off:.0} us"),
+                off / on,
+                target,
+            ));
+            out.push(row(
+                format!("  {n} publishers, machine CPU per commit, the trigger firing an empty function vs off"),
+                format!("{empty:.0} us"),
+                format!("{off:.0} us"),
+                off / empty,
+                "-",
+            ));
+        }
+        let [on, off, _, _] = &mut claims;
+        out.push(row(
+            format!("  {n} publishers, the relay's claims per 1,000 commits"),
+            format!("{:.1}", median(on)),
+            format!("{:.1}", median(off)),
+            median(on) / median(off),
+            "-",
+        ));
+        let [on, off, _, _] = &mut xids;
+        out.push(row(
+            format!("  {n} publishers, writing transactions per commit (the publisher's and the relay's)"),
+            format!("{:.3}", median(on)),
+            format!("{:.3}", median(off)),
+            median(on) / median(off),
+            "-",
+        ));
+    }
+    Ok(())
+}
