@@ -87,32 +87,36 @@ pub fn wait_for_listener(client: &mut postgres::Client, p: &str) {
     });
 }
 
-/// Waits until the relay on the outbox of `p` listens and has sent an event
-/// of `event_type` committed after that (published here, through `config`,
-/// on `client`), and returns that event's id. The relay's claims at start
-/// (its first poll, and the wake-up of every poller once it listens) are done
-/// by then: an event it sends in time after this was sent because a commit
-/// woke it, not because a first poll found it.
+/// Waits until the relay on the outbox of `p` listens and has sent two events
+/// of `event_type`, each committed (here, through `config`, on `client`) after
+/// the one before was sent, and returns their ids. The relay's claims at start
+/// (its first poll, the wake-up of every poller once it listens, and the one
+/// after the listener's first answer, a few milliseconds later) are behind it
+/// by the second one: an event it sends in time after this was sent because a
+/// commit woke it, not because a first poll found it. If the wake-up on commit
+/// does not work, this fails (the second waits for a poll).
 pub fn relay_woken_by_commits(
     client: &mut postgres::Client,
     p: &str,
     config: &txbox::Config,
     sender: &txbox::MemorySender,
     event_type: &str,
-) -> txbox::EventId {
+) -> [txbox::EventId; 2] {
     wait_for_listener(client, p);
     let outbox = txbox::Outbox::new(config).expect("outbox");
-    let mut tx = client.transaction().expect("begin");
-    let id = outbox
-        .publish(&mut tx, event_type, &"sentinel")
-        .expect("publish");
-    tx.commit().expect("commit");
-    wait_until("the relay sends on commit", Duration::from_secs(10), || {
-        sender.sent().iter().any(|e| e.id == id)
-    });
-    id
+    let mut sent_on_commit = |n: usize| {
+        let mut tx = client.transaction().expect("begin");
+        let id = outbox.publish(&mut tx, event_type, &n).expect("publish");
+        tx.commit().expect("commit");
+        wait_until("the relay sends on commit", Duration::from_secs(10), || {
+            sender.sent().iter().any(|e| e.id == id)
+        });
+        id
+    };
+    [sent_on_commit(1), sent_on_commit(2)]
 }
 
+/// A client of the test's own that `LISTEN`s on the outbox of `p`.
 pub fn listening(p: &str) -> postgres::Client {
     let mut c = client().expect("PostgreSQL");
     c.batch_execute(&format!("LISTEN {p}outbox_events"))
@@ -355,7 +359,7 @@ impl Tally {
 
 /// The name the test harness knows the test `name` of module `module` (its
 /// `module_path!()`) by: its path without the binary's crate, as
-/// `--exact` wants it (`migrations::migrate_child_process` in the suite
+/// `--exact` wants it (`clocks::skewed_publisher_process` in the suite
 /// binary, `name` alone at a binary's root).
 pub fn test_name(module: &str, name: &str) -> String {
     match module.split_once("::") {

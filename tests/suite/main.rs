@@ -1,9 +1,11 @@
 //! The integration tests that share the machine's services with each other: one
 //! test binary (one link of rdkafka, amiquip and every driver), a module per
-//! subject. The tests that stop a broker, kill relays again and again or
-//! install a process-wide recorder are binaries of their own
-//! (`broker_outage`, `crash_brokers`, `faults`, `metrics_facade`): cargo runs
-//! test binaries one after another, so nothing here runs beside them.
+//! subject. The tests that stop a broker, kill relays again and again, install
+//! a process-wide recorder or migrate with short lock timeouts (which other
+//! tests' migrations and open transactions would make them miss) are binaries
+//! of their own (`broker_outage`, `crash_brokers`, `faults`, `metrics_facade`,
+//! `migrations`): cargo runs test binaries one after another, so nothing here
+//! runs beside them.
 
 #[macro_use]
 #[path = "../common/mod.rs"]
@@ -15,7 +17,6 @@ mod connections;
 mod inbox;
 mod inbox_brokers;
 mod kafka;
-mod migrations;
 mod ops;
 mod postgres_outbox;
 mod postgres_relay;

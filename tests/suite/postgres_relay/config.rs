@@ -10,7 +10,7 @@ use txbox::{ClaimMode, Config, MemorySender, Relay};
 /// more than the store's pool has is refused at start, with the numbers.
 #[test]
 fn held_claims_needing_more_connections_than_the_pool_are_refused() {
-    let p = "t_rel_pool_";
+    let p = "t_rel_poolsize_";
     if fresh(p).is_none() {
         return;
     }

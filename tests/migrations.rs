@@ -1,5 +1,9 @@
 //! Migrations on a live database, against the real PostgreSQL, MariaDB and
-//! SQLite: `migrate` at start-up must not stall the writers.
+//! SQLite: `migrate` at start-up must not stall the writers. A binary of its
+//! own: its lock timeouts are short, and another test's migration or open
+//! transaction beside it would make them miss.
+
+mod common;
 
 use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
@@ -647,11 +651,9 @@ fn mysql_an_upgraded_latin1_table_keeps_each_key_one_key() {
             .map(String::from)
             .collect()
     };
-    for s in old(include_str!("../../sql/mysql/001_schema.sql"))
+    for s in old(include_str!("../sql/mysql/001_schema.sql"))
         .into_iter()
-        .chain(old(include_str!(
-            "../../sql/mysql/002_inbox_per_consumer.sql"
-        )))
+        .chain(old(include_str!("../sql/mysql/002_inbox_per_consumer.sql")))
     {
         c.query_drop(s).unwrap();
     }
