@@ -451,6 +451,30 @@ fn a_listening_connection_gone_silent_is_noticed_within_a_minute() {
     let store = Arc::new(PgStore::connect(&proxy.url(), &config).unwrap());
     store.migrate().unwrap();
     let (relay, sender) = sleeping_relay(store, &mut client, p, &config);
+    // silenced between two of its queries, not in one: a query cut off in
+    // flight waits for its answer for good (no deadline in the driver), and
+    // a release cut off leaves the type held. Quiet: idle and holding no
+    // lock, seen twice 50 ms apart (nothing commits meanwhile to wake it)
+    let pid = listener_pid(&mut client, p).expect("a listener");
+    let quiet = |c: &mut postgres::Client| {
+        c.query_one(
+            "SELECT state = 'idle' AND NOT EXISTS (SELECT 1 FROM pg_locks \
+             WHERE pid = $1 AND locktype = 'advisory') FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .map(|r| r.get::<_, bool>(0))
+        .unwrap_or(false)
+    };
+    wait_until(
+        "the listener idle, holding nothing",
+        Duration::from_secs(5),
+        || {
+            quiet(&mut client) && {
+                std::thread::sleep(ms(50));
+                quiet(&mut client)
+            }
+        },
+    );
     assert_eq!(proxy.silence_listeners(), 1);
     let silenced = Instant::now();
     let outbox = Outbox::new(&config).unwrap();
