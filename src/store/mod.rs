@@ -597,13 +597,13 @@ pub(crate) fn connect(url: &str, config: &crate::Config) -> Result<Arc<dyn FullS
                 && scheme
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
-            Err(Error::Config {
-                path: "database url".into(),
-                message: format!(
+            Err(Error::config(
+                "database url",
+                format!(
                     "unknown scheme {:?}: expected postgres://, mysql://, sqlite:PATH or oracle://",
                     if plain { scheme } else { "?" }
                 ),
-            })
+            ))
         }
     }
 }

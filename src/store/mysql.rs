@@ -276,10 +276,7 @@ impl SqlStore<MySqlDialect> {
             Some(rest) => format!("mysql:{rest}"),
             None => url.to_owned(),
         };
-        let invalid = |e: &dyn std::fmt::Display| Error::Config {
-            path: "database url".into(),
-            message: e.to_string(),
-        };
+        let invalid = |e: &dyn std::fmt::Display| Error::config("database url", e.to_string());
         let mut parsed = url::Url::parse(&url).map_err(|e| invalid(&e))?;
         let mut ours = std::collections::BTreeMap::new();
         let kept: Vec<(String, String)> = parsed

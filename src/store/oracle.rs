@@ -305,9 +305,11 @@ impl SqlStore<OracleDialect> {
 /// `oracle://user:password@host:port/service` as (user, password, target). The
 /// target follows the last `@`, so a password may hold `@` (and `:`) as it is.
 fn parse_url(url: &str) -> Result<(&str, &str, &str)> {
-    let bad = || Error::Config {
-        path: "database url".into(),
-        message: "oracle: expected oracle://user:password@host:port/service".into(),
+    let bad = || {
+        Error::config(
+            "database url",
+            "oracle: expected oracle://user:password@host:port/service",
+        )
     };
     let rest = url.strip_prefix("oracle://").ok_or_else(bad)?;
     let (cred, target) = rest.rsplit_once('@').ok_or_else(bad)?;

@@ -206,10 +206,7 @@ impl SqlStore<SqliteDialect> {
         let path = url.strip_prefix("sqlite:").unwrap_or(url);
         let path = path.strip_prefix("//").unwrap_or(path);
         if path.is_empty() {
-            return Err(Error::Config {
-                path: "database url".into(),
-                message: "sqlite: needs a file path".into(),
-            });
+            return Err(Error::config("database url", "sqlite: needs a file path"));
         }
         let conn = Self::connection(path)?;
         SqlStore::with_pool(SqliteDialect(Mutex::new(conn)), config)

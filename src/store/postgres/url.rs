@@ -65,10 +65,7 @@ const TLS_OPTIONS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 /// # let _ = store; Ok(()) }
 /// ```
 pub fn pg_config(url: &str) -> Result<(postgres::Config, PgTls)> {
-    let invalid = |e: &dyn std::fmt::Display| Error::Config {
-        path: "database url".into(),
-        message: e.to_string(),
-    };
+    let invalid = |e: &dyn std::fmt::Display| Error::config("database url", e.to_string());
     let (rest, options) = split_tls_options(url).map_err(|e| invalid(&e))?;
     let mut pg: postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
     let get = |key: &str| {
