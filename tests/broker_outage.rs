@@ -14,10 +14,6 @@ use common::*;
 
 use txbox::{ClaimMode, Config, EventId, EventSettings, Outbox, Relay};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
 /// Starts the broker again when dropped, even if the test failed half-way.
 struct Restart(&'static str, &'static [&'static str]);
 

@@ -23,10 +23,6 @@ use txbox::kafka::KafkaSender;
 use txbox::rabbitmq::RabbitSender;
 use txbox::{ClaimMode, Config, EventId, Outbox, PgStore, Relay};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
 /// The two scenarios kill processes and load the machine: one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 

@@ -6,6 +6,25 @@ use std::time::{Duration, Instant};
 
 use txbox::PgStore;
 
+/// `n` milliseconds.
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A configuration on prefix `p` whose event `types` sleep in a long polling
+/// delay (adaptive from `min` to twice that), each woken as given: only a
+/// wake-up sends their events in time.
+pub fn sleepy(p: &str, min: Duration, types: &[(&str, txbox::Wake)]) -> txbox::Config {
+    let mut b = txbox::Config::builder()
+        .table_prefix(p)
+        .defaults(|e| e.adaptive_polling(min, min * 2, 1.5));
+    for (t, wake) in types {
+        let wake = *wake;
+        b = b.event(*t, move |e| e.wake(wake));
+    }
+    b.build().unwrap()
+}
+
 /// The test database; override with `TXBOX_PG_URL`.
 pub fn pg_url() -> String {
     std::env::var("TXBOX_PG_URL")

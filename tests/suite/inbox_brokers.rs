@@ -8,10 +8,6 @@ use crate::common::*;
 use txbox::{Config, Error, Outbox, Relay, Sender};
 use txbox::{Inbox, MissingIdPolicy};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
 /// Rows of the test's `handled` table, and how many distinct ids they hold.
 fn handled(client: &mut postgres::Client, prefix: &str) -> (i64, i64) {
     let r = client

@@ -12,10 +12,6 @@ use serde_json::json;
 use txbox::rabbitmq::{RabbitConsumer, RabbitSender};
 use txbox::{Config, Dlq, NewEvent, Outbox, Relay, SenderFactory, StopSignal};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
 fn rabbit_up() -> bool {
     service_up("RabbitMQ", "127.0.0.1:5672")
 }

@@ -13,23 +13,6 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use txbox::{Config, EventId, MemorySender, Outbox, PgStore, Relay, Wake};
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// Event types that sleep in a long polling delay: only a wake-up sends their
-/// events in time.
-fn sleepy(p: &str, min: Duration, types: &[(&str, Wake)]) -> Config {
-    let mut b = Config::builder()
-        .table_prefix(p)
-        .defaults(|e| e.adaptive_polling(min, min * 2, 1.5));
-    for (t, wake) in types {
-        let wake = *wake;
-        b = b.event(*t, move |e| e.wake(wake));
-    }
-    b.build().unwrap()
-}
-
 /// Starts a relay on `store` with a memory sender (its configuration has the
 /// type `n`, woken by commits) and waits until its claims at start are done:
 /// from then on it sleeps in its polling delay, and only a wake-up sends an

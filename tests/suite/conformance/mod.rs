@@ -6,7 +6,8 @@
 //! several stores (connections) in one process, which is what SQLite can offer.
 
 use std::sync::Mutex;
-use std::time::Duration;
+
+use crate::common::ms;
 
 use crate::common::backend::Backend;
 use txbox::Config;
@@ -17,10 +18,6 @@ mod inbox;
 mod migrations;
 mod ordering;
 mod relay;
-
-pub(super) fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 pub(super) fn config(prefix: &str) -> Config {
     Config::builder()

@@ -2,13 +2,9 @@
 //! the broker (the relay's logic is under test here, not a broker), a module per
 //! subject.
 
-use std::time::Duration;
+use crate::common::ms;
 
 use txbox::EventSettings;
-
-pub(super) fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 pub(super) fn fast(e: EventSettings) -> EventSettings {
     e.adaptive_polling(ms(10), ms(100), 1.5)

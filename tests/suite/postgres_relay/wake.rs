@@ -11,14 +11,9 @@ use txbox::{Config, EventId, MemorySender, NewEvent, Outbox, Relay};
 use super::errors::Unreachable;
 use super::ms;
 
-/// A relay that sleeps in a long polling delay, its events' wake-up `notify`.
-fn sleepy(p: &str) -> Config {
-    Config::builder()
-        .table_prefix(p)
-        .defaults(|e| e.adaptive_polling(Duration::from_secs(30), Duration::from_secs(60), 1.5))
-        .event("n", |e| e)
-        .build()
-        .unwrap()
+/// A relay that sleeps in a 30 s polling delay, its type `n` woken by commits.
+fn sleepy_n(p: &str) -> Config {
+    sleepy(p, Duration::from_secs(30), &[("n", txbox::Wake::Notify)])
 }
 
 /// Publishes `n` events of type `n` in one transaction and commits it.
@@ -40,7 +35,7 @@ fn an_event_committed_while_the_relay_sleeps_is_sent_at_once() {
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
-    let config = sleepy(p);
+    let config = sleepy_n(p);
     let sender = MemorySender::new();
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
     assert!(relay.thread_names().contains(&"txbox-listen".to_string()));
@@ -66,7 +61,7 @@ fn the_listener_killed_listens_again_and_nothing_waits_for_the_poll() {
     let Some((store, mut client)) = fresh(p) else {
         return;
     };
-    let config = sleepy(p);
+    let config = sleepy_n(p);
     let sender = MemorySender::new();
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
     let listener = |c: &mut postgres::Client| listener_pid(c, p);
