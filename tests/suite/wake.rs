@@ -310,6 +310,9 @@ struct SilencingProxy {
     /// connections that sent `LISTEN`, and those told to go silent
     listening: Arc<Mutex<HashSet<u64>>>,
     silent: Arc<Mutex<HashSet<u64>>>,
+    /// a listening connection that sends this goes silent, the statement
+    /// unsent
+    tripwire: Arc<Mutex<Option<&'static [u8]>>>,
     closed: Arc<AtomicBool>,
 }
 
@@ -321,12 +324,14 @@ impl SilencingProxy {
             next: Arc::default(),
             listening: Arc::default(),
             silent: Arc::default(),
+            tripwire: Arc::default(),
             closed: Arc::default(),
         };
-        let (next, listening, silent, closed) = (
+        let (next, listening, silent, tripwire, closed) = (
             proxy.next.clone(),
             proxy.listening.clone(),
             proxy.silent.clone(),
+            proxy.tripwire.clone(),
             proxy.closed.clone(),
         );
         server.set_nonblocking(true).unwrap();
@@ -345,11 +350,15 @@ impl SilencingProxy {
                     (client.try_clone().unwrap(), db.try_clone().unwrap(), true),
                     (db, client, false),
                 ] {
-                    let (listening, silent, closed) =
-                        (listening.clone(), silent.clone(), closed.clone());
-                    std::thread::spawn(move || {
-                        forward(from, to, up, id, &listening, &silent, &closed)
-                    });
+                    let conn = Forwarded {
+                        id,
+                        up,
+                        listening: listening.clone(),
+                        silent: silent.clone(),
+                        tripwire: tripwire.clone(),
+                        closed: closed.clone(),
+                    };
+                    std::thread::spawn(move || forward(from, to, &conn));
                 }
             }
         });
@@ -360,6 +369,12 @@ impl SilencingProxy {
     /// statements to find the listener's connection.
     fn url(&self) -> String {
         format!("postgres://postgres@{}/test?sslmode=disable", self.addr)
+    }
+
+    /// The next listening connection to send `statement` stops forwarding,
+    /// that statement unsent: it goes silent in the middle of that query.
+    fn silence_listener_sending(&self, statement: &'static [u8]) {
+        *self.tripwire.lock().unwrap() = Some(statement);
     }
 
     /// The connections that `LISTEN` now stop forwarding (later ones do not).
@@ -378,15 +393,20 @@ impl Drop for SilencingProxy {
 
 /// Copies `from` to `to` until either end closes; while the connection is
 /// silenced it reads nothing more and writes nothing (the sockets stay open).
-fn forward(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    up: bool,
+/// One direction of one proxied connection, and what the proxy knows of it.
+struct Forwarded {
     id: u64,
-    listening: &Mutex<HashSet<u64>>,
-    silent: &Mutex<HashSet<u64>>,
-    closed: &AtomicBool,
-) {
+    /// client to database
+    up: bool,
+    listening: Arc<Mutex<HashSet<u64>>>,
+    silent: Arc<Mutex<HashSet<u64>>>,
+    tripwire: Arc<Mutex<Option<&'static [u8]>>>,
+    closed: Arc<AtomicBool>,
+}
+
+fn forward(mut from: TcpStream, mut to: TcpStream, c: &Forwarded) {
+    let (id, up) = (c.id, c.up);
+    let (listening, silent, closed) = (&c.listening, &c.silent, &c.closed);
     from.set_read_timeout(Some(ms(50))).unwrap();
     let mut buf = [0u8; 16 * 1024];
     while !closed.load(Ordering::Relaxed) {
@@ -399,6 +419,14 @@ fn forward(
             Ok(n) => {
                 if up && buf[..n].windows(7).any(|w| w == b"LISTEN ") {
                     listening.lock().unwrap().insert(id);
+                }
+                let has = |w: &[u8]| buf[..n].windows(w.len()).any(|x| x == w);
+                if up && listening.lock().unwrap().contains(&id) {
+                    let mut wire = c.tripwire.lock().unwrap();
+                    if wire.is_some_and(has) {
+                        *wire = None;
+                        silent.lock().unwrap().insert(id);
+                    }
                 }
                 // silenced while this read waited: what it read is never sent
                 if silent.lock().unwrap().contains(&id) {
@@ -434,10 +462,10 @@ fn a_listening_connection_gone_silent_is_noticed_within_a_minute() {
     let store = Arc::new(PgStore::connect(&proxy.url(), &config).unwrap());
     store.migrate().unwrap();
     let (relay, sender) = sleeping_relay(store, &mut client, p, &config);
-    // silenced between two of its queries, not in one: a query cut off in
-    // flight waits for its answer for good (no deadline in the driver), and
-    // a release cut off leaves the type held. Quiet: idle and holding no
-    // lock, seen twice 50 ms apart (nothing commits meanwhile to wake it)
+    // silenced between two of its queries: what finds it is the check of a
+    // quiet connection (cut off in the middle of one, the query's deadline
+    // does: the next test). Quiet: idle and holding no lock, seen twice
+    // 50 ms apart (nothing commits meanwhile to wake it)
     let pid = listener_pid(&mut client, p).expect("a listener");
     let quiet = |c: &mut postgres::Client| {
         c.query_one(
@@ -476,6 +504,64 @@ fn a_listening_connection_gone_silent_is_noticed_within_a_minute() {
     let mut tx = client.transaction().unwrap();
     let later = outbox.publish(&mut tx, "n", &2).unwrap();
     tx.commit().unwrap();
+    wait_until(
+        "a later event sent on commit",
+        Duration::from_secs(10),
+        || sent_ids(&sender).contains(&later),
+    );
+    assert!(t.elapsed() < Duration::from_secs(10));
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}
+
+/// The same, cut off in the middle of a query: the listener's connection goes
+/// silent as it sends the release of a hold (right after a notification).
+/// The listener gives the query up after its deadline instead of waiting for
+/// the answer for good, listens again, and ends the silent session, whose
+/// hold would keep the type's commits from notifying: a later commit is sent
+/// on commit.
+#[test]
+fn a_listening_connection_gone_silent_mid_query_is_noticed_within_a_minute() {
+    let p = "t_wake_silent_mid_";
+    let Some((_, mut client)) = fresh(p) else {
+        return;
+    };
+    let proxy = SilencingProxy::start("127.0.0.1:5432");
+    let config = sleepy(p, Duration::from_secs(90), &[("n", Wake::Notify)]);
+    let store = Arc::new(PgStore::connect(&proxy.url(), &config).unwrap());
+    store.migrate().unwrap();
+    let (relay, sender) = sleeping_relay(store, &mut client, p, &config);
+    let silent_pid = listener_pid(&mut client, p).expect("a listener");
+    proxy.silence_listener_sending(b"pg_advisory_unlock");
+    let silenced = Instant::now();
+    let outbox = Outbox::new(&config).unwrap();
+    let commit = |client: &mut postgres::Client, n: i32| {
+        let mut tx = client.transaction().unwrap();
+        let id = outbox.publish(&mut tx, "n", &n).unwrap();
+        tx.commit().unwrap();
+        id
+    };
+    // notified, held, sent; the hold's release never arrives
+    let first = commit(&mut client, 1);
+    wait_until("the first event sent", Duration::from_secs(10), || {
+        sent_ids(&sender).contains(&first)
+    });
+    wait_until(
+        "the silent session ended and another listening",
+        Duration::from_secs(60),
+        || {
+            let gone = client
+                .query_one(
+                    "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $1",
+                    &[&silent_pid],
+                )
+                .map(|r| r.get::<_, bool>(0))
+                .unwrap_or(false);
+            gone && listener_pid(&mut client, p).is_some()
+        },
+    );
+    assert!(silenced.elapsed() < Duration::from_secs(60));
+    let t = Instant::now();
+    let later = commit(&mut client, 2);
     wait_until(
         "a later event sent on commit",
         Duration::from_secs(10),
