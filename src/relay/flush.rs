@@ -4,15 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use uuid::Uuid;
-
-use super::retry::{outcomes, record};
-use super::Relay;
+use super::leased::Leased;
+use super::pipeline::{Pipeline, Run};
+use super::{check_claim_modes, Relay};
 use crate::config::Config;
 use crate::error::Result;
 use crate::event::EventId;
 use crate::sender::Sender;
-use crate::store::{ClaimArgs, ClaimStore};
+use crate::store::ClaimStore;
 
 /// What [`Relay::deliver_pending`] did with one event type's events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,9 +67,11 @@ impl Relay {
     /// `deliver_pending`, then assert on a [`MemorySender`](crate::MemorySender)
     /// or the broker) and for a batch job that relays before it exits.
     ///
-    /// Each type is claimed, sent and finished in batches as a poller does it
-    /// (its batch size, retries, backoff, ordering and the configuration's
-    /// `processed_ttl`; the metrics count them as the relay's), until a claim
+    /// Each type goes through the poller's own delivery pipeline: claimed,
+    /// sent and finished in batches as a poller does it (its batch size, claim
+    /// mode, batches in flight, retries, backoff, ordering and the
+    /// configuration's `processed_ttl`; the metrics count them as the
+    /// relay's), until a claim
     /// finds nothing due among the events the database had inserted when the
     /// call began ([`ClaimStore::insert_mark`]: so a steady stream of
     /// publishes cannot keep it going, and a publisher's clock does not
@@ -79,9 +80,11 @@ impl Relay {
     /// call when the backoff is shorter, else at a later call. An ordered type
     /// sends one event per key per batch, so a key's events go out one batch
     /// after another, in order. Relays running on the same table meanwhile
-    /// take their share (`SKIP LOCKED`), which this call does not report. An
-    /// error (the database) ends the call; the batch it was finishing is
-    /// claimed again after its lease.
+    /// take their share (`SKIP LOCKED`), which this call does not report. A
+    /// sender that says its broker cannot be reached ([`Sender::ready`]) ends
+    /// the call with [`Error::Broker`](crate::Error::Broker) before anything
+    /// of its type is claimed. A database error ends the call; a leased batch
+    /// it was finishing is claimed again after its lease, a held one at once.
     ///
     /// ```
     /// # fn main() -> txbox::Result<()> {
@@ -115,6 +118,7 @@ impl Relay {
         config: &Config,
         sender: &mut dyn Sender,
     ) -> Result<Delivery> {
+        check_claim_modes(store, config)?;
         let delete_acked = config.maintenance.processed_ttl.is_zero();
         // what the database has inserted so far: the claims take no later
         // event, whatever the publishers' clocks say; a store without a mark
@@ -122,33 +126,34 @@ impl Relay {
         // one, on this host's clock)
         let upto = store.insert_mark()?;
         let began = EventId::new();
+        let leased = Leased::default();
         let mut delivery = Delivery::default();
         for (event_type, s) in config.events() {
-            let args = ClaimArgs::new(event_type, s.batch_size, s.lease)
-                .ordered(s.key_order())
-                .upto(upto);
-            let (destination, routing_key) = s.address(event_type);
+            let mut pipeline = Pipeline::new(event_type, s.clone(), delete_acked).upto(upto);
+            let mut run = Run {
+                store,
+                sender: &mut *sender,
+                leased: &leased,
+                relay: None,
+            };
             loop {
-                let token = Uuid::now_v7();
-                let mut events = store.claim_after(&args, token)?;
-                if events.is_empty() {
+                let polled = pipeline.step(&mut run)?;
+                // nothing due (a claim after a backlog's last id that finds
+                // nothing scans again from the lowest); a transport failure: the broker is away, and
+                // the released events are due at once: claiming them again
+                // would loop; a batch of only new events: what was due at the
+                // call is out
+                let only_new = upto.is_none() && pipeline.last_lowest.is_some_and(|id| id > began);
+                let nothing_due = polled.claimed == 0 && polled.scanned;
+                if nothing_due || polled.released > 0 || only_new {
+                    pipeline.finish_all(&mut run)?;
                     break;
                 }
-                for e in &mut events {
-                    e.destination = destination.to_string();
-                    e.routing_key = routing_key.to_string();
-                }
-                let results = sender.send(&events);
-                let outcomes = outcomes(&events, results, s, delete_acked);
-                store.finish(token, &outcomes)?;
-                let done = record(&outcomes, s);
-                *delivery.by_type.entry(event_type.to_string()).or_default() += done;
-                // a transport failure: the broker is away, and the released
-                // events are due at once: claiming them again would loop; and
-                // a batch of only new events: what was due at the call is out
-                if done.released > 0 || (upto.is_none() && events.iter().all(|e| e.id > began)) {
-                    break;
-                }
+            }
+            if pipeline.delivered != TypeDelivery::default() {
+                delivery
+                    .by_type
+                    .insert(event_type.to_string(), pipeline.delivered);
             }
         }
         Ok(delivery)

@@ -44,7 +44,7 @@ impl Leased {
         &self,
         token: Uuid,
         events: &[Event],
-        store: &dyn ClaimStore,
+        store: &(impl ClaimStore + ?Sized),
     ) -> crate::Result<bool> {
         let ids = events.iter().map(|e| e.id);
         {

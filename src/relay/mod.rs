@@ -41,6 +41,7 @@ mod flush;
 mod leased;
 mod listener;
 mod maintenance;
+mod pipeline;
 mod poller;
 mod probe;
 mod retry;
@@ -199,19 +200,7 @@ impl Relay {
         config: &Config,
         sender: impl SenderFactory,
     ) -> Result<Relay> {
-        if !store.can_hold_claims() {
-            if let Some((t, _)) = config
-                .events
-                .iter()
-                .find(|(_, s)| s.claim == ClaimMode::Lock)
-            {
-                return Err(Error::config(
-                    format!("events.{t}.claim"),
-                    "is \"lock\", which needs a store that can hold a claim open \
-                     (PostgreSQL); use \"lease\" with this store",
-                ));
-            }
-        }
+        check_claim_modes(store.as_ref(), config)?;
         crate::store::check_same_tables(store.as_ref(), config.table_prefix(), "the relay")?;
         let m = config.maintenance.clone();
         let b = m.batch_size;
@@ -604,6 +593,29 @@ impl CommitWake {
                  (the recovery thread tries again): {e}"
             ),
         }
+    }
+}
+
+/// Refuses held claims ([`ClaimMode::Lock`]) on a store that cannot hold a
+/// claim open.
+fn check_claim_modes<S: crate::store::ClaimStore + ?Sized>(
+    store: &S,
+    config: &Config,
+) -> Result<()> {
+    if store.can_hold_claims() {
+        return Ok(());
+    }
+    match config
+        .events
+        .iter()
+        .find(|(_, s)| s.claim == ClaimMode::Lock)
+    {
+        Some((t, _)) => Err(Error::config(
+            format!("events.{t}.claim"),
+            "is \"lock\", which needs a store that can hold a claim open \
+             (PostgreSQL); use \"lease\" with this store",
+        )),
+        None => Ok(()),
     }
 }
 

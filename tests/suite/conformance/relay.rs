@@ -284,3 +284,43 @@ pub(super) fn deliver_pending_sends_what_is_due_and_reports_it(b: Backend, p: &s
     let again = Relay::deliver_pending(&*fx.store, &c, &mut sender.clone()).unwrap();
     assert_eq!(again, txbox::Delivery::default(), "nothing due");
 }
+
+/// A sender whose broker cannot be reached: `ready` says so, and a send is a
+/// transport failure. Counts the batches handed to it.
+#[derive(Clone, Default)]
+struct Unreachable(Arc<Mutex<usize>>);
+
+impl Sender for Unreachable {
+    fn send(&mut self, events: &[Event]) -> Vec<Result<(), SendError>> {
+        *self.0.lock().unwrap() += 1;
+        events
+            .iter()
+            .map(|_| Err(SendError::transient("connection refused")))
+            .collect()
+    }
+    fn ready(&mut self) -> Result<(), SendError> {
+        Err(SendError::transient("not connected; next try in 2s"))
+    }
+}
+
+/// `Relay::deliver_pending` asks the sender whether its broker can be reached
+/// before it claims, as the poller does: with a sender that is not ready it
+/// claims nothing, hands nothing to the sender, and says why.
+pub(super) fn deliver_pending_claims_nothing_while_the_sender_is_not_ready(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = config(p);
+    fx.publish(&c, "e", 3, true);
+    let mut sender = Unreachable::default();
+    let err = Relay::deliver_pending(&*fx.store, &c, &mut sender).unwrap_err();
+    assert!(
+        matches!(&err, txbox::Error::Broker(m) if m.contains("not connected")),
+        "{err}"
+    );
+    assert_eq!(
+        *sender.0.lock().unwrap(),
+        0,
+        "no batch handed to the sender"
+    );
+    let counts = fx.counts("e");
+    assert_eq!((counts.pending, counts.in_process), (3, 0), "{counts:?}");
+}

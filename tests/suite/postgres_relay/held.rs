@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
@@ -20,12 +20,21 @@ use super::{fast, ms};
 /// transaction instead of stamping them, and finishes them in it.
 #[test]
 fn held_claims_deliver_every_event_and_finish_in_their_transaction() {
-    let p = "t_rel_held_";
-    let app = "txbox_held_test";
+    held_claims_leave_no_stamp("t_rel_held_", "txbox_held_test", Drain::Relay);
+}
+
+/// `Relay::deliver_pending` claims as the type says too: held claims, not
+/// stamped rows.
+#[test]
+fn deliver_pending_holds_the_claims_of_a_held_type() {
+    held_claims_leave_no_stamp("t_rel_heldf_", "txbox_heldf_test", Drain::DeliverPending);
+}
+
+fn held_claims_leave_no_stamp(p: &str, app: &str, drain: Drain) {
     let Some((store, mut client)) = fresh_with_url(p, &pg_url_as(app)) else {
         return;
     };
-    held_backlog(p, store, &mut client);
+    held_backlog(p, store, &mut client, drain);
     // the refused ones wait for their retry with the attempt counted, never claimed
     // under a token
     let (pending, attempts, stamped): (i64, i64, i64) = {
@@ -47,10 +56,17 @@ fn held_claims_deliver_every_event_and_finish_in_their_transaction() {
     assert_eq!(open_transactions(&mut client, app), 0);
 }
 
+/// Who drains the backlog.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    Relay,
+    DeliverPending,
+}
+
 /// Drains a backlog of 1,000 events of type "h" with held claims (batches of 40,
 /// 3 in flight) from `store` into a sender that refuses every tenth event; checks
 /// that each acked event was sent once and the refused ones were not.
-fn held_backlog(p: &str, store: Arc<impl FullStore>, client: &mut postgres::Client) {
+fn held_backlog(p: &str, store: Arc<impl FullStore>, client: &mut postgres::Client, drain: Drain) {
     let config = Config::builder()
         .table_prefix(p)
         .defaults(|e: EventSettings| {
@@ -66,17 +82,40 @@ fn held_backlog(p: &str, store: Arc<impl FullStore>, client: &mut postgres::Clie
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
     let sender = MemorySender::new();
-    sender.fail_when(|e| e.payload.ends_with(b"7").then(|| "refused".to_string()));
+    // while a batch is with the sender its rows are locked, not stamped: no
+    // row is ever IN_PROCESS (looked at from a session of its own, each tenth send)
+    let watcher = Mutex::new(postgres::Client::connect(&pg_url(), postgres::NoTls).unwrap());
+    let stamped_seen = Arc::new(AtomicUsize::new(0));
+    let seen = stamped_seen.clone();
+    let sql = format!("SELECT count(*) FROM {p}outbox_events WHERE status = 'IN_PROCESS'");
+    sender.fail_when(move |e| {
+        if e.payload.ends_with(b"3") {
+            let n: i64 = watcher.lock().unwrap().query_one(&sql, &[]).unwrap().get(0);
+            seen.fetch_max(n as usize, Ordering::Relaxed);
+        }
+        e.payload.ends_with(b"7").then(|| "refused".to_string())
+    });
     let mut tx = client.transaction().unwrap();
     let ids = outbox
         .publish_all(&mut tx, txbox::NewEvent::batch("h", 0..1000).unwrap())
         .unwrap();
     tx.commit().unwrap();
-    let relay = Relay::start(store, &config, sender.clone()).unwrap();
-    wait_until("the acked rows processed", Duration::from_secs(20), || {
-        count(client, p, "PROCESSED") == 900
-    });
-    relay.shutdown(Duration::from_secs(5)).unwrap();
+    if drain == Drain::Relay {
+        let relay = Relay::start(store, &config, sender.clone()).unwrap();
+        wait_until("the acked rows processed", Duration::from_secs(20), || {
+            count(client, p, "PROCESSED") == 900
+        });
+        relay.shutdown(Duration::from_secs(5)).unwrap();
+    } else {
+        let report = Relay::deliver_pending(&*store, &config, &mut sender.clone()).unwrap();
+        assert_eq!((report.sent(), report.not_sent()), (900, 100));
+        assert_eq!(count(client, p, "PROCESSED"), 900);
+    }
+    assert_eq!(
+        stamped_seen.load(Ordering::Relaxed),
+        0,
+        "rows IN_PROCESS while sent"
+    );
 
     let sent = sender.sent();
     let acked: HashSet<EventId> = sent.iter().map(|e| e.id).collect();
@@ -671,7 +710,7 @@ fn held_batches_without_their_own_finish_and_claim_drain_a_backlog() {
         claims: claims.clone(),
         finishes: finishes.clone(),
     });
-    held_backlog(p, store, &mut client);
+    held_backlog(p, store, &mut client, Drain::Relay);
     assert_eq!(
         count(&mut client, p, "PENDING"),
         100,
