@@ -135,6 +135,7 @@
 // (`kafka`, `rabbitmq`, `admin`) and `metrics`.
 #[cfg(feature = "admin-http")]
 pub mod admin;
+mod backoff;
 mod config;
 mod consumer;
 mod dlq;

@@ -4,6 +4,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::InboxCache;
+use crate::backoff::RetryBackoff;
 use crate::error::{Error, Result};
 
 /// Caches consumed ids in Redis (`SET key 1 PX ttl`, `EXISTS key`), shared by every
@@ -45,8 +46,8 @@ struct State {
     idle: Vec<redis::Connection>,
     /// Skipped until then, and why (after a failure).
     down: Option<(Instant, String)>,
-    /// The wait after the next failure.
-    backoff: Duration,
+    /// The waits after failures in a row.
+    backoff: RetryBackoff,
     /// A call is trying Redis again after a failure: the others skip it.
     trying: bool,
 }
@@ -128,7 +129,7 @@ impl RedisCacheBuilder {
             state: Mutex::new(State {
                 idle: Vec::new(),
                 down: None,
-                backoff: MIN_BACKOFF,
+                backoff: RetryBackoff::doubling(MIN_BACKOFF, MAX_BACKOFF),
                 trying: false,
             }),
         })
@@ -227,7 +228,7 @@ impl RedisCache {
         match out {
             Ok((v, c)) => {
                 s.down = None;
-                s.backoff = MIN_BACKOFF;
+                s.backoff.reset();
                 if s.idle.len() < MAX_IDLE {
                     s.idle.push(c);
                 }
@@ -237,8 +238,8 @@ impl RedisCache {
                 // the connection is dropped; so are the idle ones, which
                 // would likely fail the same way
                 s.idle.clear();
-                s.down = Some((Instant::now() + s.backoff, e.to_string()));
-                s.backoff = (s.backoff * 2).min(MAX_BACKOFF);
+                let wait = s.backoff.wait();
+                s.down = Some((Instant::now() + wait, e.to_string()));
                 Err(e)
             }
         }

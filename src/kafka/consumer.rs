@@ -12,6 +12,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::{client_config, creation_err, kafka_err};
+use crate::backoff::RetryBackoff;
 use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 
@@ -169,16 +170,21 @@ impl KafkaConsumer {
         if let Some(why) = self.lost_position.get() {
             return Err(Error::Broker(why.clone()));
         }
+        // errors in a row (the broker away): waits from 200 ms up to 5 s
+        let mut backoff =
+            RetryBackoff::doubling(Duration::from_millis(200), Duration::from_secs(5));
         while !stop.is_stopped() {
             let msg = match self.consumer.poll(Duration::from_millis(100)) {
                 None => continue,
                 Some(Err(e)) => {
-                    log::warn!("txbox: kafka consumer: {e}");
-                    stop.sleep(Duration::from_millis(200));
+                    let wait = backoff.wait();
+                    log::warn!("txbox: kafka consumer: {e}; polling again in {wait:?}");
+                    stop.sleep(wait);
                     continue;
                 }
                 Some(Ok(m)) => m,
             };
+            backoff.reset();
             let event = ReceivedEvent::from_parts(
                 message_headers(&msg),
                 msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),

@@ -13,6 +13,7 @@ use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer}
 use rdkafka::ClientContext;
 
 use super::{client_config, creation_err, DEFAULT_MESSAGE_TIMEOUT, MAX_MESSAGE_TIMEOUT_MS};
+use crate::backoff::RetryBackoff;
 use crate::error::{Error, Result};
 use crate::event::{Event, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
 use crate::sender::{SendError, Sender, SenderFactory};
@@ -403,6 +404,9 @@ impl KafkaSender {
         if let Some(k) = &e.key {
             record = record.key(k.as_bytes());
         }
+        // the producer's queue is full: wait for room, a little longer each time
+        let mut backoff =
+            RetryBackoff::doubling(Duration::from_millis(1), Duration::from_millis(10));
         loop {
             match producer.send(record) {
                 Ok(()) => return Ok(()),
@@ -410,7 +414,7 @@ impl KafkaSender {
                     if Instant::now() < deadline =>
                 {
                     record = r;
-                    std::thread::sleep(Duration::from_millis(5));
+                    std::thread::sleep(backoff.wait());
                 }
                 Err((err, _)) => {
                     let code = err.rdkafka_error_code();

@@ -7,6 +7,7 @@ use amiquip::{AmqpValue, Connection, ConsumerMessage, ConsumerOptions};
 use crossbeam_channel::select;
 
 use super::{MAX_RECONNECT, MIN_RECONNECT};
+use crate::backoff::RetryBackoff;
 use crate::consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 use crate::error::{Error, Result};
 use crate::event::{HEADER_CONTENT_TYPE, HEADER_EVENT_ID};
@@ -133,20 +134,20 @@ impl RabbitConsumer {
     where
         F: FnMut(&ReceivedEvent) -> Verdict,
     {
-        let mut backoff = MIN_RECONNECT;
+        let mut backoff = RetryBackoff::doubling(MIN_RECONNECT, MAX_RECONNECT);
         while !stop.is_stopped() {
             match self.session(stop, &mut handler) {
                 Ok(()) => return Ok(()),
                 Err(e @ Error::ConsumerStopped(_)) => return Err(e),
                 Err(e) => {
+                    let wait = backoff.wait();
                     log::warn!(
-                        "txbox: rabbitmq consumer on {}: {e}; reconnecting in {backoff:?}",
+                        "txbox: rabbitmq consumer on {}: {e}; reconnecting in {wait:?}",
                         self.queue
                     );
-                    if stop.sleep(backoff) {
+                    if stop.sleep(wait) {
                         return Ok(());
                     }
-                    backoff = (backoff * 2).min(MAX_RECONNECT);
                 }
             }
         }

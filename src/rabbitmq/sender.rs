@@ -10,6 +10,7 @@ use amiquip::{
 use crossbeam_channel::Receiver;
 
 use super::{FRAME_MAX, MAX_RECONNECT, MIN_RECONNECT};
+use crate::backoff::RetryBackoff;
 use crate::error::Result;
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE};
 use crate::sender::{SendError, Sender, SenderFactory};
@@ -149,7 +150,7 @@ pub(crate) struct RabbitChannel {
     max_message: usize,
     open: Option<Open>,
     retry_at: Instant,
-    backoff: Duration,
+    backoff: RetryBackoff,
     last_error: String,
     /// Batches started and not yet waited for, oldest first.
     in_flight: VecDeque<Unconfirmed>,
@@ -164,7 +165,7 @@ impl RabbitChannel {
             max_message,
             open: None,
             retry_at: Instant::now(),
-            backoff: MIN_RECONNECT,
+            backoff: RetryBackoff::doubling(MIN_RECONNECT, MAX_RECONNECT),
             last_error: String::new(),
             in_flight: VecDeque::new(),
         }
@@ -184,7 +185,7 @@ impl RabbitChannel {
             }
             match Self::open_channel(&self.url) {
                 Ok(o) => {
-                    self.backoff = MIN_RECONNECT;
+                    self.backoff.reset();
                     self.open = Some(o);
                     log::info!("txbox: rabbitmq sender connected");
                 }
@@ -193,13 +194,10 @@ impl RabbitChannel {
                     let e = crate::redact::urls(&e.to_string());
                     // the events wait (PENDING, no attempt counted): the log
                     // says why, once per try, and the relay is not ready
-                    log::warn!(
-                        "txbox: rabbitmq sender: {e}; next try in {:?}",
-                        self.backoff
-                    );
+                    let wait = self.backoff.wait();
+                    log::warn!("txbox: rabbitmq sender: {e}; next try in {wait:?}");
                     self.last_error = e.clone();
-                    self.retry_at = now + self.backoff;
-                    self.backoff = (self.backoff * 2).min(MAX_RECONNECT);
+                    self.retry_at = now + wait;
                     return Err(SendError::transient(format!("rabbitmq connect: {e}")));
                 }
             }
@@ -239,7 +237,7 @@ impl RabbitChannel {
         if self.open.take().is_some() {
             log::warn!("txbox: rabbitmq sender: {}; reconnecting", why.error);
             self.last_error = why.error.message.clone();
-            self.retry_at = Instant::now() + self.backoff;
+            self.retry_at = Instant::now() + self.backoff.wait();
         }
     }
 

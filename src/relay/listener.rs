@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::{Ctx, Slept};
+use crate::backoff::RetryBackoff;
 use crate::store::{ClaimStore, Notifications};
 
 /// How long one wait for a notification lasts: how soon a stop is seen (and so
@@ -68,16 +69,20 @@ struct Lost(crate::Error);
 
 impl Listener {
     pub(super) fn run(self, ctx: &Ctx) {
-        let mut backoff = MIN_BACKOFF;
+        let mut backoff = RetryBackoff::doubling(MIN_BACKOFF, MAX_BACKOFF);
         while !ctx.stopped() {
-            match self.store.listen() {
+            let listened = self.store.listen();
+            if listened.is_ok() {
+                backoff.reset();
+            }
+            let wait = backoff.wait();
+            match listened {
                 Ok(mut notifications) => {
                     // the pollers claimed once before the LISTEN was in place (or
                     // while the connection was lost): a commit in between woke
                     // nobody, so every LISTEN wakes them all
                     log::info!("txbox: listening for commits");
                     self.wake_all();
-                    backoff = MIN_BACKOFF;
                     match self.listen(ctx, notifications.as_mut()) {
                         Ok(()) => return,
                         Err(Lost(e)) => {
@@ -86,12 +91,11 @@ impl Listener {
                         }
                     }
                 }
-                Err(e) => log::warn!("txbox: listener cannot listen, next try in {backoff:?}: {e}"),
+                Err(e) => log::warn!("txbox: listener cannot listen, next try in {wait:?}: {e}"),
             }
-            if let Slept::Stop = ctx.sleep(backoff, None) {
+            if let Slept::Stop = ctx.sleep(wait, None) {
                 return;
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 
@@ -106,7 +110,7 @@ impl Listener {
         // types whose notifications this listener holds back, with their
         // poller's claim count and the time when the hold began
         let mut held: BTreeMap<String, (u64, Instant)> = BTreeMap::new();
-        let mut recheck = MIN_RECHECK;
+        let mut recheck = RetryBackoff::doubling(MIN_RECHECK, MAX_RECHECK);
         let mut next_check = Instant::now();
         let mut heard = Instant::now();
         loop {
@@ -158,10 +162,9 @@ impl Listener {
                 }
             }
             if waiting {
-                next_check = Instant::now() + recheck;
-                recheck = (recheck * 2).min(MAX_RECHECK);
+                next_check = Instant::now() + recheck.wait();
             } else if owed.is_empty() {
-                recheck = MIN_RECHECK;
+                recheck.reset();
             }
         }
     }

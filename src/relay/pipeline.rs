@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::leased::Leased;
 use super::retry::{outcomes, record};
 use super::{broker_ready, Ctx, Relay, TypeDelivery};
+use crate::backoff::RetryBackoff;
 use crate::config::{ClaimMode, EventSettings};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId};
@@ -411,7 +412,7 @@ impl Pipeline {
         outcomes: &[(EventId, Outcome)],
         lease_end: Instant,
     ) -> Result<()> {
-        let mut wait = Duration::from_millis(50);
+        let mut backoff = RetryBackoff::doubling(Duration::from_millis(50), Duration::from_secs(2));
         let mut stop_deadline: Option<Instant> = None;
         loop {
             match run.store.finish(token, outcomes) {
@@ -431,6 +432,7 @@ impl Pipeline {
                         return Err(e);
                     };
                     let now = Instant::now();
+                    let wait = backoff.wait();
                     if ctx.stopped() {
                         stop_deadline.get_or_insert(now + Duration::from_secs(5));
                     }
@@ -449,7 +451,6 @@ impl Pipeline {
                         self.event_type
                     );
                     std::thread::sleep(wait);
-                    wait = (wait * 2).min(Duration::from_secs(2));
                 }
             }
         }

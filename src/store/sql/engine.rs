@@ -2,6 +2,7 @@
 
 #![allow(clippy::wildcard_imports)]
 use super::*;
+use crate::backoff::RetryBackoff;
 
 /// The store on a SQL database: one engine for every dialect, which only
 /// varies the SQL and the driver. Use it through its aliases
@@ -136,14 +137,19 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     pub(crate) fn with_retry<T>(&self, what: &str, mut f: impl FnMut() -> Result<T>) -> Result<T> {
-        let mut attempt = 0;
+        // a deadlock or a lost serialization: a few short waits, spread out
+        let mut waits = RetryBackoff::doubling(Duration::from_millis(5), Duration::from_millis(40))
+            .jittered()
+            .take(5);
         loop {
             match f() {
-                Err(e) if e.is_retryable() && attempt < 5 => {
-                    attempt += 1;
-                    log::debug!("txbox: {what}: {e}; retrying ({attempt})");
-                    std::thread::sleep(Duration::from_millis(5 * attempt + fastrand::u64(0..10)));
-                }
+                Err(e) if e.is_retryable() => match waits.next() {
+                    Some(wait) => {
+                        log::debug!("txbox: {what}: {e}; retrying in {wait:?}");
+                        std::thread::sleep(wait);
+                    }
+                    None => return Err(e),
+                },
                 other => return other,
             }
         }

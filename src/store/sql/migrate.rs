@@ -3,6 +3,7 @@
 
 #![allow(clippy::wildcard_imports)]
 use super::*;
+use crate::backoff::RetryBackoff;
 use crate::store::PendingMigration;
 
 impl<D: Dialect> SqlStore<D> {
@@ -208,6 +209,10 @@ impl<D: Dialect> SqlStore<D> {
     fn take_lock(&self, c: &mut dyn Conn, lock: &MigrateLock) -> Result<()> {
         let what = "the lock of migrations (another one runs)";
         let deadline = std::time::Instant::now() + self.migrate_lock_timeout;
+        // two migrators that poll spread their tries out
+        let mut backoff =
+            RetryBackoff::doubling(Duration::from_millis(20), Duration::from_millis(100))
+                .jittered();
         loop {
             let got = run_query(
                 c,
@@ -223,7 +228,7 @@ impl<D: Dialect> SqlStore<D> {
             if !lock.poll || std::time::Instant::now() >= deadline {
                 return Err(self.gave_up(what, "not taken in time"));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(backoff.wait());
         }
     }
 
