@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `GET /health` | 200 when the database answers and every relay thread runs, none stuck (busy with one piece of work longer than [`AdminOptions::stuck_after`]), else 503 |
 //! | `GET /ready` | 200 when healthy and every relay's broker can be reached, else 503 (a broker outage: the events wait) |
-//! | `GET /metrics` | Prometheus text ([`crate::metrics::prometheus`]) |
+//! | `GET /metrics` | Prometheus text of the process-wide registry ([`crate::metrics::prometheus`]), or of the one given to [`AdminOptions::metrics`] |
 //! | `GET /dlq/events?type=&status=&offset=&limit=` | dead letters, JSON |
 //! | `GET /dlq/events/{id}` | one dead letter, JSON |
 //! | `PATCH /dlq/events/{id}` `{"status": "RETRY" \| "RESOLVED"}` | mark for retry / resolve |
@@ -75,6 +75,8 @@ pub struct AdminOptions {
     protect_probes: bool,
     request_timeout: Duration,
     stuck_after: Duration,
+    /// What `/metrics` serves (`None`: the process-wide registry).
+    metrics: Option<Arc<crate::metrics::Registry>>,
 }
 
 /// The token is a secret: never printed.
@@ -90,6 +92,7 @@ impl std::fmt::Debug for AdminOptions {
             .field("protect_probes", &self.protect_probes)
             .field("request_timeout", &self.request_timeout)
             .field("stuck_after", &self.stuck_after)
+            .field("metrics", &self.metrics.as_ref().map(|_| "of its own"))
             .finish()
     }
 }
@@ -111,7 +114,16 @@ impl AdminOptions {
             protect_probes: false,
             request_timeout: Duration::from_secs(5),
             stuck_after: RelayProbe::STUCK_AFTER,
+            metrics: None,
         }
+    }
+
+    /// The registry `/metrics` serves: the one a configuration reports to
+    /// ([`Config::observed`](crate::Config::observed)); default the
+    /// process-wide one ([`crate::metrics::global`]).
+    pub fn metrics(mut self, registry: Arc<crate::metrics::Registry>) -> Self {
+        self.metrics = Some(registry);
+        self
     }
 
     /// How long a relay thread may be busy with one piece of work (a claim and
@@ -401,7 +413,10 @@ fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body:
         ("GET", ["metrics"]) => Ok(Resp {
             code: 200,
             content_type: "text/plain; version=0.0.4",
-            body: crate::metrics::prometheus(),
+            body: options
+                .metrics
+                .as_ref()
+                .map_or_else(crate::metrics::prometheus, |r| r.prometheus()),
         }),
         ("GET", ["dlq", "events"]) => list(&dlq, &call.url),
         ("GET", ["dlq", "events", id]) => id

@@ -175,6 +175,7 @@ impl ConfigBuilder {
             dlq: self.dlq,
             maintenance: self.maintenance,
             inbox: self.inbox,
+            observer: Default::default(),
         };
         config.validate()?;
         Ok(config)

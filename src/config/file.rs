@@ -113,6 +113,7 @@ pub(super) fn parse(text: &str) -> Result<Config> {
         dlq: file.dlq,
         maintenance: file.maintenance,
         inbox: file.inbox,
+        observer: Default::default(),
     })
 }
 

@@ -39,6 +39,8 @@ pub struct Config {
     pub(crate) dlq: DlqSettings,
     pub(crate) maintenance: MaintenanceSettings,
     pub(crate) inbox: InboxSettings,
+    /// What the parts built from this configuration report to.
+    pub(crate) observer: crate::metrics::Observed,
 }
 
 /// The default `max_payload_bytes`: 1 MiB.
@@ -154,6 +156,30 @@ impl Config {
     /// Inbox settings.
     pub fn inbox(&self) -> &InboxSettings {
         &self.inbox
+    }
+
+    /// This configuration with `observer` for the metrics of every part built
+    /// from it ([`Outbox`](crate::Outbox), [`Relay`](crate::Relay),
+    /// [`Inbox`](crate::Inbox), [`Relay::deliver_pending`](crate::Relay::deliver_pending)),
+    /// instead of the process-wide [`Registry`](crate::metrics::Registry) and
+    /// the `metrics` facade. A [`Registry`](crate::metrics::Registry) of its
+    /// own counts what one relay did, apart from the others in the process:
+    ///
+    /// ```
+    /// # fn main() -> txbox::Result<()> {
+    /// use std::sync::Arc;
+    /// let registry = Arc::new(txbox::metrics::Registry::new());
+    /// let config = txbox::Config::builder()
+    ///     .event("order-created", |e| e)
+    ///     .build()?
+    ///     .observed(registry.clone());
+    /// # let _ = config;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn observed(mut self, observer: std::sync::Arc<dyn crate::metrics::Observer>) -> Self {
+        self.observer = crate::metrics::Observed::new(observer);
+        self
     }
 
     /// Like [`Config::event`] but an unknown type is [`Error::UnknownEventType`].

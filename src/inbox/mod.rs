@@ -91,7 +91,7 @@ pub struct InboxStats {
     pub statements: u64,
 }
 
-/// What one inbox counts; all but `Statements` also feed the process-wide metrics.
+/// What one inbox counts; all but `Statements` also go to its configuration's observer.
 #[derive(Clone, Copy)]
 enum Stat {
     Consumed,
@@ -102,13 +102,13 @@ enum Stat {
 }
 
 impl Stat {
-    fn global(self) -> Option<crate::metrics::Counter> {
-        use crate::metrics::Counter;
+    fn observed(self) -> Option<crate::metrics::Count> {
+        use crate::metrics::Count;
         match self {
-            Stat::Consumed => Some(Counter::InboxConsumed),
-            Stat::Duplicates => Some(Counter::InboxDuplicates),
-            Stat::CacheHits => Some(Counter::CacheHits),
-            Stat::CacheMisses => Some(Counter::CacheMisses),
+            Stat::Consumed => Some(Count::InboxConsumed),
+            Stat::Duplicates => Some(Count::InboxDuplicates),
+            Stat::CacheHits => Some(Count::CacheHits),
+            Stat::CacheMisses => Some(Count::CacheMisses),
             Stat::Statements => None,
         }
     }
@@ -148,6 +148,8 @@ struct Inner {
     cache_ttl: Duration,
     store: Option<Arc<dyn InboxStore>>,
     counters: Counters,
+    /// The configuration's observer.
+    observer: crate::metrics::Observed,
 }
 
 impl Inbox {
@@ -164,6 +166,7 @@ impl Inbox {
                 cache_ttl: config.inbox.cache_ttl,
                 store: None,
                 counters: Default::default(),
+                observer: config.observer.clone(),
             }),
         })
     }
@@ -222,8 +225,8 @@ impl Inbox {
 
     fn count(&self, stat: Stat, n: u64) {
         self.inner.counters[stat as usize].fetch_add(n, Ordering::Relaxed);
-        if let Some(g) = stat.global() {
-            crate::metrics::add(g, n);
+        if let Some(c) = stat.observed() {
+            self.inner.observer.add(c, n);
         }
     }
 
@@ -463,7 +466,7 @@ impl InboxCleanup {
             "the inbox cleanup",
         )?;
         Ok(InboxCleanup {
-            relay: crate::Relay::start_inbox_cleanup(store, &config.inbox)?,
+            relay: crate::Relay::start_inbox_cleanup(store, config)?,
         })
     }
 

@@ -46,6 +46,8 @@ struct Inner {
     tables: Tables,
     types: BTreeSet<String>,
     max_payload_bytes: usize,
+    /// The configuration's observer.
+    observer: crate::metrics::Observed,
 }
 
 impl Outbox {
@@ -56,6 +58,7 @@ impl Outbox {
                 tables: Tables::new(&config.table_prefix)?,
                 types: config.events.keys().cloned().collect(),
                 max_payload_bytes: config.max_payload_bytes,
+                observer: config.observer.clone(),
             }),
         })
     }
@@ -153,7 +156,10 @@ impl Outbox {
             self.check(e)?;
         }
         tx.insert_events(&self.inner.tables, &events)?;
-        crate::metrics::add(crate::metrics::Counter::Published, events.len() as u64);
+        let published = events.len() as u64;
+        self.inner
+            .observer
+            .add(crate::metrics::Count::Published, published);
         Ok(events.iter().map(|e| e.id).collect())
     }
 

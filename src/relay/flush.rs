@@ -80,11 +80,13 @@ impl Relay {
     /// call when the backoff is shorter, else at a later call. An ordered type
     /// sends one event per key per batch, so a key's events go out one batch
     /// after another, in order. Relays running on the same table meanwhile
-    /// take their share (`SKIP LOCKED`), which this call does not report. A
-    /// sender that says its broker cannot be reached ([`Sender::ready`]) ends
-    /// the call with [`Error::Broker`](crate::Error::Broker) before anything
-    /// of its type is claimed. A database error ends the call; a leased batch
-    /// it was finishing is claimed again after its lease, a held one at once.
+    /// take their share (`SKIP LOCKED`), which this call does not report. The
+    /// sender is asked before each claim whether its broker can be reached
+    /// ([`Sender::ready`]): when not, the call ends with
+    /// [`Error::Broker`](crate::Error::Broker) and claims nothing more (what
+    /// it sent before is finished: PROCESSED). A database error ends the call
+    /// after the batches with the sender are waited for; a leased batch whose
+    /// finish failed is claimed again after its lease, a held one at once.
     ///
     /// ```
     /// # fn main() -> txbox::Result<()> {
@@ -129,7 +131,9 @@ impl Relay {
         let leased = Leased::default();
         let mut delivery = Delivery::default();
         for (event_type, s) in config.events() {
-            let mut pipeline = Pipeline::new(event_type, s.clone(), delete_acked).upto(upto);
+            let mut pipeline =
+                Pipeline::new(event_type, s.clone(), delete_acked, config.observer.clone())
+                    .upto(upto);
             let mut run = Run {
                 store,
                 sender: &mut *sender,
@@ -137,7 +141,15 @@ impl Relay {
                 relay: None,
             };
             loop {
-                let polled = pipeline.step(&mut run)?;
+                let polled = match pipeline.step(&mut run) {
+                    Ok(polled) => polled,
+                    Err(e) => {
+                        // the batches still with the sender are waited for
+                        // and finished: none is left to a later call's waits
+                        let _ = pipeline.finish_all(&mut run);
+                        return Err(e);
+                    }
+                };
                 // nothing due (a claim after a backlog's last id that finds
                 // nothing scans again from the lowest); a transport failure: the broker is away, and
                 // the released events are due at once: claiming them again

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{Ctx, Slept};
 use crate::error::Result;
-use crate::metrics::{self, Counter};
+use crate::metrics::Count;
 use crate::store::Store;
 
 /// One call of a maintenance job with its row limit: the rows it handled.
@@ -23,7 +23,7 @@ pub(super) struct Periodic {
     pub(super) interval: Duration,
     /// The lease lock the job runs under, when one instance at a time should run it.
     pub(super) lock: Option<&'static str>,
-    pub(super) counter: Option<Counter>,
+    pub(super) counter: Option<Count>,
     pub(super) limit: usize,
     pub(super) job: MaintenanceStep,
     /// Runs once after each run of the job (not per call).
@@ -47,7 +47,7 @@ impl Periodic {
                 Ok(Ok(0)) => {}
                 Ok(Ok(n)) => {
                     if let Some(c) = self.counter {
-                        metrics::add(c, n);
+                        ctx.observer.add(c, n);
                     }
                     log::info!("txbox: {what}: {n} rows");
                 }

@@ -32,7 +32,7 @@ use uuid::Uuid;
 
 use crate::config::{ClaimMode, Config, Wake as WakeMode};
 use crate::error::{Error, Result};
-use crate::metrics::{self, Counter};
+use crate::metrics::{Count, Observed};
 use crate::sender::SenderFactory;
 use crate::store::{FullStore, InboxStore};
 
@@ -137,6 +137,8 @@ struct Ctx {
     stop: Receiver<()>,
     instance: Uuid,
     leased: Leased,
+    /// The configuration's observer.
+    observer: Observed,
 }
 
 enum Slept {
@@ -217,6 +219,7 @@ impl Relay {
         };
         let s = store.clone();
         let gauges = store.clone();
+        let observer = config.observer.clone();
         let dlq_enabled = config.dlq.enabled;
         // which types' commits notify (PostgreSQL): told to the database now,
         // and again by the recovery thread until that succeeds
@@ -231,11 +234,11 @@ impl Relay {
                         .status()
                         .and_then(|status| Ok((status, gauges.dlq_count(&Default::default())?)));
                     match counts {
-                        Ok((status, dlq)) => metrics::record_status(status, dlq),
+                        Ok((status, dlq)) => observer.outbox_status(&status, dlq),
                         Err(e) => log::debug!("txbox: refreshing outbox gauges: {e}"),
                     }
                     match gauges.notify_queue_usage() {
-                        Ok(Some(usage)) => metrics::notify_queue_usage(usage),
+                        Ok(Some(usage)) => observer.notify_queue_usage(usage),
                         Ok(None) => {}
                         Err(e) => log::debug!("txbox: reading the notification queue's usage: {e}"),
                     }
@@ -245,7 +248,7 @@ impl Relay {
                     "stuck recovery",
                     m.recovery_interval,
                     None,
-                    Some(Counter::Recovered),
+                    Some(Count::Recovered),
                     // with the DLQ threads off, dead letters an operator marked
                     // for retry go back to the outbox here (else they would wait
                     // for a thread that never runs)
@@ -264,7 +267,7 @@ impl Relay {
                     "processed cleanup",
                     m.cleanup_interval,
                     Some("txbox-cleanup-processed"),
-                    Some(Counter::Cleaned),
+                    Some(Count::Cleaned),
                     Box::new(move |n| s.delete_processed(m.processed_ttl, n)),
                 )
             },
@@ -278,7 +281,7 @@ impl Relay {
                     "move to DLQ",
                     d.move_interval,
                     None,
-                    Some(Counter::MovedToDlq),
+                    Some(Count::MovedToDlq),
                     Box::new(move |n| s1.move_failed_to_dlq(n)),
                 ),
                 periodic(
@@ -294,7 +297,7 @@ impl Relay {
                     "DLQ cleanup",
                     d.cleanup_interval,
                     Some("txbox-cleanup-dlq"),
-                    Some(Counter::Cleaned),
+                    Some(Count::Cleaned),
                     Box::new(move |n| s3.delete_resolved_dlq(d.resolved_ttl, n)),
                 ),
             ]);
@@ -314,7 +317,7 @@ impl Relay {
         check_connections(store.as_ref(), config, jobs.len(), listens)?;
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);
         let threads = config.events.len() + jobs.len() + usize::from(listens);
-        let (mut relay, ctx, mut spawn) = Relay::launcher(threads);
+        let (mut relay, ctx, mut spawn) = Relay::launcher(threads, config.observer.clone());
         relay.store = Some(store.clone());
         relay.ack_wait = sender.ack_wait();
         if let Some(wait) = relay.ack_wait {
@@ -378,6 +381,7 @@ impl Relay {
     /// function that starts each of them.
     fn launcher(
         threads: usize,
+        observer: Observed,
     ) -> (
         Relay,
         Ctx,
@@ -390,6 +394,7 @@ impl Relay {
             stop: stop_rx,
             instance: Uuid::now_v7(),
             leased: leased.clone(),
+            observer,
         };
         let relay = Relay {
             stop: Some(stop_tx),
@@ -425,9 +430,10 @@ impl Relay {
     /// The inbox cleanup alone, on one thread (see [`crate::inbox::InboxCleanup`]).
     pub(crate) fn start_inbox_cleanup(
         store: Arc<dyn InboxStore>,
-        s: &crate::config::InboxSettings,
+        config: &Config,
     ) -> Result<Relay> {
-        let (mut relay, ctx, mut spawn) = Relay::launcher(1);
+        let s = &config.inbox;
+        let (mut relay, ctx, mut spawn) = Relay::launcher(1, config.observer.clone());
         let ttl = s.ttl;
         let job = Periodic {
             thread: "txbox-inbox-cleanup",
@@ -435,7 +441,7 @@ impl Relay {
             what: "inbox cleanup",
             interval: s.cleanup_interval,
             lock: Some("txbox-cleanup-inbox"),
-            counter: Some(Counter::Cleaned),
+            counter: Some(Count::Cleaned),
             limit: s.batch_size,
             job: Box::new(move |n| store.delete_expired_inbox(ttl, n)),
             after: None,

@@ -15,7 +15,7 @@ use crate::backoff::RetryBackoff;
 use crate::config::{ClaimMode, EventSettings};
 use crate::error::{Error, Result};
 use crate::event::{Event, EventId};
-use crate::metrics;
+use crate::metrics::Observed;
 use crate::sender::{SendError, Sender, Started};
 use crate::store::{ClaimArgs, ClaimStore, HeldBatch, HeldClaim, Outcome};
 
@@ -46,6 +46,8 @@ pub(super) struct Pipeline {
     pub(super) delivered: TypeDelivery,
     /// The lowest id of the last claim's events.
     pub(super) last_lowest: Option<EventId>,
+    /// The configuration's observer.
+    observer: Observed,
 }
 
 /// Where a pipeline runs, for one step.
@@ -65,8 +67,10 @@ pub(super) struct Run<'a, S: ClaimStore + ?Sized> {
 pub(super) struct Polled {
     /// Events claimed.
     pub(super) claimed: usize,
-    /// The claim scanned from the lowest id (not after a backlog's last id):
-    /// claiming nothing, it found nothing due.
+    /// The claim scanned from the lowest id (not after a backlog's last id)
+    /// with no batch of this pipeline in flight: claiming nothing, it found
+    /// nothing due (with a batch in flight, an ordered key's next event
+    /// becomes due when that batch is finished).
     pub(super) scanned: bool,
     /// Events finished in this step that went back to PENDING with no attempt
     /// counted: the broker could not be reached.
@@ -106,7 +110,12 @@ fn next_cursor(events: &[Event], limit: usize) -> Option<String> {
 }
 
 impl Pipeline {
-    pub(super) fn new(event_type: &str, settings: EventSettings, delete_acked: bool) -> Self {
+    pub(super) fn new(
+        event_type: &str,
+        settings: EventSettings,
+        delete_acked: bool,
+        observer: Observed,
+    ) -> Self {
         let (destination, routing_key) = settings.address(event_type);
         Pipeline {
             destination: destination.to_owned(),
@@ -121,6 +130,7 @@ impl Pipeline {
             key_cursor: None,
             delivered: TypeDelivery::default(),
             last_lowest: None,
+            observer,
         }
     }
 
@@ -163,6 +173,7 @@ impl Pipeline {
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
         let after = self.resume.map(|(id, _)| id);
+        let full_scan = after.is_none() && self.in_flight.is_empty() && self.stash.is_none();
         let claim = self.claim(run.store, after, token);
         if let (crate::EventOrder::Key, Ok((events, _))) = (self.settings.ordering, &claim) {
             self.key_cursor = next_cursor(events, self.settings.batch_size);
@@ -204,7 +215,7 @@ impl Pipeline {
             if held.is_none() && !run.leased.add(token, &events, run.store)? {
                 return Ok(Polled {
                     claimed,
-                    scanned: after.is_none(),
+                    scanned: full_scan,
                     released: 0,
                 });
             }
@@ -242,7 +253,7 @@ impl Pipeline {
         }
         Ok(Polled {
             claimed,
-            scanned: after.is_none(),
+            scanned: full_scan,
             released,
         })
     }
@@ -347,9 +358,9 @@ impl Pipeline {
                 break;
             };
             let results = batch.results.unwrap_or_else(|| run.sender.wait());
-            metrics::send_latency(batch.started.elapsed());
+            self.observer.send_latency(batch.started.elapsed());
             let outcomes = outcomes(&batch.events, results, &self.settings, self.delete_acked);
-            let done = record(&outcomes, &self.settings);
+            let done = record(&outcomes, &self.settings, &self.observer);
             released += done.released as usize;
             self.delivered += done;
             let finished = match batch.held {

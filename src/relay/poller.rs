@@ -12,7 +12,6 @@ use super::pipeline::{Pipeline, Run};
 use super::{Ctx, PollState, Slept};
 use crate::config::EventSettings;
 use crate::error::{Error, Result};
-use crate::metrics;
 use crate::sender::{Sender, SenderFactory};
 use crate::store::ClaimStore;
 
@@ -48,10 +47,11 @@ impl Poller {
         delete_acked: bool,
         claims: Arc<AtomicU64>,
     ) -> Self {
+        let pipeline = Pipeline::new(&event_type, settings, delete_acked, ctx.observer.clone());
         Poller {
             ctx,
             store,
-            pipeline: Pipeline::new(&event_type, settings, delete_acked),
+            pipeline,
             factory,
             sender: None,
             claims,
@@ -127,7 +127,9 @@ impl Poller {
                     d
                 }
             };
-            metrics::polling_delay(self.pipeline.event_type(), next);
+            self.ctx
+                .observer
+                .polling_delay(self.pipeline.event_type(), next);
             delay = next;
         }
     }

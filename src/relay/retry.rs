@@ -5,7 +5,7 @@
 use super::TypeDelivery;
 use crate::config::{EventSettings, OnPoison};
 use crate::event::Event;
-use crate::metrics::{self, Counter};
+use crate::metrics::{Count, Observed};
 use crate::sender::SendError;
 use crate::store::Outcome;
 
@@ -57,8 +57,13 @@ pub(super) fn outcomes(
 }
 
 /// Counts what became of a batch's events and records it in the metrics (sent,
-/// retried, failed, and a skipped poison event of an ordered type).
-pub(super) fn record(outcomes: &[(crate::EventId, Outcome)], s: &EventSettings) -> TypeDelivery {
+/// retried, failed, and a skipped poison event of an ordered type) for the
+/// observer.
+pub(super) fn record(
+    outcomes: &[(crate::EventId, Outcome)],
+    s: &EventSettings,
+    observer: &Observed,
+) -> TypeDelivery {
     let mut t = TypeDelivery::default();
     for (_, o) in outcomes {
         match o {
@@ -68,16 +73,16 @@ pub(super) fn record(outcomes: &[(crate::EventId, Outcome)], s: &EventSettings) 
             Outcome::Release { .. } => t.released += 1,
         }
     }
-    metrics::acked(
+    observer.acked(
         outcomes
             .iter()
             .filter_map(|(id, o)| o.is_sent().then_some(*id)),
     );
-    metrics::add(Counter::Sent, t.sent);
-    metrics::add(Counter::Retried, t.retried);
-    metrics::add(Counter::Failed, t.failed);
+    observer.add(Count::Sent, t.sent);
+    observer.add(Count::Retried, t.retried);
+    observer.add(Count::Failed, t.failed);
     if s.key_order() == Some(OnPoison::Skip) {
-        metrics::add(Counter::OrderedSkipped, t.failed);
+        observer.add(Count::OrderedSkipped, t.failed);
     }
     t
 }

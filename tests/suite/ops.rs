@@ -822,19 +822,88 @@ fn the_metrics_snapshot_counts_what_happened() {
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
         return;
     };
-    let c = config(p);
-    let before = txbox::metrics::snapshot();
+    // a registry of its own: exact counts, whatever else runs in the process
+    let registry = std::sync::Arc::new(txbox::metrics::Registry::new());
+    let c = config(p).observed(registry.clone());
     let sender = MemorySender::new();
     let relay = Relay::start(fx.store.clone(), &c, sender.clone()).unwrap();
     fx.publish(&c, "order-created", 7, true);
-    wait_until("7 sent", Duration::from_secs(10), || sender.len() >= 7);
+    wait_until("7 sent", Duration::from_secs(10), || {
+        registry.snapshot().events_sent == 7
+    });
     relay.shutdown(Duration::from_secs(5)).unwrap();
-    let after = txbox::metrics::snapshot();
-    assert!(after.events_published >= before.events_published + 7);
-    assert!(after.events_sent >= before.events_sent + 7);
-    assert!(after.send_latency.count > before.send_latency.count);
-    assert!(after.commit_to_ack.count >= before.commit_to_ack.count + 7);
+    let after = registry.snapshot();
+    assert_eq!(sender.len(), 7);
+    assert_eq!((after.events_published, after.events_sent), (7, 7));
+    assert_eq!((after.events_retried, after.events_failed), (0, 0));
+    assert!((1..=7).contains(&after.send_latency.count), "{after:?}");
+    assert_eq!(after.commit_to_ack.count, 7);
     assert!(after.polling_delay_seconds.contains_key("order-created"));
+    let text = registry.prometheus();
+    assert!(text.contains("\ntxbox_events_sent_total 7\n"), "{text}");
+}
+
+/// Two relays in one process, each configuration with a registry of its own:
+/// each counts its own events and gauges, not the sum of both (before 0.3 the
+/// counters were process-wide and the gauges overwrote each other).
+#[test]
+fn two_relays_with_registries_of_their_own_count_apart() {
+    let (pa, pb) = ("t_ops_obs_a_", "t_ops_obs_b_");
+    let (Some(a), Some(b)) = (
+        Fixture::new(Backend::Postgres, pa),
+        Fixture::new(Backend::Postgres, pb),
+    ) else {
+        return;
+    };
+    let (ra, rb) = (
+        std::sync::Arc::new(txbox::metrics::Registry::new()),
+        std::sync::Arc::new(txbox::metrics::Registry::new()),
+    );
+    // a recovery run (which reads the outbox gauges) every 100 ms
+    let observed = |prefix: &str, r: &std::sync::Arc<txbox::metrics::Registry>| {
+        Config::builder()
+            .table_prefix(prefix)
+            .event("order-created", |e| {
+                e.fixed_polling(Duration::from_millis(10))
+            })
+            .recovery_interval(Duration::from_millis(100))
+            .build()
+            .unwrap()
+            .observed(r.clone())
+    };
+    let (ca, cb) = (observed(pa, &ra), observed(pb, &rb));
+    failed_in_the_outbox(&a, &ca, "order-created", 1);
+    let (sa, sb) = (MemorySender::new(), MemorySender::new());
+    let relay_a = Relay::start(a.store.clone(), &ca, sa.clone()).unwrap();
+    let relay_b = Relay::start(b.store.clone(), &cb, sb.clone()).unwrap();
+    a.publish(&ca, "order-created", 5, true);
+    b.publish(&cb, "order-created", 3, true);
+    wait_until("both sent", Duration::from_secs(10), || {
+        ra.snapshot().events_sent == 5 && rb.snapshot().events_sent == 3
+    });
+    // each recovery run reads its own tables into its own gauges: A's
+    // failed event, moved to A's dead letters, is in A's, and B has none
+    wait_until("the dead-letter gauges", Duration::from_secs(10), || {
+        ra.snapshot().dlq_size == Some(1) && rb.snapshot().dlq_size == Some(0)
+    });
+    relay_a.shutdown(Duration::from_secs(5)).unwrap();
+    relay_b.shutdown(Duration::from_secs(5)).unwrap();
+    let (x, y) = (ra.snapshot(), rb.snapshot());
+    assert_eq!(
+        (x.events_published, x.events_sent),
+        (6, 5),
+        "one of A's failed"
+    );
+    assert_eq!((y.events_published, y.events_sent), (3, 3));
+    assert_eq!((x.commit_to_ack.count, y.commit_to_ack.count), (5, 3));
+    assert_eq!((sa.len(), sb.len()), (5, 3));
+    // the admin endpoint serves the registry it is given
+    let server = AdminServer::start(a.store.clone(), AdminOptions::new().metrics(ra)).unwrap();
+    let (agent, base) = http(&server);
+    let (code, text) = body(agent.get(format!("{base}/metrics")).call().unwrap());
+    assert_eq!(code, 200);
+    assert!(text.contains("\ntxbox_events_sent_total 5\n"), "{text}");
+    server.shutdown();
 }
 
 /// Clients that connect and send half a request line, however many, must not

@@ -204,11 +204,14 @@ fn past_the_queue_limit_commits_do_not_notify_and_events_still_go_out() {
         return;
     };
     let mut listening = crate::common::listening(p);
+    // this relay's own reading, not another test's
+    let registry = std::sync::Arc::new(txbox::metrics::Registry::new());
     let config = Config::builder()
         .table_prefix(p)
         .event("t", |e| e.adaptive_polling(ms(200), ms(400), 1.5))
         .build()
-        .unwrap();
+        .unwrap()
+        .observed(registry.clone());
     let sender = MemorySender::new();
     let relay = Relay::start(store, &config, sender.clone()).unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -227,7 +230,7 @@ fn past_the_queue_limit_commits_do_not_notify_and_events_still_go_out() {
     tx.commit().unwrap();
     assert_eq!(heard(&mut listening, ms(2000)), ["t"]);
     // read on the relay's recovery run, at its start
-    let usage = txbox::metrics::snapshot().notify_queue_usage;
+    let usage = registry.snapshot().notify_queue_usage;
     assert!(usage.is_some_and(|u| (0.0..0.5).contains(&u)), "{usage:?}");
     relay.shutdown(Duration::from_secs(5)).unwrap();
 }

@@ -324,3 +324,40 @@ pub(super) fn deliver_pending_claims_nothing_while_the_sender_is_not_ready(b: Ba
     let counts = fx.counts("e");
     assert_eq!((counts.pending, counts.in_process), (3, 0), "{counts:?}");
 }
+
+/// `Relay::deliver_pending` with a sender that keeps batches in flight and an
+/// ordered type: a claim that finds nothing while every key's head is with the
+/// broker is not "nothing due" (each key's next event is due once those are
+/// finished): every event of every key goes out, in order, in one call.
+pub(super) fn deliver_pending_with_batches_in_flight_sends_every_keys_events(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("o", |e| {
+            e.ordering(txbox::EventOrder::Key)
+                .batch_size(20)
+                .in_flight(3)
+        })
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let ids = fx.publish_events(&c, keyed("o", &keys, 3));
+    let mut sender = Pipelined::default();
+    let report = Relay::deliver_pending(&*fx.store, &c, &mut sender).unwrap();
+    assert_eq!(report.sent(), 60, "{report:?}");
+    let counts = fx.counts("o");
+    assert_eq!((counts.pending, counts.in_process), (0, 0), "{counts:?}");
+    let acked = sender.0.lock().unwrap().acked.clone();
+    assert_eq!(acked.len(), 60);
+    // each key's events in publish order (published round by round: key j's
+    // i-th event is ids[20 * i + j])
+    let at = |id: &EventId| acked.iter().position(|a| a == id).unwrap();
+    for j in 0..keys.len() {
+        let positions: Vec<usize> = (0..3).map(|i| at(&ids[20 * i + j])).collect();
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "key {j}: {positions:?}"
+        );
+    }
+}
