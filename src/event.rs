@@ -65,7 +65,8 @@ impl Event {
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use txbox::{ClaimStore, Config, Outbox, Store};
+    /// use txbox::store::ClaimStore;
+    /// use txbox::{Config, Outbox, Store};
     /// # let path = std::env::temp_dir().join(format!("txbox-doc-event-{}.db", std::process::id()));
     /// # let _ = std::fs::remove_file(&path);
     /// let config = Config::builder().event("order-created", |e| e).build()?;

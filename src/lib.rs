@@ -151,8 +151,8 @@ mod outbox;
 pub mod rabbitmq;
 mod redact;
 mod relay;
-mod sender;
-mod store;
+pub mod sender;
+pub mod store;
 mod tables;
 #[cfg(any(feature = "postgres", feature = "rabbitmq", feature = "redis"))]
 mod tls;
@@ -179,25 +179,24 @@ pub use outbox::Outbox;
 #[cfg(feature = "postgres")]
 pub use outbox::{PgPrepared, PgPreparedTx};
 pub use relay::{Delivery, Relay, RelayProbe, RelayWaker, TypeDelivery};
-pub use sender::{MemorySender, SendError, SendErrorKind, Sender, SenderFactory, Started};
-#[cfg(feature = "postgres")]
-pub use store::{pg_config, PgConnector, PgDialect, PgPool, PgStore, PgTls};
-pub use store::{
-    BlockedKey, ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus,
-    FullStore, HeldBatch, HeldClaim, InboxStore, MaintenanceStore, Notifications, Outcome,
-    PendingMigration, Store, Tables, TypeStatus,
-};
+pub use sender::{MemorySender, SendError, Sender, SenderFactory};
+#[cfg(feature = "mysql")]
+pub use store::MySqlStore;
+#[cfg(feature = "oracle")]
+pub use store::OracleStore;
 #[cfg(any(
     feature = "postgres",
     feature = "mysql",
     feature = "sqlite",
     feature = "oracle"
 ))]
-pub use store::{Dialect, SqlStore};
-#[cfg(feature = "mysql")]
-pub use store::{MySqlDialect, MySqlStore};
-#[cfg(feature = "oracle")]
-pub use store::{OracleDialect, OracleStore};
+pub use store::SqlStore;
 #[cfg(feature = "sqlite")]
-pub use store::{SqliteDialect, SqliteStore};
+pub use store::SqliteStore;
+#[cfg(feature = "postgres")]
+pub use store::{pg_config, PgConnector, PgPool, PgStore, PgTls};
+pub use store::{
+    BlockedKey, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus, FullStore, InboxStore,
+    MaintenanceStore, PendingMigration, Store, TypeStatus,
+};
 pub use transaction::Transaction;

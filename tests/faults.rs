@@ -53,10 +53,10 @@ impl Sender for FileSender {
         self.wait()
     }
 
-    fn start(&mut self, events: &[Event]) -> txbox::Started {
+    fn start(&mut self, events: &[Event]) -> txbox::sender::Started {
         self.in_flight
             .push_back(events.iter().map(|e| e.id).collect());
-        txbox::Started::InFlight
+        txbox::sender::Started::InFlight
     }
 
     fn wait(&mut self) -> Vec<Result<(), SendError>> {

@@ -405,7 +405,7 @@ fn id_sql(fx: &Fixture, id: txbox::EventId) -> String {
 /// letters; the inbox still knows its ids.
 fn an_upgrade_from_every_earlier_version_keeps_every_row(b: Backend, p: &str) {
     let _serial = serial();
-    use txbox::{ClaimArgs, Outcome};
+    use txbox::store::{ClaimArgs, Outcome};
     let Some(current) = Fixture::new(b, p) else {
         return;
     };
@@ -609,7 +609,7 @@ fn mysql_tables_take_any_text_on_a_latin1_server() {
         .publish_all(&mut tx, [e])
         .unwrap();
     tx.commit().unwrap();
-    let got = txbox::ClaimStore::claim(
+    let got = txbox::store::ClaimStore::claim(
         &store,
         "e",
         10,
@@ -692,15 +692,16 @@ fn mysql_an_upgraded_latin1_table_keeps_each_key_one_key() {
         .publish_all(&mut tx, [new])
         .unwrap()[0];
     tx.commit().unwrap();
-    let args =
-        txbox::ClaimArgs::new("e", 10, Duration::from_secs(60)).ordered(txbox::OnPoison::Block);
+    let args = txbox::store::ClaimArgs::new("e", 10, Duration::from_secs(60))
+        .ordered(txbox::OnPoison::Block);
     for want in [old_id, new_id] {
         let token = uuid::Uuid::now_v7();
-        let got = txbox::ClaimStore::claim_after(&store, &args, token).unwrap();
+        let got = txbox::store::ClaimStore::claim_after(&store, &args, token).unwrap();
         let ids: Vec<_> = got.iter().map(|e| e.id).collect();
         assert_eq!(ids, vec![want], "one key, one event at a time, in order");
         assert_eq!(got[0].key.as_deref(), Some("café"));
-        txbox::ClaimStore::finish(&store, token, &[(want, txbox::Outcome::Sent)]).unwrap();
+        txbox::store::ClaimStore::finish(&store, token, &[(want, txbox::store::Outcome::Sent)])
+            .unwrap();
     }
 }
 
@@ -786,8 +787,8 @@ fn two_processes_migrating_at_once(b: Backend, p: &str) {
         &config,
         vec![txbox::NewEvent::new("e", &1).unwrap().key("k")],
     );
-    let args =
-        txbox::ClaimArgs::new("e", 10, Duration::from_secs(60)).ordered(txbox::OnPoison::Block);
+    let args = txbox::store::ClaimArgs::new("e", 10, Duration::from_secs(60))
+        .ordered(txbox::OnPoison::Block);
     let got = fx.store.claim_after(&args, uuid::Uuid::now_v7()).unwrap();
     assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
 }

@@ -5,7 +5,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use txbox::{Config, Event, EventId, EventSettings, Outbox, PgStore, Relay, Sender, Started};
+use txbox::sender::Started;
+use txbox::{Config, Event, EventId, EventSettings, Outbox, PgStore, Relay, Sender};
 
 use crate::common::*;
 use crate::floor::HandLoop;

@@ -7,9 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use txbox::sender::Started;
+use txbox::store::ClaimStore;
 use txbox::{
-    ClaimMode, ClaimStore, Config, DeadLetterStore, Event, EventId, EventSettings, InboxStore,
-    MaintenanceStore, Outbox, PgStore, SendError, Sender, Started, Store,
+    ClaimMode, Config, DeadLetterStore, Event, EventId, EventSettings, InboxStore,
+    MaintenanceStore, Outbox, PgStore, SendError, Sender, Store,
 };
 
 pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -101,7 +103,7 @@ pub(crate) fn with_literals(sql: &str, values: &[&str]) -> Res<String> {
 
 pub(crate) fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
     let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
-    let t = txbox::Tables::new(prefix)?;
+    let t = txbox::store::Tables::new(prefix)?;
     for table in [
         t.outbox().to_owned(),
         t.dlq().to_owned(),
@@ -280,7 +282,7 @@ impl Store for Counting {
 impl ClaimStore for Counting {
     fn claim_after(
         &self,
-        args: &txbox::ClaimArgs<'_>,
+        args: &txbox::store::ClaimArgs<'_>,
         token: uuid::Uuid,
     ) -> txbox::Result<Vec<Event>> {
         self.1.fetch_add(1, Ordering::Relaxed);
@@ -289,7 +291,7 @@ impl ClaimStore for Counting {
     fn finish(
         &self,
         token: uuid::Uuid,
-        outcomes: &[(EventId, txbox::Outcome)],
+        outcomes: &[(EventId, txbox::store::Outcome)],
     ) -> txbox::Result<u64> {
         self.0.finish(token, outcomes)
     }
@@ -302,10 +304,13 @@ impl ClaimStore for Counting {
     fn can_notify(&self) -> bool {
         self.0.can_notify()
     }
-    fn listen(&self) -> txbox::Result<Box<dyn txbox::Notifications>> {
+    fn listen(&self) -> txbox::Result<Box<dyn txbox::store::Notifications>> {
         self.0.listen()
     }
-    fn claim_held(&self, args: &txbox::ClaimArgs<'_>) -> txbox::Result<txbox::HeldClaim> {
+    fn claim_held(
+        &self,
+        args: &txbox::store::ClaimArgs<'_>,
+    ) -> txbox::Result<txbox::store::HeldClaim> {
         self.1.fetch_add(1, Ordering::Relaxed);
         self.0.claim_held(args)
     }

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use txbox::store::ClaimStore;
 use txbox::{
-    ClaimMode, ClaimStore, Config, Event, EventId, EventSettings, MemorySender, Outbox, PgStore,
-    Relay, Sender,
+    ClaimMode, Config, Event, EventId, EventSettings, MemorySender, Outbox, PgStore, Relay, Sender,
 };
 
 use crate::common::*;
@@ -78,7 +78,7 @@ pub(crate) fn ordered_plan(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     fill_keyed(&mut c, &Outbox::new(&cfg)?, s.plan_rows, 1000)?;
     c.batch_execute(&format!("VACUUM ANALYZE {p}outbox_events"))?;
     let token = uuid::Uuid::now_v7();
-    let args = txbox::ClaimArgs::new("bench", 200, Duration::from_secs(600))
+    let args = txbox::store::ClaimArgs::new("bench", 200, Duration::from_secs(600))
         .ordered(txbox::OnPoison::Block);
     // the keys' heads in process: the next claim finds every key busy
     for _ in 0..5 {

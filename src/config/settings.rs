@@ -70,7 +70,7 @@ pub enum Wake {
     Notify,
     /// Polling only (and [`RelayWaker`](crate::RelayWaker)): this type's
     /// commits send no notification (the relay tells the database so when it
-    /// starts, [`ClaimStore::set_commit_wake`](crate::ClaimStore::set_commit_wake)).
+    /// starts, [`ClaimStore::set_commit_wake`](crate::store::ClaimStore::set_commit_wake)).
     Poll,
 }
 
@@ -342,7 +342,7 @@ impl EventSettings {
     }
 
     /// The poison policy of a type ordered by key; `None` for an unordered
-    /// one (what [`ClaimArgs::ordered`](crate::ClaimArgs::ordered) takes).
+    /// one (what [`ClaimArgs::ordered`](crate::store::ClaimArgs::ordered) takes).
     pub(crate) fn key_order(&self) -> Option<OnPoison> {
         (self.ordering == EventOrder::Key).then_some(self.on_poison)
     }

@@ -8,7 +8,7 @@
 //!   broker acks the previous one, up to `in_flight` batches. With held claims
 //!   ([`ClaimMode::Lock`]) a backlog drains in one round trip per batch: the
 //!   finish of one batch, its commit and the claim of the next go as one script
-//!   on its connection ([`crate::HeldBatch::finish_and_claim`]);
+//!   on its connection ([`crate::store::HeldBatch::finish_and_claim`]);
 //! - `txbox-recovery`: returns expired claims to PENDING (no attempt counted);
 //! - `txbox-cleanup`: deletes old PROCESSED rows, under a lease lock (with
 //!   `processed_ttl` zero the pollers delete acked rows themselves);
@@ -190,7 +190,7 @@ impl Drop for DoneGuard {
 
 impl Relay {
     /// While draining a backlog a poller claims each batch after the last id of the
-    /// previous one ([`ClaimStore::claim_after`](crate::ClaimStore::claim_after)); every this many batches it claims from the
+    /// previous one ([`ClaimStore::claim_after`](crate::store::ClaimStore::claim_after)); every this many batches it claims from the
     /// lowest pending id again, so events with lower ids that became due meanwhile
     /// (retries, recovered claims) wait at most this many batches.
     pub const RESCAN_EVERY: usize = 50;
@@ -563,7 +563,7 @@ impl Drop for Relay {
 }
 
 /// The event types of a configuration whose commits notify the relay, and those
-/// whose do not ([`WakeMode::Poll`]), for [`ClaimStore::set_commit_wake`](crate::ClaimStore::set_commit_wake).
+/// whose do not ([`WakeMode::Poll`]), for [`ClaimStore::set_commit_wake`](crate::store::ClaimStore::set_commit_wake).
 struct CommitWake {
     notify: Vec<String>,
     quiet: Vec<String>,

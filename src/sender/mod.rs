@@ -1,4 +1,7 @@
-//! Senders: how the relay hands events to a broker.
+//! Senders: how the relay hands events to a broker, for those who implement
+//! one ([`Sender::start`] and [`Started`] for a broker that pipelines,
+//! [`SendErrorKind`] for what a failure means). The crate root re-exports
+//! [`Sender`], [`SenderFactory`], [`SendError`] and [`MemorySender`].
 //!
 //! A relay thread asks its [`SenderFactory`] for one [`Sender`] and keeps it: a
 //! thread-safe client (a Kafka producer) hands out clones of one handle, a client
@@ -25,7 +28,7 @@ pub use memory::MemorySender;
 /// and never reaches the dead letters.
 ///
 /// ```
-/// use txbox::{SendError, SendErrorKind};
+/// use txbox::sender::{SendError, SendErrorKind};
 /// let e = SendError::transient("connection refused");
 /// assert_eq!(e.kind, SendErrorKind::Transient);
 /// assert!(!SendError::new("unroutable").is_transient());

@@ -1,5 +1,9 @@
-//! The storage side: the [`Store`] trait the relay and the admin API run on, and one
-//! module per SQL dialect. Each dialect only varies the SQL; the logic that decides
+//! The storage side, for those who implement a store or read its rows: the
+//! [`Store`] traits the relay and the admin API run on, the claim's argument
+//! and result types ([`ClaimArgs`], [`HeldBatch`], [`Outcome`]), the table
+//! names ([`Tables`]) and the SQL dialects. The crate root re-exports what an
+//! application calls (the stores, [`FullStore`], [`TypeStatus`], the dead
+//! letters' types). Each dialect only varies the SQL; the logic that decides
 //! what to do with rows (retries, backoff, fencing) lives in the relay.
 
 use std::sync::Arc;
@@ -104,7 +108,7 @@ pub(crate) fn cannot_hold_claims() -> Error {
     }
 }
 
-/// A batch claimed by [`ClaimStore::claim_held`](crate::ClaimStore::claim_held): its rows stay PENDING, locked by a
+/// A batch claimed by [`ClaimStore::claim_held`]: its rows stay PENDING, locked by a
 /// transaction this value keeps open on a connection of its own. Dropping it
 /// unfinished rolls the transaction back, which leaves the rows as they were.
 pub trait HeldBatch: Send {
@@ -115,7 +119,7 @@ pub trait HeldBatch: Send {
     fn finish(self: Box<Self>, events: &[Event], outcomes: &[(EventId, Outcome)]) -> Result<u64>;
 
     /// Finishes like [`HeldBatch::finish`] and then claims `next` like
-    /// [`ClaimStore::claim_held`](crate::ClaimStore::claim_held) (without its idle probe) on the same connection,
+    /// [`ClaimStore::claim_held`] (without its idle probe) on the same connection,
     /// both in one round trip: a poller draining a backlog claims its next batch
     /// as it commits one. Returns the finish's count and the new claim, or `None`
     /// when this batch cannot claim (the default: it finishes only, and the
@@ -132,8 +136,8 @@ pub trait HeldBatch: Send {
     }
 }
 
-/// What a claim takes: the arguments of [`ClaimStore::claim_after`](crate::ClaimStore::claim_after),
-/// [`ClaimStore::claim_held`](crate::ClaimStore::claim_held) and
+/// What a claim takes: the arguments of [`ClaimStore::claim_after`],
+/// [`ClaimStore::claim_held`] and
 /// [`HeldBatch::finish_and_claim`].
 ///
 /// Built with [`ClaimArgs::new`] and the setters (`#[non_exhaustive]`: a
@@ -141,7 +145,7 @@ pub trait HeldBatch: Send {
 ///
 /// ```
 /// # use std::time::Duration;
-/// let args = txbox::ClaimArgs::new("order-events", 100, Duration::from_secs(60))
+/// let args = txbox::store::ClaimArgs::new("order-events", 100, Duration::from_secs(60))
 ///     .ordered(txbox::OnPoison::Block)
 ///     .from_key("order-7");
 /// assert_eq!(args.from_key, Some("order-7"));
@@ -242,7 +246,7 @@ impl<'a> ClaimArgs<'a> {
     }
 }
 
-/// What [`ClaimStore::claim_held`](crate::ClaimStore::claim_held) returns: the events, sorted by id, and the
+/// What [`ClaimStore::claim_held`] returns: the events, sorted by id, and the
 /// transaction that holds them (none when nothing was claimed).
 pub type HeldClaim = (Vec<Event>, Option<Box<dyn HeldBatch>>);
 
@@ -280,7 +284,7 @@ pub trait Store: Send + Sync + 'static {
     /// What [`Store::migrate`] would run now, in order, with the SQL (the
     /// table prefix filled in): nothing on a current schema. For a DBA who
     /// applies the files by hand, and `txbox migrate --dry-run`. The default:
-    /// not known ([`Error::Unsupported`](crate::Error::Unsupported)).
+    /// not known ([`Error::Unsupported`]).
     fn pending_migrations(&self) -> Result<Vec<PendingMigration>> {
         Err(crate::Error::Unsupported {
             what: "listing pending migrations".into(),

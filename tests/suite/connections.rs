@@ -171,9 +171,14 @@ fn postgres_and_rabbitmq_over_tls_publish_relay_and_consume() {
     let mut tx = db.transaction().unwrap();
     let id = outbox.publish(&mut tx, "e", &json!({ "n": 20 })).unwrap();
     tx.commit().unwrap();
-    let got =
-        txbox::ClaimStore::claim(&own, "e", 10, Duration::from_secs(60), uuid::Uuid::now_v7())
-            .unwrap();
+    let got = txbox::store::ClaimStore::claim(
+        &own,
+        "e",
+        10,
+        Duration::from_secs(60),
+        uuid::Uuid::now_v7(),
+    )
+    .unwrap();
     assert_eq!(got.iter().map(|e| e.id).collect::<Vec<_>>(), vec![id]);
     let (encrypted, all) = encrypted_connections(&mut plain, &app);
     assert!(all >= 1, "the pool's connections: {all}");
@@ -274,7 +279,7 @@ fn rabbitmq_refuses_what_it_cannot_verify() {
         let e = sender.ready().expect_err(&url);
         assert_eq!(
             e.kind,
-            txbox::SendErrorKind::Transient,
+            txbox::sender::SendErrorKind::Transient,
             "{url}: events wait, no attempt counted"
         );
         assert!(
@@ -439,7 +444,7 @@ fn mysql_over_tls() {
         .publish(&mut tx, "e", &json!({ "n": 1 }))
         .unwrap();
     tx.commit().unwrap();
-    let got = txbox::ClaimStore::claim(
+    let got = txbox::store::ClaimStore::claim(
         &store,
         "e",
         1000,

@@ -250,7 +250,8 @@ fn a_subscribed_consumer_group_receives_and_commits() {
 
 #[test]
 fn two_batches_in_flight_get_their_own_reports() {
-    use txbox::{Sender, Started};
+    use txbox::sender::Started;
+    use txbox::Sender;
     if !kafka_up() {
         return;
     }
@@ -292,7 +293,8 @@ fn two_batches_in_flight_get_their_own_reports() {
 /// partition, and the idempotent producer keeps their start order there.
 #[test]
 fn one_keys_events_in_batches_in_flight_keep_their_order() {
-    use txbox::{Sender, Started};
+    use txbox::sender::Started;
+    use txbox::Sender;
     if !kafka_up() {
         return;
     }

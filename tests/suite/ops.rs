@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::common::backend::{Backend, Fixture};
 use crate::common::wait_until;
 use txbox::admin::{AdminOptions, AdminServer};
-use txbox::{Config, Dlq, DlqStatus, EventId, MemorySender, Outcome, Relay};
+use txbox::store::Outcome;
+use txbox::{Config, Dlq, DlqStatus, EventId, MemorySender, Relay};
 use uuid::Uuid;
 
 fn config(prefix: &str) -> Config {
@@ -982,7 +983,7 @@ fn the_cli_and_http_show_which_keys_are_blocked_and_by_what() {
         .collect();
     let ids = fx.publish_events(&c, events);
     let t = Uuid::now_v7();
-    let args = txbox::ClaimArgs::new("order-events", 10, Duration::from_secs(60))
+    let args = txbox::store::ClaimArgs::new("order-events", 10, Duration::from_secs(60))
         .ordered(txbox::OnPoison::Block);
     let claimed = fx.store.claim_after(&args, t).unwrap();
     assert_eq!(claimed.len(), 1, "one event of the key at a time");

@@ -262,7 +262,7 @@ fn bad_table_prefix_is_refused_everywhere() {
         let err = Config::builder().table_prefix(bad).build().unwrap_err();
         assert!(matches!(err, Error::InvalidIdentifier { .. }), "{err}");
         assert!(err.to_string().contains("invalid table prefix"), "{err}");
-        let err = txbox::Tables::new(bad).unwrap_err();
+        let err = txbox::store::Tables::new(bad).unwrap_err();
         assert!(matches!(err, Error::InvalidIdentifier { .. }));
     }
     // a store is opened with a Config, whose prefix was checked when it was built

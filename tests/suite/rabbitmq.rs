@@ -349,7 +349,8 @@ fn a_handler_that_fails_once_sees_the_message_again() {
 
 #[test]
 fn two_batches_in_flight_get_their_own_confirms_and_returns() {
-    use txbox::{Sender, Started};
+    use txbox::sender::Started;
+    use txbox::Sender;
     if !rabbit_up() {
         return;
     }
@@ -387,7 +388,8 @@ fn two_batches_in_flight_get_their_own_confirms_and_returns() {
 /// exist, after the broker returned and acked the first one.
 #[test]
 fn a_returned_message_fails_even_when_its_batch_breaks_afterwards() {
-    use txbox::{SendErrorKind, Sender, Started};
+    use txbox::sender::{SendErrorKind, Started};
+    use txbox::Sender;
     if !rabbit_up() {
         return;
     }
@@ -472,7 +474,8 @@ fn a_lease_shorter_than_the_confirm_timeout_is_refused_at_start() {
 /// so a consumer outage does not burn the events' retries into the dead letters.
 #[test]
 fn a_full_queue_that_rejects_publishes_is_not_the_events_fault() {
-    use txbox::{SendErrorKind, Sender};
+    use txbox::sender::SendErrorKind;
+    use txbox::Sender;
     if !rabbit_up() {
         return;
     }
@@ -556,7 +559,8 @@ fn queue_depth(queue: &str) -> u32 {
 /// refuses the next such message before publishing it, the channel kept.
 #[test]
 fn a_message_over_the_brokers_size_limit_fails_alone() {
-    use txbox::{SendErrorKind, Sender, Started};
+    use txbox::sender::{SendErrorKind, Started};
+    use txbox::Sender;
     if !rabbit_up() {
         return;
     }
@@ -680,7 +684,8 @@ fn a_relay_dead_letters_only_the_event_the_broker_refused() {
 /// own permanent failure, and its neighbours are sent.
 #[test]
 fn a_header_too_large_for_a_frame_fails_alone() {
-    use txbox::{SendErrorKind, Sender};
+    use txbox::sender::SendErrorKind;
+    use txbox::Sender;
     if !rabbit_up() {
         return;
     }

@@ -477,7 +477,7 @@ pub struct Catalog {
     /// A statement that touches no table, for [`crate::Store::ping`].
     pub ping: &'static str,
     /// -> a number at least as high as every outbox `seq` given so far
-    /// ([`crate::ClaimStore::insert_mark`])
+    /// ([`crate::store::ClaimStore::insert_mark`])
     pub insert_mark: String,
     /// Largest `{ids}` list per statement.
     pub max_ids: usize,

@@ -316,9 +316,9 @@ pub enum Style {
     Colon,
 }
 
-/// A SQL dialect [`SqlStore`] runs on: [`PgDialect`](crate::PgDialect),
-/// [`MySqlDialect`](crate::MySqlDialect), [`SqliteDialect`](crate::SqliteDialect)
-/// or [`OracleDialect`](crate::OracleDialect), each the driver's connection pool
+/// A SQL dialect [`SqlStore`] runs on: [`PgDialect`](crate::store::PgDialect),
+/// [`MySqlDialect`](crate::store::MySqlDialect), [`SqliteDialect`](crate::store::SqliteDialect)
+/// or [`OracleDialect`](crate::store::OracleDialect), each the driver's connection pool
 /// and its SQL. Sealed: txbox implements it for these four only.
 pub trait Dialect: Backend {}
 

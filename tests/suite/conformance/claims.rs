@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use crate::common::backend::{Backend, Fixture};
 use crate::common::wait_until;
-use txbox::{ClaimArgs, Dlq, DlqFilter, EventId, Outcome};
+use txbox::store::{ClaimArgs, Outcome};
+use txbox::{Dlq, DlqFilter, EventId};
 use uuid::Uuid;
 
 use super::{config, ms};

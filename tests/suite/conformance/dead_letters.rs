@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use crate::common::backend::{Backend, Fixture};
 use crate::common::wait_until;
-use txbox::{Config, Dlq, DlqFilter, DlqStatus, Error, MemorySender, Outcome, Relay};
+use txbox::store::Outcome;
+use txbox::{Config, Dlq, DlqFilter, DlqStatus, Error, MemorySender, Relay};
 use uuid::Uuid;
 
 use super::{config, ms};

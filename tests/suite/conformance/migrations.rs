@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use crate::common::backend::{Backend, Fixture};
-use txbox::{ClaimArgs, Config, EventId, Outcome};
+use txbox::store::{ClaimArgs, Outcome};
+use txbox::{Config, EventId};
 use uuid::Uuid;
 
 use super::ms;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::common::backend::{Backend, Fixture};
 use crate::common::wait_until;
-use txbox::{ClaimArgs, Config, Dlq, EventId, MemorySender, Outcome, Relay};
+use txbox::store::{ClaimArgs, Outcome};
+use txbox::{Config, Dlq, EventId, MemorySender, Relay};
 use uuid::Uuid;
 
 use super::{four_relays_turn, ms};

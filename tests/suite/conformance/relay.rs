@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::common::backend::{Backend, Fixture};
 use crate::common::wait_until;
-use txbox::{Config, Event, EventId, MemorySender, Relay, SendError, Sender, Started};
+use txbox::sender::Started;
+use txbox::{Config, Event, EventId, MemorySender, Relay, SendError, Sender};
 
 use super::ordering::keyed;
 use super::{config, four_relays_turn, ms};

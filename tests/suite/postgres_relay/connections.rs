@@ -3,11 +3,13 @@
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
-use txbox::{ClaimStore, MaintenanceStore, Store};
+use txbox::store::ClaimStore;
+use txbox::{MaintenanceStore, Store};
 
 use crate::common::*;
 use serde_json::json;
-use txbox::{ClaimMode, Config, EventId, EventSettings, MemorySender, Outbox, Outcome, Relay};
+use txbox::store::Outcome;
+use txbox::{ClaimMode, Config, EventId, EventSettings, MemorySender, Outbox, Relay};
 
 use super::{fast, ms};
 

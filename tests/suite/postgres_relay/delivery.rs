@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use txbox::ClaimStore;
+use txbox::store::ClaimStore;
 
 use crate::common::*;
 use serde_json::json;
@@ -244,10 +244,10 @@ impl txbox::Sender for Gated {
             .map(|_| Err(txbox::SendError::new("use start")))
             .collect()
     }
-    fn start(&mut self, events: &[txbox::Event]) -> txbox::Started {
+    fn start(&mut self, events: &[txbox::Event]) -> txbox::sender::Started {
         self.queue.lock().unwrap().push_back(events.to_vec());
         *self.starts.lock().unwrap() += 1;
-        txbox::Started::InFlight
+        txbox::sender::Started::InFlight
     }
     fn wait(&mut self) -> Vec<Result<(), txbox::SendError>> {
         let (lock, cv) = &*self.open;

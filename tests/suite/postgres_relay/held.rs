@@ -5,13 +5,14 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use txbox::{ClaimStore, DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
+use txbox::store::ClaimStore;
+use txbox::{DeadLetterStore, FullStore, InboxStore, MaintenanceStore, Store};
 
 use crate::common::*;
 use serde_json::json;
+use txbox::store::{ClaimArgs, Outcome};
 use txbox::{
-    ClaimArgs, ClaimMode, Config, DlqStatus, EventId, EventSettings, MemorySender, NewEvent,
-    Outbox, Outcome, Relay,
+    ClaimMode, Config, DlqStatus, EventId, EventSettings, MemorySender, NewEvent, Outbox, Relay,
 };
 
 use super::{fast, ms};
@@ -354,7 +355,7 @@ fn finish_and_claim(p: &str, delete: bool) {
     drop(other_held); // rolled back: free again
 
     // all acked, and the next claim after the batch's last id
-    let step = |held: Option<Box<dyn txbox::HeldBatch>>, events: &[txbox::Event]| {
+    let step = |held: Option<Box<dyn txbox::store::HeldBatch>>, events: &[txbox::Event]| {
         let next = next.after(events.last().map(|e| e.id));
         held.unwrap()
             .finish_and_claim(events, &all_acked(events), &next)
@@ -563,9 +564,9 @@ fn lease_and_held_claims_share_a_table_and_deliver_each_event_once() {
 /// A held batch of someone else's store: it implements only `finish`, so it gets
 /// the trait's `finish_and_claim`, which finishes and leaves the next claim to the
 /// store.
-struct FinishOnly(Box<dyn txbox::HeldBatch>, Arc<AtomicUsize>);
+struct FinishOnly(Box<dyn txbox::store::HeldBatch>, Arc<AtomicUsize>);
 
-impl txbox::HeldBatch for FinishOnly {
+impl txbox::store::HeldBatch for FinishOnly {
     fn finish(
         self: Box<Self>,
         events: &[txbox::Event],
@@ -622,14 +623,15 @@ impl ClaimStore for DefaultHeld {
     fn can_notify(&self) -> bool {
         self.pg.can_notify()
     }
-    fn listen(&self) -> txbox::Result<Box<dyn txbox::Notifications>> {
+    fn listen(&self) -> txbox::Result<Box<dyn txbox::store::Notifications>> {
         self.pg.listen()
     }
-    fn claim_held(&self, args: &ClaimArgs<'_>) -> txbox::Result<txbox::HeldClaim> {
+    fn claim_held(&self, args: &ClaimArgs<'_>) -> txbox::Result<txbox::store::HeldClaim> {
         self.claims.fetch_add(1, Ordering::SeqCst);
         let (events, held) = self.pg.claim_held(args)?;
-        let held = held
-            .map(|h| Box::new(FinishOnly(h, self.finishes.clone())) as Box<dyn txbox::HeldBatch>);
+        let held = held.map(|h| {
+            Box::new(FinishOnly(h, self.finishes.clone())) as Box<dyn txbox::store::HeldBatch>
+        });
         Ok((events, held))
     }
 }
