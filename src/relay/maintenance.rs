@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Ctx, Slept};
+use crate::config::{Config, Wake as WakeMode};
 use crate::error::Result;
 use crate::metrics::Count;
-use crate::store::Store;
+use crate::store::{FullStore, Store};
 
 /// One call of a maintenance job with its row limit: the rows it handled.
 pub(super) type MaintenanceStep = Box<dyn FnMut(usize) -> Result<u64> + Send>;
@@ -90,5 +91,150 @@ impl Periodic {
             }
         }
         result
+    }
+}
+
+/// The maintenance jobs of a relay on `config`: recovery (which also refreshes
+/// the outbox gauges and tells the store which types notify on commit),
+/// cleanup, and with the DLQ on its move, retry and cleanup.
+pub(super) fn jobs(store: &Arc<dyn FullStore>, config: &Config) -> Vec<Periodic> {
+    let m = config.maintenance.clone();
+    let b = m.batch_size;
+    let periodic = |thread, what, interval, lock, counter, job: MaintenanceStep| Periodic {
+        thread,
+        store: store.clone(),
+        what,
+        interval,
+        lock,
+        counter,
+        limit: b,
+        job,
+        after: None,
+    };
+    let s = store.clone();
+    let gauges = store.clone();
+    let observer = config.observer.clone();
+    let dlq_enabled = config.dlq.enabled;
+    // which types' commits notify (PostgreSQL): told to the database now,
+    // and again by the recovery thread until that succeeds
+    let mut commit_wake = Some(CommitWake::of(config));
+    CommitWake::tell(&mut commit_wake, store.as_ref());
+    let mut jobs = vec![
+        Periodic {
+            // the outbox gauges ride along, once per recovery run
+            after: Some(Box::new(move || {
+                CommitWake::tell(&mut commit_wake, gauges.as_ref());
+                let counts = gauges
+                    .status()
+                    .and_then(|status| Ok((status, gauges.dlq_count(&Default::default())?)));
+                match counts {
+                    Ok((status, dlq)) => observer.outbox_status(&status, dlq),
+                    Err(e) => log::debug!("txbox: refreshing outbox gauges: {e}"),
+                }
+                match gauges.notify_queue_usage() {
+                    Ok(Some(usage)) => observer.notify_queue_usage(usage),
+                    Ok(None) => {}
+                    Err(e) => log::debug!("txbox: reading the notification queue's usage: {e}"),
+                }
+            })),
+            ..periodic(
+                "txbox-recovery",
+                "stuck recovery",
+                m.recovery_interval,
+                None,
+                Some(Count::Recovered),
+                // with the DLQ threads off, dead letters an operator marked
+                // for retry go back to the outbox here (else they would wait
+                // for a thread that never runs)
+                Box::new(move |n| {
+                    if !dlq_enabled {
+                        s.requeue_dlq_retries(n)?;
+                    }
+                    s.recover_expired(n)
+                }),
+            )
+        },
+        {
+            let s = store.clone();
+            periodic(
+                "txbox-cleanup",
+                "processed cleanup",
+                m.cleanup_interval,
+                Some("txbox-cleanup-processed"),
+                Some(Count::Cleaned),
+                Box::new(move |n| s.delete_processed(m.processed_ttl, n)),
+            )
+        },
+    ];
+    if config.dlq.enabled {
+        let d = config.dlq.clone();
+        let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
+        jobs.extend([
+            periodic(
+                "txbox-dlq-move",
+                "move to DLQ",
+                d.move_interval,
+                None,
+                Some(Count::MovedToDlq),
+                Box::new(move |n| s1.move_failed_to_dlq(n)),
+            ),
+            periodic(
+                "txbox-dlq-retry",
+                "DLQ retry",
+                d.retry_interval,
+                None,
+                None,
+                Box::new(move |n| s2.requeue_dlq_retries(n)),
+            ),
+            periodic(
+                "txbox-dlq-cleanup",
+                "DLQ cleanup",
+                d.cleanup_interval,
+                Some("txbox-cleanup-dlq"),
+                Some(Count::Cleaned),
+                Box::new(move |n| s3.delete_resolved_dlq(d.resolved_ttl, n)),
+            ),
+        ]);
+    }
+    jobs
+}
+
+/// The event types of a configuration whose commits notify the relay, and those
+/// whose do not ([`WakeMode::Poll`]), for [`ClaimStore::set_commit_wake`](crate::store::ClaimStore::set_commit_wake).
+struct CommitWake {
+    notify: Vec<String>,
+    quiet: Vec<String>,
+}
+
+impl CommitWake {
+    fn of(config: &Config) -> CommitWake {
+        let (notify, quiet) = config
+            .events
+            .iter()
+            .partition::<Vec<_>, _>(|(_, s)| s.wake == WakeMode::Notify);
+        let names = |v: Vec<(&String, _)>| v.into_iter().map(|(t, _)| t.clone()).collect();
+        CommitWake {
+            notify: names(notify),
+            quiet: names(quiet),
+        }
+    }
+
+    /// Tells `store` what `untold` holds, if anything, and forgets it once told;
+    /// a failure is logged and the next call (the recovery thread's) tries
+    /// again.
+    fn tell(untold: &mut Option<CommitWake>, store: &dyn FullStore) {
+        fn names(v: &[String]) -> Vec<&str> {
+            v.iter().map(String::as_str).collect()
+        }
+        let Some(w) = untold else {
+            return;
+        };
+        match store.set_commit_wake(&names(&w.notify), &names(&w.quiet)) {
+            Ok(()) => *untold = None,
+            Err(e) => log::warn!(
+                "txbox: cannot tell the database which event types notify on commit \
+                 (the recovery thread tries again): {e}"
+            ),
+        }
     }
 }

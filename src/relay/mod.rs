@@ -48,7 +48,7 @@ mod retry;
 
 pub(crate) use delay::PollState;
 use leased::Leased;
-use maintenance::{MaintenanceStep, Periodic};
+use maintenance::Periodic;
 use poller::Poller;
 
 pub use flush::{Delivery, TypeDelivery};
@@ -204,112 +204,10 @@ impl Relay {
     ) -> Result<Relay> {
         check_claim_modes(store.as_ref(), config)?;
         crate::store::check_same_tables(store.as_ref(), config.table_prefix(), "the relay")?;
-        let m = config.maintenance.clone();
-        let b = m.batch_size;
-        let periodic = |thread, what, interval, lock, counter, job: MaintenanceStep| Periodic {
-            thread,
-            store: store.clone(),
-            what,
-            interval,
-            lock,
-            counter,
-            limit: b,
-            job,
-            after: None,
-        };
-        let s = store.clone();
-        let gauges = store.clone();
-        let observer = config.observer.clone();
-        let dlq_enabled = config.dlq.enabled;
-        // which types' commits notify (PostgreSQL): told to the database now,
-        // and again by the recovery thread until that succeeds
-        let mut commit_wake = Some(CommitWake::of(config));
-        CommitWake::tell(&mut commit_wake, store.as_ref());
-        let mut jobs = vec![
-            Periodic {
-                // the outbox gauges ride along, once per recovery run
-                after: Some(Box::new(move || {
-                    CommitWake::tell(&mut commit_wake, gauges.as_ref());
-                    let counts = gauges
-                        .status()
-                        .and_then(|status| Ok((status, gauges.dlq_count(&Default::default())?)));
-                    match counts {
-                        Ok((status, dlq)) => observer.outbox_status(&status, dlq),
-                        Err(e) => log::debug!("txbox: refreshing outbox gauges: {e}"),
-                    }
-                    match gauges.notify_queue_usage() {
-                        Ok(Some(usage)) => observer.notify_queue_usage(usage),
-                        Ok(None) => {}
-                        Err(e) => log::debug!("txbox: reading the notification queue's usage: {e}"),
-                    }
-                })),
-                ..periodic(
-                    "txbox-recovery",
-                    "stuck recovery",
-                    m.recovery_interval,
-                    None,
-                    Some(Count::Recovered),
-                    // with the DLQ threads off, dead letters an operator marked
-                    // for retry go back to the outbox here (else they would wait
-                    // for a thread that never runs)
-                    Box::new(move |n| {
-                        if !dlq_enabled {
-                            s.requeue_dlq_retries(n)?;
-                        }
-                        s.recover_expired(n)
-                    }),
-                )
-            },
-            {
-                let s = store.clone();
-                periodic(
-                    "txbox-cleanup",
-                    "processed cleanup",
-                    m.cleanup_interval,
-                    Some("txbox-cleanup-processed"),
-                    Some(Count::Cleaned),
-                    Box::new(move |n| s.delete_processed(m.processed_ttl, n)),
-                )
-            },
-        ];
-        if config.dlq.enabled {
-            let d = config.dlq.clone();
-            let (s1, s2, s3) = (store.clone(), store.clone(), store.clone());
-            jobs.extend([
-                periodic(
-                    "txbox-dlq-move",
-                    "move to DLQ",
-                    d.move_interval,
-                    None,
-                    Some(Count::MovedToDlq),
-                    Box::new(move |n| s1.move_failed_to_dlq(n)),
-                ),
-                periodic(
-                    "txbox-dlq-retry",
-                    "DLQ retry",
-                    d.retry_interval,
-                    None,
-                    None,
-                    Box::new(move |n| s2.requeue_dlq_retries(n)),
-                ),
-                periodic(
-                    "txbox-dlq-cleanup",
-                    "DLQ cleanup",
-                    d.cleanup_interval,
-                    Some("txbox-cleanup-dlq"),
-                    Some(Count::Cleaned),
-                    Box::new(move |n| s3.delete_resolved_dlq(d.resolved_ttl, n)),
-                ),
-            ]);
-        }
+        let jobs = maintenance::jobs(&store, config);
         // the listener wakes the pollers whose wake-up is `notify` on commit,
         // where the store has commit notifications (PostgreSQL)
-        let notify: BTreeSet<String> = config
-            .events
-            .iter()
-            .filter(|(_, s)| s.wake == WakeMode::Notify)
-            .map(|(t, _)| t.clone())
-            .collect();
+        let notify = notify_types(config);
         let listens = store.can_notify() && !notify.is_empty();
         check_lease(config, sender.ack_wait())?;
         check_destinations(config, &sender)?;
@@ -324,36 +222,9 @@ impl Relay {
             let floor = (wait * 2).as_millis() as u64;
             relay.alive.stuck_floor(floor);
         }
-        let mut wakers = BTreeMap::new();
-        // the pollers the listener wakes (those whose wake-up is `notify`)
-        let mut listened = BTreeMap::new();
-        for (event_type, settings) in &config.events {
-            let (wake_tx, wake_rx) = bounded(1);
-            let started = Arc::new(AtomicU64::new(0));
-            if notify.contains(event_type) {
-                let l = listener::Listened {
-                    wake: wake_tx.clone(),
-                    claims: started.clone(),
-                };
-                listened.insert(event_type.clone(), l);
-            }
-            wakers.insert(event_type.clone(), wake_tx);
-            let poller = Poller::new(
-                ctx.clone(),
-                store.clone(),
-                event_type.clone(),
-                settings.clone(),
-                sender.clone(),
-                config.maintenance.processed_ttl.is_zero(),
-                started,
-            );
-            // a Config is validated when built: the name has no control
-            // characters, so it is a valid thread name
-            spawn(
-                &mut relay,
-                format!("txbox-poll-{event_type}"),
-                Box::new(move || poller.run(wake_rx)),
-            )?;
+        let (pollers, wakers, listened) = pollers(&ctx, &store, config, &sender, &notify);
+        for (name, job) in pollers {
+            spawn(&mut relay, name, job)?;
         }
         if listens {
             let listener = listener::Listener {
@@ -367,8 +238,7 @@ impl Relay {
                 Box::new(move || listener.run(&c)),
             )?;
         }
-        relay.wakers = RelayWaker(Arc::new(wakers));
-
+        relay.wakers = wakers;
         for job in jobs {
             let c = ctx.clone();
             spawn(&mut relay, job.thread.into(), Box::new(move || job.run(&c)))?;
@@ -562,44 +432,58 @@ impl Drop for Relay {
     }
 }
 
-/// The event types of a configuration whose commits notify the relay, and those
-/// whose do not ([`WakeMode::Poll`]), for [`ClaimStore::set_commit_wake`](crate::store::ClaimStore::set_commit_wake).
-struct CommitWake {
-    notify: Vec<String>,
-    quiet: Vec<String>,
+/// The event types whose wake-up is [`WakeMode::Notify`].
+fn notify_types(config: &Config) -> BTreeSet<String> {
+    config
+        .events
+        .iter()
+        .filter(|(_, s)| s.wake == WakeMode::Notify)
+        .map(|(t, _)| t.clone())
+        .collect()
 }
 
-impl CommitWake {
-    fn of(config: &Config) -> CommitWake {
-        let (notify, quiet) = config
-            .events
-            .iter()
-            .partition::<Vec<_>, _>(|(_, s)| s.wake == WakeMode::Notify);
-        let names = |v: Vec<(&String, _)>| v.into_iter().map(|(t, _)| t.clone()).collect();
-        CommitWake {
-            notify: names(notify),
-            quiet: names(quiet),
+/// One poller per event type, as thread names and bodies; the wakers of all,
+/// and the pollers the listener wakes (those of `notify`).
+fn pollers(
+    ctx: &Ctx,
+    store: &Arc<dyn FullStore>,
+    config: &Config,
+    sender: &Arc<dyn SenderFactory>,
+    notify: &BTreeSet<String>,
+) -> (
+    Vec<(String, Job)>,
+    RelayWaker,
+    BTreeMap<String, listener::Listened>,
+) {
+    let mut jobs = Vec::new();
+    let mut wakers = BTreeMap::new();
+    let mut listened = BTreeMap::new();
+    for (event_type, settings) in &config.events {
+        let (wake_tx, wake_rx) = bounded(1);
+        let started = Arc::new(AtomicU64::new(0));
+        if notify.contains(event_type) {
+            let l = listener::Listened {
+                wake: wake_tx.clone(),
+                claims: started.clone(),
+            };
+            listened.insert(event_type.clone(), l);
         }
+        wakers.insert(event_type.clone(), wake_tx);
+        let poller = Poller::new(
+            ctx.clone(),
+            store.clone(),
+            event_type.clone(),
+            settings.clone(),
+            sender.clone(),
+            config.maintenance.processed_ttl.is_zero(),
+            started,
+        );
+        // a Config is validated when built: the name has no control
+        // characters, so it is a valid thread name
+        let job: Job = Box::new(move || poller.run(wake_rx));
+        jobs.push((format!("txbox-poll-{event_type}"), job));
     }
-
-    /// Tells `store` what `untold` holds, if anything, and forgets it once told;
-    /// a failure is logged and the next call (the recovery thread's) tries
-    /// again.
-    fn tell(untold: &mut Option<CommitWake>, store: &dyn FullStore) {
-        fn names(v: &[String]) -> Vec<&str> {
-            v.iter().map(String::as_str).collect()
-        }
-        let Some(w) = untold else {
-            return;
-        };
-        match store.set_commit_wake(&names(&w.notify), &names(&w.quiet)) {
-            Ok(()) => *untold = None,
-            Err(e) => log::warn!(
-                "txbox: cannot tell the database which event types notify on commit \
-                 (the recovery thread tries again): {e}"
-            ),
-        }
-    }
+    (jobs, RelayWaker(Arc::new(wakers)), listened)
 }
 
 /// Refuses held claims ([`ClaimMode::Lock`]) on a store that cannot hold a
