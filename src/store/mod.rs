@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 use crate::event::{Event, EventId};
 
 mod dead_letter;
+#[cfg(test)]
+pub(crate) mod memory;
 mod migration;
 pub use crate::tables::Tables;
 pub use dead_letter::{BlockedKey, DeadLetter, DlqFilter, DlqStatus};
