@@ -1,38 +1,14 @@
-//! The TOML file and its durations. The file is read into the same structs the
+//! The TOML file. The file is read into the same structs the
 //! builder fills ([`EventSettings`] and the rest): `[defaults]` is merged into each
 //! `[events.x]` table before that table is read, and every error names the key
 //! path of the wrong value.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::{Config, DlqSettings, EventSettings, InboxSettings, MaintenanceSettings};
 use crate::error::{Error, Result};
-
-/// Parses a duration as the configuration spells it: what humantime (2.4 or
-/// later) accepts, e.g. `"250ms"`, `"10s"`, `"1.5s"`, `"1m"`, `"24h"`, `"7d"`,
-/// `"1h 30m"`, `"0"`.
-pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
-    humantime::parse_duration(s.trim()).ok()
-}
-
-/// `#[serde(with = "duration")]`: a duration field read from a string.
-pub(crate) mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        super::parse_duration(&s).ok_or_else(|| {
-            serde::de::Error::custom(format!(
-                "has invalid duration {s:?} (use e.g. \"250ms\", \"10s\", \"1m\", \"24h\")"
-            ))
-        })
-    }
-}
 
 /// The file: the sections of [`Config`], with `[defaults]` and each
 /// `[events.x]` kept as tables until they are merged.
@@ -119,7 +95,7 @@ pub(super) fn parse(text: &str) -> Result<Config> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use crate::config::duration::parse_duration;
     use std::time::Duration;
 
     #[test]

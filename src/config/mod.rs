@@ -14,6 +14,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 
 mod builder;
+mod duration;
 mod file;
 mod settings;
 mod validate;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::file::duration;
+use super::duration::serde_string as duration;
 
 /// How a poller waits between polls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -6,37 +6,13 @@ use std::collections::BTreeMap;
 
 use super::leased::Leased;
 use super::pipeline::{Pipeline, Run};
+use super::retry::TypeDelivery;
 use super::{check_claim_modes, Relay};
 use crate::config::Config;
 use crate::error::Result;
 use crate::event::EventId;
 use crate::sender::Sender;
 use crate::store::ClaimStore;
-
-/// What [`Relay::deliver_pending`] did with one event type's events.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TypeDelivery {
-    /// Acked by the sender: PROCESSED (or deleted with `processed_ttl` zero).
-    pub sent: u64,
-    /// Sends refused with retries left (the event PENDING again, due after its
-    /// backoff; one whose backoff ends within the call is sent again, and
-    /// counted again).
-    pub retried: u64,
-    /// Refused with no retry left: FAILED (the DLQ's to move).
-    pub failed: u64,
-    /// A transport failure (the broker could not be reached): PENDING again
-    /// with no attempt counted.
-    pub released: u64,
-}
-
-impl std::ops::AddAssign for TypeDelivery {
-    fn add_assign(&mut self, o: TypeDelivery) {
-        self.sent += o.sent;
-        self.retried += o.retried;
-        self.failed += o.failed;
-        self.released += o.released;
-    }
-}
 
 /// What [`Relay::deliver_pending`] did, per event type.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -51,10 +51,11 @@ use leased::Leased;
 use maintenance::Periodic;
 use poller::Poller;
 
-pub use flush::{Delivery, TypeDelivery};
+pub use flush::Delivery;
 use probe::broker_ready;
 pub use probe::RelayProbe;
 use probe::{beat, Threads};
+pub use retry::TypeDelivery;
 
 /// The running relay. Dropping it stops the threads without waiting; call
 /// [`Relay::shutdown`] to let in-flight batches finish.

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::leased::Leased;
-use super::retry::{outcomes, record};
-use super::{broker_ready, Ctx, Relay, TypeDelivery};
+use super::retry::{outcomes, record, TypeDelivery};
+use super::{broker_ready, Ctx, Relay};
 use crate::backoff::RetryBackoff;
 use crate::config::{ClaimMode, EventSettings};
 use crate::error::{Error, Result};

@@ -2,12 +2,36 @@
 //! back to pending, retried after its backoff, or failed), and how its error is
 //! stored.
 
-use super::TypeDelivery;
 use crate::config::{EventSettings, OnPoison};
 use crate::event::Event;
 use crate::metrics::{Count, Observed};
 use crate::sender::SendError;
 use crate::store::Outcome;
+
+/// What [`Relay::deliver_pending`] did with one event type's events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TypeDelivery {
+    /// Acked by the sender: PROCESSED (or deleted with `processed_ttl` zero).
+    pub sent: u64,
+    /// Sends refused with retries left (the event PENDING again, due after its
+    /// backoff; one whose backoff ends within the call is sent again, and
+    /// counted again).
+    pub retried: u64,
+    /// Refused with no retry left: FAILED (the DLQ's to move).
+    pub failed: u64,
+    /// A transport failure (the broker could not be reached): PENDING again
+    /// with no attempt counted.
+    pub released: u64,
+}
+
+impl std::ops::AddAssign for TypeDelivery {
+    fn add_assign(&mut self, o: TypeDelivery) {
+        self.sent += o.sent;
+        self.retried += o.retried;
+        self.failed += o.failed;
+        self.released += o.released;
+    }
+}
 
 /// Longest `last_error` kept with an event, in bytes (longer messages are cut).
 pub(crate) const MAX_ERROR_LEN: usize = 2000;
