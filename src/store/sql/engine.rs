@@ -1,8 +1,21 @@
 //! The engine: [`SqlStore`], the [`Store`] every dialect shares.
 
 #![allow(clippy::wildcard_imports)]
-use super::*;
+use super::HeldTx;
+use super::{
+    claimed_events, dead_letter, finish_steps, id_vals, ids_of, insert_inbox_ids, is, ms,
+    run_execute, run_query, run_query_max, status_list, transaction, Catalog, Conn, Dialect, Val,
+    WALK_FROM,
+};
 use crate::backoff::RetryBackoff;
+use crate::error::Result;
+use crate::event::{Event, EventId};
+use crate::store::{
+    BlockedKey, ClaimArgs, ClaimStore, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus,
+    HeldClaim, InboxStore, MaintenanceStore, Outcome, Store, Tables, TypeStatus,
+};
+use std::time::Duration;
+use uuid::Uuid;
 
 /// The store on a SQL database: one engine for every dialect, which only
 /// varies the SQL and the driver. Use it through its aliases

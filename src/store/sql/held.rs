@@ -4,7 +4,15 @@
 #![allow(clippy::wildcard_imports)]
 use std::collections::HashMap;
 
-use super::*;
+use super::{
+    claim_params, claimed_events, inline, missing, ms, stored_payload, Catalog, Conn, Finish,
+    HoldClaim, Row, Val,
+};
+use crate::error::{Error, Result};
+use crate::event::{Body, Event, EventId};
+use crate::store::{ClaimArgs, HeldBatch, HeldClaim, Outcome};
+use std::time::Duration;
+use uuid::Uuid;
 
 /// One statement of a finish: its template, fixed parameters and ids.
 pub(crate) type Step<'a> = (&'a str, Vec<Val>, Vec<Val>);

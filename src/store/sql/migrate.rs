@@ -2,9 +2,14 @@
 //! without stalling the writers of a live database.
 
 #![allow(clippy::wildcard_imports)]
-use super::*;
+use super::{
+    run_query, split_statements, transaction, Conn, Dialect, MigrateLock, OnlineIndex, SqlStore,
+};
 use crate::backoff::RetryBackoff;
+use crate::error::Error;
+use crate::error::Result;
 use crate::store::PendingMigration;
+use std::time::Duration;
 
 impl<D: Dialect> SqlStore<D> {
     /// The last schema version recorded: 0 where there is no version table

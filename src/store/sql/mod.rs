@@ -5,19 +5,6 @@
 //! Statements are written with numbered placeholders `$1`, `$2`, ... and an optional
 //! `{ids}` list, rendered per call into the driver's style (`$n`, `?`, `?n`, `:n`).
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
-use uuid::Uuid;
-
-use super::{
-    ClaimArgs, ClaimStore, DeadLetterStore, HeldBatch, HeldClaim, InboxStore, MaintenanceStore,
-    Outcome, Store, Tables, TypeStatus,
-};
-use crate::error::{Error, Result};
-use crate::event::{Body, Event, EventId, NewEvent};
-use crate::store::{BlockedKey, DeadLetter, DlqFilter, DlqStatus};
-
 mod engine;
 mod held;
 mod migrate;
@@ -117,6 +104,7 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Tables;
 
     /// The statement the database runs when the driver binds `bound` to `sql`,
     /// written out with each value in its place: PostgreSQL (`$n`) and SQLite

@@ -1,7 +1,9 @@
 //! Placeholders rendered per driver, statements run, transactions.
 
 #![allow(clippy::wildcard_imports)]
-use super::*;
+use super::{Catalog, Conn, Row, Style, Val};
+use crate::error::Error;
+use crate::error::Result;
 
 /// Whether `e` is a database error of `kind`.
 pub(crate) fn is(e: &Error, kind: crate::error::DatabaseErrorKind) -> bool {

@@ -1,7 +1,12 @@
 //! Rows to events and dead letters, events to rows.
 
 #![allow(clippy::wildcard_imports)]
-use super::*;
+use super::{is, missing, run_execute, run_query, shift, unexpected, Catalog, Conn, Row, Val};
+use crate::error::{Error, Result};
+use crate::event::{Body, Event, EventId, NewEvent};
+use crate::store::{DeadLetter, DlqStatus};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// The ids in the first column of `rows`, as parameters.
 pub(crate) fn id_vals(rows: &[Row]) -> Result<Vec<Val>> {

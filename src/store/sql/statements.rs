@@ -2,7 +2,10 @@
 //! dialect writes alike.
 
 #![allow(clippy::wildcard_imports)]
-use super::*;
+use super::{ago, Style, Val};
+use crate::error::Error;
+use crate::store::{ClaimArgs, Tables};
+use std::time::Duration;
 
 /// The statements that finish a claimed batch, each kept to the rows the claim
 /// still holds by a `fence` condition.

@@ -1,7 +1,11 @@
 //! Values, rows, connections and pools: what the drivers adapt to.
 
 #![allow(clippy::wildcard_imports)]
-use super::*;
+use super::{cached, Catalog};
+use crate::error::{Error, Result};
+use crate::event::EventId;
+use crate::store::Tables;
+use uuid::Uuid;
 
 /// A parameter or column value.
 #[derive(Debug, Clone, PartialEq)]
