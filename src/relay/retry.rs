@@ -8,7 +8,7 @@ use crate::metrics::{Count, Observed};
 use crate::sender::SendError;
 use crate::store::Outcome;
 
-/// What [`Relay::deliver_pending`] did with one event type's events.
+/// What [`Relay::deliver_pending`](crate::Relay::deliver_pending) did with one event type's events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TypeDelivery {
     /// Acked by the sender: PROCESSED (or deleted with `processed_ttl` zero).

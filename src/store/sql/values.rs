@@ -320,7 +320,7 @@ pub enum Style {
     Colon,
 }
 
-/// A SQL dialect [`SqlStore`] runs on: [`PgDialect`](crate::store::PgDialect),
+/// A SQL dialect [`SqlStore`](crate::store::SqlStore) runs on: [`PgDialect`](crate::store::PgDialect),
 /// [`MySqlDialect`](crate::store::MySqlDialect), [`SqliteDialect`](crate::store::SqliteDialect)
 /// or [`OracleDialect`](crate::store::OracleDialect), each the driver's connection pool
 /// and its SQL. Sealed: txbox implements it for these four only.
