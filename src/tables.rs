@@ -3,8 +3,9 @@
 use crate::error::{Error, Result};
 
 /// The table names, from a validated prefix (made only by [`Tables::new`], so
-/// every name spliced into SQL was checked).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// every name spliced into SQL was checked). A clone shares the statements
+/// built for its tables.
+#[derive(Debug, Clone)]
 pub struct Tables {
     pub(crate) prefix: String,
     pub(crate) outbox: String,
@@ -12,7 +13,24 @@ pub struct Tables {
     pub(crate) inbox: String,
     pub(crate) locks: String,
     pub(crate) schema_version: String,
+    /// Each dialect's statements for these tables, built when first asked.
+    #[cfg(any(
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite",
+        feature = "oracle"
+    ))]
+    pub(crate) compiled: std::sync::Arc<crate::store::sql::Compiled>,
 }
+
+/// Tables are equal when their names are: they have the same prefix.
+impl PartialEq for Tables {
+    fn eq(&self, other: &Self) -> bool {
+        self.prefix == other.prefix
+    }
+}
+
+impl Eq for Tables {}
 
 impl Tables {
     /// Validates `prefix` and derives the table names.
@@ -25,6 +43,13 @@ impl Tables {
             inbox: format!("{prefix}inbox_consumed"),
             locks: format!("{prefix}job_locks"),
             schema_version: format!("{prefix}txbox_schema_version"),
+            #[cfg(any(
+                feature = "postgres",
+                feature = "mysql",
+                feature = "sqlite",
+                feature = "oracle"
+            ))]
+            compiled: Default::default(),
         })
     }
 

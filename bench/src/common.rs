@@ -295,14 +295,11 @@ impl ClaimStore for Counting {
     ) -> txbox::Result<u64> {
         self.0.finish(token, outcomes)
     }
-    fn can_hold_claims(&self) -> bool {
-        self.0.can_hold_claims()
+    fn capabilities(&self) -> txbox::store::Capabilities {
+        self.0.capabilities()
     }
     fn max_connections(&self) -> Option<usize> {
         self.0.max_connections()
-    }
-    fn can_notify(&self) -> bool {
-        self.0.can_notify()
     }
     fn listen(&self) -> txbox::Result<Box<dyn txbox::store::Notifications>> {
         self.0.listen()

@@ -209,7 +209,7 @@ impl Relay {
         // the listener wakes the pollers whose wake-up is `notify` on commit,
         // where the store has commit notifications (PostgreSQL)
         let notify = notify_types(config);
-        let listens = store.can_notify() && !notify.is_empty();
+        let listens = store.capabilities().notifications && !notify.is_empty();
         check_lease(config, sender.ack_wait())?;
         check_destinations(config, &sender)?;
         // the listener keeps a connection of the store's pool
@@ -493,7 +493,7 @@ fn check_claim_modes<S: crate::store::ClaimStore + ?Sized>(
     store: &S,
     config: &Config,
 ) -> Result<()> {
-    if store.can_hold_claims() {
+    if store.capabilities().held_claims {
         return Ok(());
     }
     match config

@@ -197,8 +197,8 @@ impl ClaimStore for MemoryStore {
         Ok(done)
     }
 
-    fn can_hold_claims(&self) -> bool {
-        false
+    fn capabilities(&self) -> crate::store::Capabilities {
+        crate::store::Capabilities::default()
     }
 
     fn max_connections(&self) -> Option<usize> {
@@ -210,10 +210,6 @@ impl ClaimStore for MemoryStore {
             what: "claim mode \"lock\"".into(),
             why: "the memory store holds no claims open".into(),
         })
-    }
-
-    fn can_notify(&self) -> bool {
-        false
     }
 
     fn listen(&self) -> Result<Box<dyn Notifications>> {

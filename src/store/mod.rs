@@ -309,6 +309,64 @@ pub trait Store: Send + Sync + 'static {
     fn unlock(&self, name: &str, owner: Uuid) -> Result<()>;
 }
 
+/// What a store can do beyond the claims under a lease every store makes, in
+/// one place ([`ClaimStore::capabilities`]). A relay checks its configuration
+/// against it at start: `claim = "lock"` needs [`held_claims`](Self::held_claims),
+/// the wake-up on commit needs [`notifications`](Self::notifications).
+///
+/// ```
+/// let caps = txbox::store::Capabilities::default().held_claims(true);
+/// assert!(caps.held_claims && !caps.notifications);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// [`ClaimStore::claim_held`] works: the rows stay locked in an open
+    /// transaction while they are with the broker (`claim = "lock"`;
+    /// PostgreSQL).
+    pub held_claims: bool,
+    /// [`ClaimStore::listen`] works: a relay starts a listener thread that
+    /// wakes its pollers on commit (PostgreSQL).
+    pub notifications: bool,
+    /// An ordered type's claims walk its keys, each key's first due event a
+    /// candidate (PostgreSQL, SQLite); without, they read due events in id
+    /// order and skip those whose key is held back.
+    pub key_walk: bool,
+    /// DDL runs in a transaction, so a migration file is all or nothing
+    /// (PostgreSQL, SQLite); elsewhere each DDL statement commits on its own.
+    pub transactional_ddl: bool,
+}
+
+impl Capabilities {
+    /// With held claims or without.
+    #[must_use]
+    pub fn held_claims(mut self, yes: bool) -> Self {
+        self.held_claims = yes;
+        self
+    }
+
+    /// With commit notifications or without.
+    #[must_use]
+    pub fn notifications(mut self, yes: bool) -> Self {
+        self.notifications = yes;
+        self
+    }
+
+    /// With a key walk or without.
+    #[must_use]
+    pub fn key_walk(mut self, yes: bool) -> Self {
+        self.key_walk = yes;
+        self
+    }
+
+    /// With transactional DDL or without.
+    #[must_use]
+    pub fn transactional_ddl(mut self, yes: bool) -> Self {
+        self.transactional_ddl = yes;
+        self
+    }
+}
+
 /// Claiming and finishing batches: what the relay's pollers need.
 pub trait ClaimStore: Store {
     /// Claims up to `args.limit` due PENDING events of `args.event_type` whose id
@@ -345,8 +403,10 @@ pub trait ClaimStore: Store {
         Ok(None)
     }
 
-    /// Whether [`ClaimStore::claim_held`] works on this store (PostgreSQL).
-    fn can_hold_claims(&self) -> bool;
+    /// What this store can do beyond claiming under a lease: hold claims
+    /// ([`ClaimStore::claim_held`]), notify on commit ([`ClaimStore::listen`]),
+    /// walk the keys of an ordered type, migrate in one transaction.
+    fn capabilities(&self) -> Capabilities;
 
     /// The most database connections the store's pool opens, when it has a
     /// bound. A relay with held claims needs one per batch in flight: it refuses
@@ -367,10 +427,6 @@ pub trait ClaimStore: Store {
     /// acked is the commit alone, and the events not acked are written back.
     /// Until the commit other sessions see the rows as before, PENDING.
     fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim>;
-
-    /// Whether [`ClaimStore::listen`] works on this store (PostgreSQL): a
-    /// relay then starts a listener thread that wakes its pollers on commit.
-    fn can_notify(&self) -> bool;
 
     /// Listens for commits that published events, on a connection of its own.
     /// A store without notifications returns [`Error::Unsupported`].

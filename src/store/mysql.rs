@@ -228,7 +228,7 @@ sql::conn_impls!(my_query, my_execute, my_batch; mysql::PooledConn, mysql::Trans
 pub struct MySqlDialect(mysql::Pool);
 
 impl sql::Backend for MySqlDialect {
-    const NAME: &'static str = "mysql";
+    const SLOT: usize = 1;
     fn catalog(tables: &Tables) -> Catalog {
         catalog(tables)
     }

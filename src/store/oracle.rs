@@ -264,7 +264,7 @@ impl Conn for oracle::Connection {
 pub struct OracleDialect(oracle::pool::Pool);
 
 impl sql::Backend for OracleDialect {
-    const NAME: &'static str = "oracle";
+    const SLOT: usize = 3;
     fn catalog(tables: &Tables) -> Catalog {
         catalog(tables)
     }

@@ -405,8 +405,7 @@ impl<T: PgConnector> Conn for Checked<T> {
 impl<T: PgConnector> sql::Dialect for PgDialect<T> {}
 
 impl<T: PgConnector> sql::Backend for PgDialect<T> {
-    const NAME: &'static str = "postgres";
-    const NOTIFIES: bool = true;
+    const SLOT: usize = 0;
     fn catalog(tables: &Tables) -> Catalog {
         catalog(tables)
     }

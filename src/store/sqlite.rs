@@ -174,7 +174,7 @@ fn lite_query(conn: &rusqlite::Connection, sql: &str, params: &[Val]) -> Result<
 pub struct SqliteDialect(Mutex<rusqlite::Connection>);
 
 impl sql::Backend for SqliteDialect {
-    const NAME: &'static str = "sqlite";
+    const SLOT: usize = 2;
     fn catalog(tables: &Tables) -> Catalog {
         catalog(tables)
     }

@@ -35,7 +35,7 @@ impl<D: Dialect> SqlStore<D> {
     /// A store on `pool` for the tables of `config`.
     pub(crate) fn with_pool(pool: D, config: &crate::Config) -> Result<Self> {
         let tables = Tables::new(config.table_prefix())?;
-        let d = D::cached(&tables);
+        let d = D::cached(&tables).clone();
         Ok(SqlStore {
             pool,
             tables,
@@ -63,6 +63,13 @@ impl<D: Dialect> SqlStore<D> {
     /// [`Store::ping`](crate::Store::ping), without the trait in scope.
     pub fn ping(&self) -> Result<()> {
         Store::ping(self)
+    }
+
+    /// [`ClaimStore::capabilities`], without the trait in scope: what this
+    /// database can do (held claims, commit notifications, a key walk,
+    /// transactional DDL).
+    pub fn capabilities(&self) -> crate::store::Capabilities {
+        self.d.capabilities()
     }
 
     /// [`MaintenanceStore::status`](crate::MaintenanceStore::status), without
@@ -335,12 +342,8 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         Ok(Some(rows.first().map_or(Ok(0), |r| r.int(0))?))
     }
 
-    fn can_hold_claims(&self) -> bool {
-        self.d.hold_claim.is_some()
-    }
-
-    fn can_notify(&self) -> bool {
-        D::NOTIFIES
+    fn capabilities(&self) -> crate::store::Capabilities {
+        self.d.capabilities()
     }
 
     fn listen(&self) -> Result<Box<dyn crate::store::Notifications>> {
@@ -611,7 +614,7 @@ impl<D: Dialect> InboxStore for SqlStore<D> {
 }
 
 /// `publish` and the inbox on one driver's transaction type: both only need this
-/// dialect's statements (built once per table prefix) and a [`Conn`].
+/// dialect's statements (built once, kept with the tables) and a [`Conn`].
 macro_rules! transaction_impls {
     ($tx:ty, $dialect:ty $(, $check:path)?) => {
         impl crate::transaction::sealed::Sealed for $tx {}
@@ -619,7 +622,7 @@ macro_rules! transaction_impls {
         impl crate::transaction::Transaction for $tx {
             fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
                 $($check(self)?;)?
-                sql::insert_events(self, &<$dialect as sql::Backend>::cached(tables), events)
+                sql::insert_events(self, <$dialect as sql::Backend>::cached(tables), events)
             }
 
             fn insert_new_ids(
@@ -631,7 +634,7 @@ macro_rules! transaction_impls {
                 $($check(self)?;)?
                 sql::insert_inbox_ids(
                     self,
-                    &<$dialect as sql::Backend>::cached(tables),
+                    <$dialect as sql::Backend>::cached(tables),
                     consumer,
                     ids,
                 )

@@ -24,6 +24,16 @@ pub use values::Dialect;
 pub(crate) use values::*;
 
 impl Catalog {
+    /// What the dialect can do, read off the statements it has: the one place
+    /// its capabilities are declared.
+    pub(crate) fn capabilities(&self) -> crate::store::Capabilities {
+        crate::store::Capabilities::default()
+            .held_claims(self.hold_claim.is_some())
+            .notifications(self.wake.is_some())
+            .key_walk(self.common.walk_skip.is_some())
+            .transactional_ddl(self.transactional_ddl)
+    }
+
     /// Every statement template of the dialect, named.
     pub(crate) fn statements(&self) -> Vec<(&'static str, String)> {
         let c = &self.common;
@@ -208,6 +218,26 @@ mod tests {
                     records[0]
                 );
             }
+        }
+    }
+
+    /// Each dialect declares what the documentation says it can do.
+    #[test]
+    fn each_dialect_has_the_capabilities_its_docs_name() {
+        use crate::store::Capabilities;
+        let t = Tables::new("p_").unwrap();
+        let none = Capabilities::default();
+        for (name, d) in catalogs(&t) {
+            let want = match name {
+                "postgres" => none
+                    .held_claims(true)
+                    .notifications(true)
+                    .key_walk(true)
+                    .transactional_ddl(true),
+                "sqlite" => none.key_walk(true).transactional_ddl(true),
+                _ => none, // MySQL/MariaDB, Oracle
+            };
+            assert_eq!(d.capabilities(), want, "{name}");
         }
     }
 

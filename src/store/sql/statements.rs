@@ -546,25 +546,30 @@ pub struct Catalog {
     pub insert_rows_max: usize,
 }
 
-/// The statements of `dialect` for `t`, built once per process and table prefix
-/// (publish and the inbox ask for them on every call).
-pub(crate) fn cached(
-    dialect: &'static str,
-    t: &Tables,
-    build: fn(&Tables) -> Catalog,
-) -> std::sync::Arc<Catalog> {
-    use std::collections::HashMap;
-    use std::sync::{Arc, LazyLock, Mutex};
-    // dialect -> table prefix -> statements; a hit allocates nothing
-    type Cache = Mutex<HashMap<&'static str, HashMap<String, Arc<Catalog>>>>;
-    static CACHE: LazyLock<Cache> = LazyLock::new(Default::default);
-    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    let by_prefix = cache.entry(dialect).or_default();
-    if let Some(d) = by_prefix.get(t.prefix.as_str()) {
-        return d.clone();
+/// The statements of each dialect for one set of [`Tables`], each built the
+/// first time its dialect asks and kept with the tables (an `Outbox`, an
+/// `Inbox` and a store each keep theirs): a publish reads them without a lock
+/// or a look-up by name.
+#[derive(Default)]
+pub(crate) struct Compiled([std::sync::OnceLock<std::sync::Arc<Catalog>>; DIALECTS]);
+
+/// How many dialects txbox has, each with its [`Backend::SLOT`](super::Backend::SLOT).
+pub(crate) const DIALECTS: usize = 4;
+
+impl Compiled {
+    /// The statements in `slot`, built by `build` the first time.
+    pub(crate) fn get(
+        &self,
+        slot: usize,
+        build: impl FnOnce() -> Catalog,
+    ) -> &std::sync::Arc<Catalog> {
+        self.0[slot].get_or_init(|| std::sync::Arc::new(build()))
     }
-    by_prefix
-        .entry(t.prefix.clone())
-        .or_insert_with(|| Arc::new(build(t)))
-        .clone()
+}
+
+impl std::fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let built = self.0.iter().filter(|c| c.get().is_some()).count();
+        write!(f, "Compiled({built} dialects built)")
+    }
 }

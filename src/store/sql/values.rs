@@ -1,7 +1,7 @@
 //! Values, rows, connections and pools: what the drivers adapt to.
 
 #![allow(clippy::wildcard_imports)]
-use super::{cached, Catalog};
+use super::Catalog;
 use crate::error::{Error, Result};
 use crate::event::EventId;
 use crate::store::Tables;
@@ -268,17 +268,17 @@ where
 /// Hands out connections: the driver side of a [`Dialect`]. Public in this
 /// private module only, so that no type outside txbox can implement it.
 pub trait Backend: Send + Sync + 'static {
-    /// The dialect's name: its statements are built once per table prefix
-    /// under it.
-    const NAME: &'static str;
+    /// Where the dialect's statements are kept with a [`Tables`]: `0` to
+    /// [`DIALECTS`](super::DIALECTS)` - 1`, one per dialect.
+    const SLOT: usize;
     /// The dialect's statements for `tables`.
     fn catalog(tables: &Tables) -> Catalog;
-    /// The statements for `tables`, built once per prefix.
-    fn cached(tables: &Tables) -> std::sync::Arc<Catalog>
+    /// The statements for `tables`, built the first time and kept with them.
+    fn cached(tables: &Tables) -> &std::sync::Arc<Catalog>
     where
         Self: Sized,
     {
-        cached(Self::NAME, tables, Self::catalog)
+        tables.compiled.get(Self::SLOT, || Self::catalog(tables))
     }
     fn get(&self) -> Result<Box<dyn Conn + '_>>;
     /// A connection that may outlive the call (a held claim keeps one). Pools of
@@ -288,8 +288,6 @@ pub trait Backend: Send + Sync + 'static {
             "this store cannot hand out a connection of its own".into(),
         ))
     }
-    /// Whether [`Backend::listen`] works.
-    const NOTIFIES: bool = false;
     /// Commit notifications on `channel` (the outbox table's name), on a
     /// connection of their own.
     fn listen(&self, channel: &str) -> Result<Box<dyn crate::store::Notifications>> {

@@ -614,14 +614,11 @@ impl ClaimStore for DefaultHeld {
     fn finish(&self, token: uuid::Uuid, outcomes: &[(EventId, Outcome)]) -> txbox::Result<u64> {
         self.pg.finish(token, outcomes)
     }
-    fn can_hold_claims(&self) -> bool {
-        true
+    fn capabilities(&self) -> txbox::store::Capabilities {
+        self.pg.capabilities()
     }
     fn max_connections(&self) -> Option<usize> {
         self.pg.max_connections()
-    }
-    fn can_notify(&self) -> bool {
-        self.pg.can_notify()
     }
     fn listen(&self) -> txbox::Result<Box<dyn txbox::store::Notifications>> {
         self.pg.listen()
