@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, EventId};
 use crate::metrics::Observed;
 use crate::sender::{SendError, Sender, Started};
-use crate::store::{ClaimArgs, ClaimStore, HeldBatch, HeldClaim, Outcome};
+use crate::store::{ClaimArgs, ClaimStore, HeldBatch, HeldClaim, Outcome, HEADER_DEFECT};
 
 /// The claim state of one event type between batches: what is with the
 /// broker, where the next claim starts, and what was delivered so far.
@@ -94,6 +94,29 @@ struct Claimed {
     started: Instant,
     /// The results, when the sender gave them at once.
     results: Option<Vec<Result<(), SendError>>>,
+    /// The results of the last events, which the store could not read
+    /// ([`defects`]): not handed to the sender.
+    defects: Vec<Result<(), SendError>>,
+}
+
+/// Moves the events whose row the store could not read ([`HEADER_DEFECT`])
+/// behind the others, which keep their order, and returns a refusal for each:
+/// they fail alone, as if the broker had refused them, and are never sent.
+fn defects(events: &mut [Event]) -> Vec<Result<(), SendError>> {
+    let defective = |e: &Event| e.headers.contains_key(HEADER_DEFECT);
+    if !events.iter().any(defective) {
+        return Vec::new();
+    }
+    events.sort_by_key(defective); // stable
+    events
+        .iter()
+        .filter_map(|e| e.headers.get(HEADER_DEFECT))
+        .map(|why| {
+            Err(SendError::new(format!(
+                "not sent: its row is no event: {why}"
+            )))
+        })
+        .collect()
 }
 
 /// Where an ordered type's next key walk starts after a claim that took
@@ -210,6 +233,7 @@ impl Pipeline {
                 e.destination.clone_from(&self.destination);
                 e.routing_key.clone_from(&self.routing_key);
             }
+            let defects = defects(&mut events);
             // a leased batch is registered before it is sent, for a shutdown
             // that times out to release it; past that release it goes back
             if held.is_none() && !run.leased.add(token, &events, run.store)? {
@@ -220,9 +244,13 @@ impl Pipeline {
                 });
             }
             let started = Instant::now();
-            let results = match run.sender.start(&events) {
-                Started::Done(results) => Some(results),
-                Started::InFlight => None,
+            let sendable = &events[..claimed - defects.len()];
+            let results = match sendable.is_empty() {
+                true => Some(Vec::new()),
+                false => match run.sender.start(sendable) {
+                    Started::Done(results) => Some(results),
+                    Started::InFlight => None,
+                },
             };
             pipelined = results.is_none();
             self.in_flight.push_back(Claimed {
@@ -233,6 +261,7 @@ impl Pipeline {
                 lease_end: claimed_at + s.lease,
                 started,
                 results,
+                defects,
             });
         }
         // after a full batch the next claim follows at once: up to in_flight - 1
@@ -357,7 +386,17 @@ impl Pipeline {
             let Some(batch) = self.in_flight.pop_front() else {
                 break;
             };
-            let results = batch.results.unwrap_or_else(|| run.sender.wait());
+            let mut results = batch.results.unwrap_or_else(|| run.sender.wait());
+            if !batch.defects.is_empty() {
+                // the refusals follow the sender's results, one per event sent
+                let (got, sent) = (results.len(), batch.events.len() - batch.defects.len());
+                results.resize_with(sent, || {
+                    Err(SendError::transient(format!(
+                        "sender returned {got} results for {sent} events"
+                    )))
+                });
+                results.extend(batch.defects);
+            }
             self.observer.send_latency(batch.started.elapsed());
             let outcomes = outcomes(&batch.events, results, &self.settings, self.delete_acked);
             let done = record(&outcomes, &self.settings, &self.observer);

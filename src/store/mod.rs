@@ -60,6 +60,16 @@ pub use sql::{Dialect, SqlStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteDialect, SqliteStore};
 
+/// The header a store gives a claimed event whose row it cannot read as an
+/// event (its headers are no JSON object: a row written by hand), with what is
+/// wrong as its value. The relay fails such an event alone, as if the broker
+/// had refused it (an attempt counted, FAILED with no retry left, then the
+/// dead letters), without handing it to the sender, and sends the rest of its
+/// batch. A store of your own can mark a row it cannot read the same way
+/// instead of failing the whole claim. Reserved ([`crate::RESERVED_HEADER_PREFIX`]):
+/// no published event carries it.
+pub const HEADER_DEFECT: &str = "txbox-defect";
+
 /// What became of one claimed event after the send.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {

@@ -4,7 +4,7 @@
 use super::{is, missing, run_execute, run_query, shift, unexpected, Catalog, Conn, Row, Val};
 use crate::error::{Error, Result};
 use crate::event::{Body, Event, EventId, NewEvent};
-use crate::store::{DeadLetter, DlqStatus};
+use crate::store::{DeadLetter, DlqStatus, HEADER_DEFECT};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -50,6 +50,16 @@ pub(crate) fn parse_headers(text: &str) -> Result<BTreeMap<String, String>> {
     }
 }
 
+/// The headers of a row whose headers column could not be read: only
+/// [`HEADER_DEFECT`], saying why.
+fn defect(e: Error) -> BTreeMap<String, String> {
+    let why = match e {
+        Error::Database { source, .. } => source.to_string(),
+        other => other.to_string(),
+    };
+    BTreeMap::from([(HEADER_DEFECT.to_owned(), why)])
+}
+
 pub(crate) fn headers_json(h: &BTreeMap<String, String>) -> String {
     serde_json::to_string(h).unwrap_or_else(|_| "{}".into())
 }
@@ -60,19 +70,15 @@ pub(crate) fn event_row(r: &mut Row) -> Result<Event> {
     let id = r.id(0)?;
     // parsed once: later reads of the id find it as such
     r.0[0] = Val::Id(id.as_uuid());
-    // headers that are no JSON object (a row written by hand): the event
-    // goes out without them, said in the log. An error here would fail the
+    // headers that are no JSON object (a row written by hand): the event is
+    // marked, and the relay fails it alone. An error here would fail the
     // whole claimed batch, again at every claim: one bad row would hold back
-    // every event claimed with it. (Failing that row alone, to the dead
-    // letters, waits for the one delivery pipeline of issue 31.)
+    // every event claimed with it.
     let headers = match r.get(3) {
         Val::Text(text) => parse_headers(text),
         _ => parse_headers(&r.text(3)?),
     }
-    .unwrap_or_else(|e| {
-        log::error!("txbox: event {id}: sent without its headers: {e}");
-        BTreeMap::new()
-    });
+    .unwrap_or_else(|e| defect(e));
     let (payload, content_type) = body(r, 4, 6)?;
     Ok(Event {
         id,
@@ -116,7 +122,10 @@ pub(crate) fn dead_letter(r: &mut Row) -> Result<DeadLetter> {
         id: r.id(0)?,
         event_type: r.text(1)?,
         key: r.opt_text(2),
-        headers: parse_headers(&r.text(3)?)?,
+        // a dead letter's unreadable headers (it was failed for them) are
+        // listed as what is wrong with them: one such row must not keep the
+        // others from being listed, retried or deleted
+        headers: parse_headers(&r.text(3)?).unwrap_or_else(defect),
         payload,
         content_type,
         attempts: attempts(r, 5)?,

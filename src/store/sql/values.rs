@@ -371,10 +371,15 @@ mod tests {
             ])
         };
         assert!(event_row(&mut event(Val::Text("{}".into()), Val::Int(0))).is_ok());
-        // a claimed event with unreadable headers goes out without them: an
-        // error would fail its whole batch at every claim
-        let e = event_row(&mut event(Val::Text("not json".into()), Val::Int(0)));
-        assert!(e.unwrap().headers.is_empty());
+        // a claimed event with unreadable headers is marked, for the relay to
+        // fail it alone: an error would fail its whole batch at every claim
+        let e = event_row(&mut event(Val::Text("not json".into()), Val::Int(0))).unwrap();
+        let why = &e.headers[crate::store::HEADER_DEFECT];
+        assert!(
+            why.contains("no JSON object") && why.contains("not json"),
+            "{why}"
+        );
+        assert_eq!(e.headers.len(), 1);
         let e = event_row(&mut event(Val::Text("{}".into()), Val::Int(-1)));
         assert!(e.unwrap_err().to_string().contains("attempts"));
         let dead = |status: &str| {

@@ -362,3 +362,50 @@ pub(super) fn deliver_pending_with_batches_in_flight_sends_every_keys_events(b: 
         );
     }
 }
+
+/// A row whose headers are no JSON object (written by hand: txbox writes an
+/// object) fails alone: the sender never gets it, the other events of its
+/// batch are sent, and with no retry left it is FAILED with an error that
+/// names its headers. The dead letters list it once it is moved, with what is
+/// wrong in place of its headers. It used to go out without its headers.
+pub(super) fn a_row_with_unreadable_headers_fails_alone(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.max_retries(0))
+        .dlq(true)
+        .build()
+        .unwrap();
+    let ids = fx.publish_events(&c, keyed("e", &["a", "bad", "c", ""], 1));
+    let bad = ids[1];
+    fx.execute(&format!(
+        "UPDATE {p}outbox_events SET headers = '[1]' WHERE event_key = 'bad'"
+    ));
+    let mut sender = MemorySender::new();
+    let report = Relay::deliver_pending(&*fx.store, &c, &mut sender).unwrap();
+    let sent: HashSet<EventId> = sender.sent().iter().map(|e| e.id).collect();
+    let others: HashSet<EventId> = ids.iter().copied().filter(|i| *i != bad).collect();
+    assert_eq!(sent, others, "the other three sent, the bad one not");
+    let t = report.by_type["e"];
+    assert_eq!((t.sent, t.failed), (3, 1), "{report:?}");
+    let counts = fx.counts("e");
+    assert_eq!(
+        (counts.pending, counts.in_process, counts.failed),
+        (0, 0, 1)
+    );
+    let dlq = txbox::Dlq::new(fx.store.clone());
+    assert_eq!(dlq.move_failed(10).unwrap(), 1);
+    let dead = dlq.get(bad).unwrap();
+    let error = dead.last_error.clone().unwrap_or_default();
+    assert!(
+        error.contains("headers") && error.contains("[1]"),
+        "{error}"
+    );
+    let defect = dead.headers.get(txbox::store::HEADER_DEFECT);
+    assert!(
+        defect.is_some_and(|d| d.contains("[1]")),
+        "{:?}",
+        dead.headers
+    );
+    assert_eq!(dlq.list(&txbox::DlqFilter::default()).unwrap().len(), 1);
+}

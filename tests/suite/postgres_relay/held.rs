@@ -806,3 +806,63 @@ fn binary_payloads_survive_a_held_claims_write_back() {
         (Some(r#"{"n":1}"#), None)
     );
 }
+
+/// A held, deleting claim writes back what was not acked: a row whose headers
+/// are no JSON object (written by hand) is written back still marked, fails
+/// alone at every attempt, and ends FAILED, never sent; the rest are sent.
+#[test]
+fn a_row_with_unreadable_headers_fails_alone_through_a_held_write_back() {
+    let p = "t_rel_hdrheld_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .processed_ttl(Duration::ZERO)
+        .event("x", |e| {
+            fast(e)
+                .claim(ClaimMode::Lock)
+                .max_retries(1)
+                .backoff_delay(ms(1))
+        })
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids: Vec<EventId> = (0..3)
+        .map(|i| outbox.publish(&mut tx, "x", &i).unwrap())
+        .collect();
+    tx.commit().unwrap();
+    client
+        .execute(
+            &format!("UPDATE {p}outbox_events SET headers = '\"text\"' WHERE id = $1"),
+            &[&ids[1].as_uuid()],
+        )
+        .unwrap();
+    let mut sender = MemorySender::new();
+    let mut sent = HashSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let report = Relay::deliver_pending(&*store, &config, &mut sender).unwrap();
+        sent.extend(sender.sent().iter().map(|e| e.id));
+        let failed = report.by_type.get("x").map_or(0, |t| t.failed);
+        if failed == 1 || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(ms(5)); // the retry's backoff
+    }
+    assert_eq!(
+        sent,
+        HashSet::from([ids[0], ids[2]]),
+        "the bad one never sent"
+    );
+    let row = client
+        .query_one(
+            &format!("SELECT status, attempts, last_error FROM {p}outbox_events WHERE id = $1"),
+            &[&ids[1].as_uuid()],
+        )
+        .unwrap();
+    let (status, attempts, error): (String, i32, String) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!((status.as_str(), attempts), ("FAILED", 2), "{error}");
+    assert!(error.contains("no JSON object"), "{error}");
+}
