@@ -16,7 +16,7 @@ use super::{client_config, creation_err, DEFAULT_MESSAGE_TIMEOUT, MAX_MESSAGE_TI
 use crate::backoff::RetryBackoff;
 use crate::error::{Error, Result};
 use crate::event::{Event, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
-use crate::sender::{SendError, Sender, SenderFactory};
+use crate::sender::{Pipelining, SendError, Sender, SenderFactory};
 
 /// Errors after which the idempotent producer cannot go on (a broker that forgot
 /// or replaced its producer id, e.g. after a restart or a long freeze): the
@@ -157,8 +157,8 @@ impl Clone for KafkaSender {
     }
 }
 
-/// A batch with the producer.
-struct Pending {
+/// A batch with the producer (`KafkaSender`'s [`Pipelining::Batch`]).
+pub struct Pending {
     batch: Arc<Batch>,
     len: usize,
     deadline: Instant,
@@ -428,9 +428,15 @@ impl KafkaSender {
     }
 }
 
-impl KafkaSender {
+impl Pipelining for KafkaSender {
+    type Batch = Pending;
+
+    fn in_flight(&mut self) -> &mut VecDeque<Pending> {
+        &mut self.in_flight
+    }
+
     /// Enqueues every record of `events`; their reports fill the returned batch.
-    fn publish(&self, events: &[Event]) -> Pending {
+    fn publish(&mut self, events: &[Event]) -> Pending {
         let batch = Arc::new(Batch {
             results: Mutex::new((vec![None; events.len()], 0)),
             done: Condvar::new(),
@@ -458,7 +464,7 @@ impl KafkaSender {
     }
 
     /// Waits for the reports of `p`, replacing a producer that failed or is stuck.
-    fn collect(&self, p: Pending) -> Vec<Result<(), SendError>> {
+    fn collect(&mut self, p: Pending) -> Vec<Result<(), SendError>> {
         let reported = p.batch.wait_all(p.len, p.deadline);
         let timed_out = p.batch.timeouts.load(Ordering::Relaxed) + (p.len - reported);
         // A producer whose every record times out while others get through is
@@ -516,7 +522,7 @@ impl KafkaSender {
 
     /// [`Sender::ready`]: after a transport failure, ready once the brokers answer
     /// a metadata request again.
-    fn check(&self) -> std::result::Result<(), SendError> {
+    fn check(&mut self) -> std::result::Result<(), SendError> {
         if !self.shared.unreachable.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -542,7 +548,7 @@ impl KafkaSender {
 /// failure.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
-crate::sender::pipelined_sender!(KafkaSender);
+crate::pipelined_sender!(KafkaSender);
 
 impl SenderFactory for KafkaSender {
     fn create(&self) -> Result<Box<dyn Sender>> {

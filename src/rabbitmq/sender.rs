@@ -13,7 +13,7 @@ use super::{FRAME_MAX, MAX_RECONNECT, MIN_RECONNECT};
 use crate::backoff::RetryBackoff;
 use crate::error::Result;
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE};
-use crate::sender::{SendError, Sender, SenderFactory};
+use crate::sender::{Pipelining, SendError, Sender, SenderFactory};
 
 /// Frames a sender hands to amiquip's I/O thread without waiting for it (a message
 /// is three: method, header, body). With amiquip's default of 16 the relay thread
@@ -240,12 +240,6 @@ impl RabbitChannel {
             self.retry_at = Instant::now() + self.backoff.wait();
         }
     }
-
-    /// [`Sender::ready`]: connected, or connecting now succeeds (with backoff
-    /// between tries).
-    fn check(&mut self) -> std::result::Result<(), SendError> {
-        self.connect().map(|_| ())
-    }
 }
 
 /// Why a channel broke, and whose fault that is for each message it left
@@ -384,8 +378,9 @@ fn properties(e: &Event) -> AmqpProperties {
         .with_headers(headers)
 }
 
-/// A batch published on the current channel, waiting for its confirms.
-struct Unconfirmed {
+/// A batch published on the current channel, waiting for its confirms (the
+/// [`Pipelining::Batch`] of RabbitMQ's sender).
+pub struct Unconfirmed {
     /// Delivery tag of the first message published; the others follow in order.
     first: u64,
     /// The event (index into `results`) of each message published: tag
@@ -479,7 +474,7 @@ impl Unconfirmed {
 
 impl RabbitChannel {
     /// Publishes `events` on the channel (opening it if needed) without waiting.
-    fn publish(&mut self, events: &[Event]) -> Unconfirmed {
+    fn publish_batch(&mut self, events: &[Event]) -> Unconfirmed {
         let mut batch = Unconfirmed {
             first: 0,
             published: Vec::with_capacity(events.len()),
@@ -550,7 +545,7 @@ impl RabbitChannel {
     /// returns queued when a confirm arrives are applied before that confirm: an
     /// ack never marks a returned message sent, whatever happens to its batch or
     /// the connection afterwards.
-    fn collect(&mut self, mut batch: Unconfirmed) -> Vec<Result<(), SendError>> {
+    fn collect_batch(&mut self, mut batch: Unconfirmed) -> Vec<Result<(), SendError>> {
         while !batch.settled() && !batch.broken {
             let Some(open) = &self.open else {
                 batch.break_off(&Breakage::transport(SendError::transient(
@@ -634,7 +629,29 @@ impl RabbitChannel {
     }
 }
 
-crate::sender::pipelined_sender!(RabbitChannel);
+impl Pipelining for RabbitChannel {
+    type Batch = Unconfirmed;
+
+    fn publish(&mut self, events: &[Event]) -> Unconfirmed {
+        self.publish_batch(events)
+    }
+
+    fn collect(&mut self, batch: Unconfirmed) -> Vec<Result<(), SendError>> {
+        self.collect_batch(batch)
+    }
+
+    /// [`Sender::ready`]: connected, or connecting now succeeds (with backoff
+    /// between tries).
+    fn check(&mut self) -> std::result::Result<(), SendError> {
+        self.connect().map(|_| ())
+    }
+
+    fn in_flight(&mut self) -> &mut VecDeque<Unconfirmed> {
+        &mut self.in_flight
+    }
+}
+
+crate::pipelined_sender!(RabbitChannel);
 
 #[cfg(test)]
 mod tests {

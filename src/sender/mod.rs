@@ -127,49 +127,107 @@ pub trait Sender: Send {
     }
 }
 
-/// Implements [`Sender`] for a pipelining sender with a field `in_flight` (a queue
-/// of its batches) and three methods: `publish(&events) -> batch`, which hands a
-/// batch to the client without waiting, `collect(batch) -> results`, which waits
-/// for its acks, and `check()`, its [`Sender::ready`].
-#[cfg_attr(
-    not(any(feature = "kafka", feature = "rabbitmq")),
-    allow(unused_macros)
-)]
+/// A sender that hands a batch to its client without waiting for the acks
+/// ([`Pipelining::publish`]) and waits for them later
+/// ([`Pipelining::collect`]), as Kafka's and RabbitMQ's senders do. The
+/// macro [`pipelined_sender!`](crate::pipelined_sender) makes it a [`Sender`]
+/// whose [`start`](Sender::start) publishes and keeps the batch in
+/// [`in_flight`](Pipelining::in_flight), and whose [`wait`](Sender::wait)
+/// collects the oldest: the relay then claims its next batches while the
+/// broker acks the first (`in_flight` in the event settings).
+///
+/// ```
+/// use std::collections::VecDeque;
+/// use txbox::sender::Pipelining;
+/// use txbox::{Event, SendError};
+///
+/// /// A broker client that answers each batch later (here: at once).
+/// #[derive(Default)]
+/// struct MyBroker {
+///     in_flight: VecDeque<Vec<txbox::EventId>>,
+/// }
+///
+/// impl Pipelining for MyBroker {
+///     type Batch = Vec<txbox::EventId>;
+///     fn publish(&mut self, events: &[Event]) -> Self::Batch {
+///         events.iter().map(|e| e.id).collect() // hand them to the client here
+///     }
+///     fn collect(&mut self, batch: Self::Batch) -> Vec<Result<(), SendError>> {
+///         batch.iter().map(|_| Ok(())).collect() // wait for each ack here
+///     }
+///     fn in_flight(&mut self) -> &mut VecDeque<Self::Batch> {
+///         &mut self.in_flight
+///     }
+/// }
+/// txbox::pipelined_sender!(MyBroker);
+///
+/// use txbox::Sender;
+/// let mut sender = MyBroker::default();
+/// assert!(sender.send(&[]).is_empty());
+/// ```
+pub trait Pipelining: Send {
+    /// What [`publish`](Pipelining::publish) returns of one batch, for
+    /// [`collect`](Pipelining::collect) to wait on.
+    type Batch: Send;
+
+    /// Hands `events` (all of one type, in id order) to the client without
+    /// waiting for their acks.
+    fn publish(&mut self, events: &[Event]) -> Self::Batch;
+
+    /// Waits for the acks of `batch`: one result per event, in order, as
+    /// [`Sender::send`] returns them. Batches are collected in the order they
+    /// were published.
+    fn collect(&mut self, batch: Self::Batch) -> Vec<Result<(), SendError>>;
+
+    /// [`Sender::ready`]: whether the broker can be reached now. The default:
+    /// always.
+    fn check(&mut self) -> Result<(), SendError> {
+        Ok(())
+    }
+
+    /// The batches published and not yet collected, oldest first, which the
+    /// sender keeps (a field of its own).
+    fn in_flight(&mut self) -> &mut std::collections::VecDeque<Self::Batch>;
+}
+
+/// Implements [`Sender`](crate::Sender) for a type that implements
+/// [`Pipelining`](crate::sender::Pipelining): `send` publishes and collects
+/// at once, `start` publishes and keeps the batch in flight, `wait` collects
+/// the oldest, `ready` is `check`. (A macro, not a blanket impl, so that a
+/// type can still implement `Sender` by hand.)
+#[macro_export]
 macro_rules! pipelined_sender {
     ($t:ty) => {
-        impl $crate::sender::Sender for $t {
+        impl $crate::Sender for $t {
             fn send(
                 &mut self,
                 events: &[$crate::Event],
-            ) -> Vec<Result<(), $crate::sender::SendError>> {
-                let batch = self.publish(events);
-                self.collect(batch)
+            ) -> ::std::vec::Vec<::std::result::Result<(), $crate::SendError>> {
+                let batch = $crate::sender::Pipelining::publish(self, events);
+                $crate::sender::Pipelining::collect(self, batch)
             }
 
             fn start(&mut self, events: &[$crate::Event]) -> $crate::sender::Started {
-                let batch = self.publish(events);
-                self.in_flight.push_back(batch);
+                let batch = $crate::sender::Pipelining::publish(self, events);
+                $crate::sender::Pipelining::in_flight(self).push_back(batch);
                 $crate::sender::Started::InFlight
             }
 
-            fn wait(&mut self) -> Vec<Result<(), $crate::sender::SendError>> {
-                match self.in_flight.pop_front() {
-                    Some(batch) => self.collect(batch),
-                    None => Vec::new(),
+            fn wait(&mut self) -> ::std::vec::Vec<::std::result::Result<(), $crate::SendError>> {
+                match $crate::sender::Pipelining::in_flight(self).pop_front() {
+                    ::std::option::Option::Some(batch) => {
+                        $crate::sender::Pipelining::collect(self, batch)
+                    }
+                    ::std::option::Option::None => ::std::vec::Vec::new(),
                 }
             }
 
-            fn ready(&mut self) -> Result<(), $crate::sender::SendError> {
-                self.check()
+            fn ready(&mut self) -> ::std::result::Result<(), $crate::SendError> {
+                $crate::sender::Pipelining::check(self)
             }
         }
     };
 }
-#[cfg_attr(
-    not(any(feature = "kafka", feature = "rabbitmq")),
-    allow(unused_imports)
-)]
-pub(crate) use pipelined_sender;
 
 /// Makes a [`Sender`] for each relay thread.
 pub trait SenderFactory: Send + Sync + 'static {

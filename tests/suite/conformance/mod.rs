@@ -77,6 +77,7 @@ macro_rules! suite {
             relay::deliver_pending_claims_nothing_while_the_sender_is_not_ready => "unready",
             relay::deliver_pending_with_batches_in_flight_sends_every_keys_events => "flight",
             relay::a_row_with_unreadable_headers_fails_alone => "hdr",
+            relay::a_pipelining_sender_of_ones_own_keeps_batches_in_flight => "third",
             migrations::migrate_twice_is_fine => "mig",
             claims::ping_answers_without_reading_a_table => "ping",
         );

@@ -409,3 +409,48 @@ pub(super) fn a_row_with_unreadable_headers_fails_alone(b: Backend, p: &str) {
     );
     assert_eq!(dlq.list(&txbox::DlqFilter::default()).unwrap().len(), 1);
 }
+
+/// A broker client of one's own that pipelines: `Pipelining` and
+/// `txbox::pipelined_sender!` make it a `Sender`, and the relay keeps up to
+/// `in_flight` of its batches with it, collected in the order published.
+#[derive(Default)]
+struct ThirdBroker {
+    in_flight: VecDeque<Vec<EventId>>,
+    most_in_flight: usize,
+    collected: Vec<EventId>,
+}
+
+impl txbox::sender::Pipelining for ThirdBroker {
+    type Batch = Vec<EventId>;
+    fn publish(&mut self, events: &[Event]) -> Vec<EventId> {
+        self.most_in_flight = self.most_in_flight.max(self.in_flight.len() + 1);
+        events.iter().map(|e| e.id).collect()
+    }
+    fn collect(&mut self, batch: Vec<EventId>) -> Vec<Result<(), SendError>> {
+        self.collected.extend(&batch);
+        batch.iter().map(|_| Ok(())).collect()
+    }
+    fn in_flight(&mut self) -> &mut VecDeque<Vec<EventId>> {
+        &mut self.in_flight
+    }
+}
+txbox::pipelined_sender!(ThirdBroker);
+
+pub(super) fn a_pipelining_sender_of_ones_own_keeps_batches_in_flight(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.batch_size(50).in_flight(3))
+        .build()
+        .unwrap();
+    let ids = fx.publish(&c, "e", 400, true);
+    let mut sender = ThirdBroker::default();
+    let report = Relay::deliver_pending(&*fx.store, &c, &mut sender).unwrap();
+    assert_eq!(report.sent(), 400, "{report:?}");
+    assert_eq!(sender.collected, ids, "every event once, in publish order");
+    assert_eq!(
+        sender.most_in_flight, 3,
+        "three batches with the broker at most"
+    );
+    assert!(sender.in_flight.is_empty());
+}
