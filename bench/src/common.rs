@@ -1,5 +1,5 @@
 //! What the bench parts share: sizes, the table, statistics, CPU readings,
-//! fresh tables, the counting store and the senders.
+//! fresh tables, the claims counted and the senders.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -8,11 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use txbox::sender::Started;
-use txbox::store::ClaimStore;
-use txbox::{
-    ClaimMode, Config, DeadLetterStore, Event, EventId, EventSettings, InboxStore,
-    MaintenanceStore, Outbox, PgStore, SendError, Sender, Store,
-};
+use txbox::{ClaimMode, Config, Event, EventId, EventSettings, Outbox, PgStore, SendError, Sender};
 
 pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -254,137 +250,31 @@ pub(crate) fn fill_keyed(
     Ok(())
 }
 
-/// Counts the claims (one statement each on PostgreSQL) that the relay's pollers
-/// send through the store; every other call passes through uncounted.
-pub(crate) struct Counting(pub(crate) Arc<PgStore>, pub(crate) Arc<AtomicU64>);
+/// Counts the claims (one statement each on PostgreSQL) a store makes: the
+/// store reports each call to its configuration's observer.
+#[derive(Default)]
+pub(crate) struct Claims(AtomicU64);
 
-impl Store for Counting {
-    fn migrate(&self) -> txbox::Result<()> {
-        self.0.migrate()
-    }
-    fn pending_migrations(&self) -> txbox::Result<Vec<txbox::PendingMigration>> {
-        self.0.pending_migrations()
-    }
-    fn ping(&self) -> txbox::Result<()> {
-        self.0.ping()
-    }
-    fn table_prefix(&self) -> &str {
-        self.0.table_prefix()
-    }
-    fn try_lock(&self, name: &str, owner: uuid::Uuid, lease: Duration) -> txbox::Result<bool> {
-        self.0.try_lock(name, owner, lease)
-    }
-    fn unlock(&self, name: &str, owner: uuid::Uuid) -> txbox::Result<()> {
-        self.0.unlock(name, owner)
+impl Claims {
+    pub(crate) fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 }
 
-impl ClaimStore for Counting {
-    fn claim_after(
-        &self,
-        args: &txbox::store::ClaimArgs<'_>,
-        token: uuid::Uuid,
-    ) -> txbox::Result<Vec<Event>> {
-        self.1.fetch_add(1, Ordering::Relaxed);
-        self.0.claim_after(args, token)
-    }
-    fn finish(
-        &self,
-        token: uuid::Uuid,
-        outcomes: &[(EventId, txbox::store::Outcome)],
-    ) -> txbox::Result<u64> {
-        self.0.finish(token, outcomes)
-    }
-    fn capabilities(&self) -> txbox::store::Capabilities {
-        self.0.capabilities()
-    }
-    fn max_connections(&self) -> Option<usize> {
-        self.0.max_connections()
-    }
-    fn listen(&self) -> txbox::Result<Box<dyn txbox::store::Notifications>> {
-        self.0.listen()
-    }
-    fn claim_held(
-        &self,
-        args: &txbox::store::ClaimArgs<'_>,
-    ) -> txbox::Result<txbox::store::HeldClaim> {
-        self.1.fetch_add(1, Ordering::Relaxed);
-        self.0.claim_held(args)
-    }
-    // the rest as the store does it: a default here would change what runs
-    fn insert_mark(&self) -> txbox::Result<Option<i64>> {
-        self.0.insert_mark()
-    }
-    fn set_commit_wake(&self, notify: &[&str], quiet: &[&str]) -> txbox::Result<()> {
-        self.0.set_commit_wake(notify, quiet)
-    }
-    fn notify_queue_usage(&self) -> txbox::Result<Option<f64>> {
-        self.0.notify_queue_usage()
+impl txbox::metrics::Observer for Claims {
+    fn store_call(&self, call: txbox::metrics::StoreCall, _: Duration, _: bool) {
+        if call == txbox::metrics::StoreCall::Claim {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
-impl MaintenanceStore for Counting {
-    fn recover_expired(&self, limit: usize) -> txbox::Result<u64> {
-        self.0.recover_expired(limit)
-    }
-    fn delete_processed(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
-        self.0.delete_processed(ttl, limit)
-    }
-    fn status(&self) -> txbox::Result<Vec<txbox::TypeStatus>> {
-        self.0.status()
-    }
-}
-
-impl DeadLetterStore for Counting {
-    fn move_failed_to_dlq(&self, limit: usize) -> txbox::Result<u64> {
-        self.0.move_failed_to_dlq(limit)
-    }
-    fn requeue_dlq_retries(&self, limit: usize) -> txbox::Result<u64> {
-        self.0.requeue_dlq_retries(limit)
-    }
-    fn delete_resolved_dlq(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
-        self.0.delete_resolved_dlq(ttl, limit)
-    }
-    fn dlq_list(&self, filter: &txbox::DlqFilter) -> txbox::Result<Vec<txbox::DeadLetter>> {
-        self.0.dlq_list(filter)
-    }
-    fn dlq_count(&self, filter: &txbox::DlqFilter) -> txbox::Result<u64> {
-        self.0.dlq_count(filter)
-    }
-    fn dlq_get(&self, id: EventId) -> txbox::Result<Option<txbox::DeadLetter>> {
-        self.0.dlq_get(id)
-    }
-    fn dlq_set_status(
-        &self,
-        ids: &[EventId],
-        from: &[txbox::DlqStatus],
-        to: txbox::DlqStatus,
-    ) -> txbox::Result<Vec<EventId>> {
-        self.0.dlq_set_status(ids, from, to)
-    }
-    fn dlq_delete(
-        &self,
-        ids: &[EventId],
-        from: &[txbox::DlqStatus],
-    ) -> txbox::Result<Vec<EventId>> {
-        self.0.dlq_delete(ids, from)
-    }
-    fn blocked_keys(
-        &self,
-        event_type: &str,
-        limit: usize,
-    ) -> txbox::Result<Vec<txbox::BlockedKey>> {
-        self.0.blocked_keys(event_type, limit)
-    }
-}
-
-impl InboxStore for Counting {
-    fn inbox_insert(&self, consumer: &str, ids: &[EventId]) -> txbox::Result<Vec<EventId>> {
-        self.0.inbox_insert(consumer, ids)
-    }
-    fn delete_expired_inbox(&self, ttl: Duration, limit: usize) -> txbox::Result<u64> {
-        self.0.delete_expired_inbox(ttl, limit)
-    }
+/// A store on the tables of `cfg` whose claims are counted (the relay's
+/// other metrics go where `cfg` says).
+pub(crate) fn counted(cfg: &Config) -> Res<(Arc<PgStore>, Arc<Claims>)> {
+    let claims = Arc::new(Claims::default());
+    let observed = cfg.clone().observed(claims.clone());
+    Ok((Arc::new(PgStore::connect(&pg_url(), &observed)?), claims))
 }
 
 /// A sender that acks every event at once: the relay's own work, no broker.

@@ -1,8 +1,6 @@
 //! Parts `idle` and `idle-direct`: an idle type's statements per hour, and the
 //! broker's own share of the pick-up after idle.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use txbox::{Config, Event, EventSettings, MemorySender, Relay, Sender};
@@ -12,18 +10,17 @@ use crate::latency::pickup_broker;
 
 pub(crate) fn idle_cost(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_idle_";
-    let (store, _c) = fresh(p)?;
-    let calls = Arc::new(AtomicU64::new(0));
-    let counting = Arc::new(Counting(store, calls.clone()));
+    fresh(p)?;
     // one idle type, default adaptive polling; the maintenance threads are shared
-    // by all types and not counted (the Counting store counts claims only)
+    // by all types and not counted (claims only)
     let cfg = Config::builder()
         .table_prefix(p)
         .event("bench", |e| e)
         .build()?;
+    let (counting, calls) = counted(&cfg)?;
     let relay = Relay::start(counting, &cfg, MemorySender::new())?;
     std::thread::sleep(s.idle);
-    let measured = calls.load(Ordering::Relaxed);
+    let measured = calls.count();
     relay.shutdown(Duration::from_secs(5))?;
     // the same delay sequence over an hour
     let polling = EventSettings::default().polling;

@@ -1,8 +1,7 @@
 //! Part `writers`: concurrent publishers with the wake-up on commit on, off,
 //! as schema 3 had it, and firing an empty function.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use txbox::{EventSettings, Relay, Sender};
@@ -52,7 +51,7 @@ pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
             for k in 0..modes.len() {
                 let i = (r + k) % modes.len();
                 let mode = modes[i];
-                let (store, mut c) = fresh(p)?;
+                let (_, mut c) = fresh(p)?;
                 c.batch_execute(
                     "DROP TABLE IF EXISTS bench_writer_orders; \
                      CREATE TABLE bench_writer_orders (id bigserial PRIMARY KEY, total bigint)",
@@ -71,8 +70,7 @@ pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
                 c.batch_execute("CHECKPOINT")?;
                 let acks = Acks::default();
                 let count = acks.count.clone();
-                let claimed = Arc::new(AtomicU64::new(0));
-                let store = Arc::new(Counting(store, claimed.clone()));
+                let (store, claimed) = counted(&cfg)?;
                 let relay =
                     Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
                         Ok(Box::new(Timed::new(Discard, acks.clone())))
@@ -99,8 +97,7 @@ pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
                 // the relay's (claims, finishes)
                 let writes = (xid(&mut c)? - first - 1) as f64;
                 xids[i].push(writes / commits.max(1) as f64);
-                claims[i]
-                    .push(claimed.load(Ordering::Relaxed) as f64 * 1000.0 / commits.max(1) as f64);
+                claims[i].push(claimed.count() as f64 * 1000.0 / commits.max(1) as f64);
                 let rate = commits as f64 / s.writers_secs as f64;
                 tps[i].push(rate);
                 if let Some(busy) = busy {

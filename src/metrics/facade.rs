@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{Count, Observer};
+use super::{Count, Observer, StoreCall};
 use crate::store::TypeStatus;
 
 /// An [`Observer`] that hands every metric to the `metrics` facade crate,
@@ -40,5 +40,12 @@ impl Observer for Facade {
     }
     fn notify_queue_usage(&self, usage: f64) {
         metrics::gauge!("txbox_notify_queue_usage").set(usage);
+    }
+    fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
+        metrics::histogram!("txbox_store_call_seconds", "call" => call.name())
+            .record(took.as_secs_f64());
+        if !ok {
+            metrics::counter!("txbox_store_errors_total", "call" => call.name()).increment(1);
+        }
     }
 }

@@ -152,8 +152,42 @@ impl Count {
     }
 }
 
+/// A call to a SQL store, timed for [`Observer::store_call`]: what the relay
+/// asks of the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreCall {
+    /// A claim of a batch: under a lease, or held (`claim = "lock"`).
+    Claim,
+    /// A batch's finish: its outcomes written (a held batch's commit, with
+    /// the next claim when the two go together).
+    Finish,
+    /// A maintenance pass: the recovery of expired leases, a cleanup, a move
+    /// to or from the dead letters.
+    Maintenance,
+}
+
+/// Every [`StoreCall`], in the order of its index.
+pub(crate) const STORE_CALLS: [StoreCall; 3] =
+    [StoreCall::Claim, StoreCall::Finish, StoreCall::Maintenance];
+
+impl StoreCall {
+    /// Its `call` label in the Prometheus text and the facade.
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreCall::Claim => "claim",
+            StoreCall::Finish => "finish",
+            StoreCall::Maintenance => "maintenance",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Receives what txbox observes: counts, the pollers' delays, batch send
-/// times, commit-to-ack ages, the outbox gauges. Every method has a default
+/// times, commit-to-ack ages, the outbox gauges, the SQL stores' calls. Every method has a default
 /// that does nothing: implement the ones you want. Called on the hot path
 /// (the relay's threads, a publish): keep them cheap and never block.
 ///
@@ -205,6 +239,13 @@ pub trait Observer: Send + Sync {
     fn notify_queue_usage(&self, usage: f64) {
         let _ = usage;
     }
+
+    /// A SQL store built from the configuration ([`Config::connect`](crate::Config::connect)
+    /// and the stores' `connect`) made `call`, which took `took`; `ok`: it
+    /// returned no error (a deadlock retried within it is part of the call).
+    fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
+        let _ = (call, took, ok);
+    }
 }
 
 impl<O: Observer + ?Sized> Observer for Arc<O> {
@@ -225,6 +266,9 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
     }
     fn notify_queue_usage(&self, usage: f64) {
         (**self).notify_queue_usage(usage);
+    }
+    fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
+        (**self).store_call(call, took, ok);
     }
 }
 
@@ -271,6 +315,11 @@ impl Observer for ProcessWide {
         #[cfg(feature = "metrics")]
         Facade.notify_queue_usage(usage);
     }
+    fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
+        GLOBAL.store_call(call, took, ok);
+        #[cfg(feature = "metrics")]
+        Facade.store_call(call, took, ok);
+    }
 }
 
 static PROCESS_WIDE: LazyLock<Arc<dyn Observer>> = LazyLock::new(|| Arc::new(ProcessWide));
@@ -288,6 +337,18 @@ impl Observed {
 
     fn is_default(&self) -> bool {
         *self == Observed::default()
+    }
+
+    /// Runs `f`, a store's `call`, and reports how long it took.
+    pub(crate) fn timed<T>(
+        &self,
+        call: StoreCall,
+        f: impl FnOnce() -> crate::Result<T>,
+    ) -> crate::Result<T> {
+        let start = std::time::Instant::now();
+        let result = f();
+        self.0.store_call(call, start.elapsed(), result.is_ok());
+        result
     }
 
     /// Counts `n` of `what` (nothing for zero).
@@ -380,6 +441,9 @@ mod tests {
     fn every_counter_is_its_own_row() {
         for (i, (c, _, _)) in COUNTERS.iter().enumerate() {
             assert_eq!(index(*c), i, "{c:?}");
+        }
+        for (i, c) in STORE_CALLS.iter().enumerate() {
+            assert_eq!(c.index(), i, "{c:?}");
         }
     }
 }

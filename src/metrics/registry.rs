@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::{index, Count, Observer, COUNTERS};
+use super::{index, Count, Observer, StoreCall, COUNTERS, STORE_CALLS};
 use crate::store::TypeStatus;
 
 /// Histogram bucket bounds, in seconds.
@@ -67,6 +67,9 @@ pub struct Registry {
     notify_queue_usage: Mutex<Option<f64>>,
     send_latency: Histogram,
     commit_to_ack: Histogram,
+    /// By [`StoreCall::index`].
+    store_calls: [Histogram; STORE_CALLS.len()],
+    store_errors: [AtomicU64; STORE_CALLS.len()],
 }
 
 impl Default for Registry {
@@ -95,6 +98,8 @@ impl Registry {
             notify_queue_usage: Mutex::new(None),
             send_latency: Histogram::new(),
             commit_to_ack: Histogram::new(),
+            store_calls: std::array::from_fn(|_| Histogram::new()),
+            store_errors: Default::default(),
         }
     }
 
@@ -121,6 +126,17 @@ impl Registry {
             polling_delay_seconds: lock(&self.polling_delay).clone(),
             send_latency: self.send_latency.snapshot(),
             commit_to_ack: self.commit_to_ack.snapshot(),
+            store_call_seconds: STORE_CALLS
+                .iter()
+                .map(|c| (c.name().to_owned(), self.store_calls[c.index()].snapshot()))
+                .collect(),
+            store_errors: STORE_CALLS
+                .iter()
+                .map(|c| {
+                    let n = self.store_errors[c.index()].load(Ordering::Relaxed);
+                    (c.name().to_owned(), n)
+                })
+                .collect(),
         }
     }
 
@@ -203,17 +219,45 @@ impl Registry {
             ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-            for (b, c) in &h.buckets {
-                let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
-            }
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}",
-                h.count, h.sum_seconds, h.count
-            );
+            histogram(&mut out, name, "", h);
+        }
+        let name = "txbox_store_call_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} A SQL store's calls (claim, finish, maintenance)\n# TYPE {name} histogram"
+        );
+        for (call, h) in &s.store_call_seconds {
+            histogram(&mut out, name, &format!("call=\"{call}\","), h);
+        }
+        let _ = writeln!(
+            out,
+            "# HELP txbox_store_errors_total A SQL store's calls that failed\n\
+             # TYPE txbox_store_errors_total counter"
+        );
+        for (call, n) in &s.store_errors {
+            let _ = writeln!(out, "txbox_store_errors_total{{call=\"{call}\"}} {n}");
         }
         out
     }
+}
+
+/// Writes the rows of one histogram, each with `labels` (`a="b",` or nothing).
+fn histogram(out: &mut String, name: &str, labels: &str, h: &HistogramSnapshot) {
+    use std::fmt::Write;
+    for (b, c) in &h.buckets {
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{b}\"}} {c}");
+    }
+    let plain = labels.trim_end_matches(',');
+    let braces = if plain.is_empty() {
+        String::new()
+    } else {
+        format!("{{{plain}}}")
+    };
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{{labels}le=\"+Inf\"}} {}\n{name}_sum{braces} {}\n{name}_count{braces} {}",
+        h.count, h.sum_seconds, h.count
+    );
 }
 
 impl Observer for Registry {
@@ -234,6 +278,12 @@ impl Observer for Registry {
     }
     fn notify_queue_usage(&self, usage: f64) {
         *lock(&self.notify_queue_usage) = Some(usage);
+    }
+    fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
+        self.store_calls[call.index()].record(took.as_secs_f64());
+        if !ok {
+            self.store_errors[call.index()].fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -290,6 +340,11 @@ pub struct MetricsSnapshot {
     pub send_latency: HistogramSnapshot,
     /// From an event's creation (its UUIDv7 time) to the broker's ack.
     pub commit_to_ack: HistogramSnapshot,
+    /// How long a SQL store's calls took, by [`StoreCall::name`] (`claim`,
+    /// `finish`, `maintenance`).
+    pub store_call_seconds: BTreeMap<String, HistogramSnapshot>,
+    /// A SQL store's calls that failed, by [`StoreCall::name`].
+    pub store_errors: BTreeMap<String, u64>,
 }
 
 fn label(v: &str) -> String {

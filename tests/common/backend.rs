@@ -261,6 +261,14 @@ impl Fixture {
         }
     }
 
+    /// A store on these tables opened with `config` (its observer, its
+    /// settings), which must name the fixture's prefix.
+    #[allow(dead_code)]
+    pub fn store_with(&self, config: &Config) -> Arc<dyn FullStore> {
+        assert_eq!(config.table_prefix(), self.prefix);
+        open_store_with(self.backend, config, &self.sqlite_path)
+    }
+
     /// Another store instance on the same tables (another relay process would have one).
     pub fn another_store(&self) -> Arc<dyn FullStore> {
         open_store(self.backend, &self.prefix, &self.sqlite_path)
@@ -393,19 +401,26 @@ fn sqlite_path(prefix: &str) -> std::path::PathBuf {
 }
 
 fn open_store(backend: Backend, prefix: &str, sqlite_path: &std::path::Path) -> Arc<dyn FullStore> {
+    open_store_with(backend, &super::prefix_config(prefix), sqlite_path)
+}
+
+fn open_store_with(
+    backend: Backend,
+    cfg: &Config,
+    sqlite_path: &std::path::Path,
+) -> Arc<dyn FullStore> {
     let _ = sqlite_path;
-    let cfg = super::prefix_config(prefix);
     match backend {
-        Backend::Postgres => Arc::new(txbox::PgStore::connect(&super::pg_url(), &cfg).unwrap()),
+        Backend::Postgres => Arc::new(txbox::PgStore::connect(&super::pg_url(), cfg).unwrap()),
         #[cfg(feature = "mysql")]
-        Backend::MySql => Arc::new(txbox::MySqlStore::connect(&mysql_url(), &cfg).unwrap()),
+        Backend::MySql => Arc::new(txbox::MySqlStore::connect(&mysql_url(), cfg).unwrap()),
         #[cfg(feature = "sqlite")]
         Backend::Sqlite => {
-            Arc::new(txbox::SqliteStore::connect(&sqlite_path.to_string_lossy(), &cfg).unwrap())
+            Arc::new(txbox::SqliteStore::connect(&sqlite_path.to_string_lossy(), cfg).unwrap())
         }
         #[cfg(feature = "oracle")]
         Backend::Oracle => {
-            Arc::new(txbox::OracleStore::connect(&oracle_url().unwrap_or_default(), &cfg).unwrap())
+            Arc::new(txbox::OracleStore::connect(&oracle_url().unwrap_or_default(), cfg).unwrap())
         }
     }
 }

@@ -2,6 +2,7 @@
 //! transaction.
 
 #![allow(clippy::wildcard_imports)]
+use crate::metrics::{Observed, StoreCall};
 use std::collections::HashMap;
 
 use super::{
@@ -71,6 +72,8 @@ pub(crate) fn failure(outcome: &Outcome) -> Option<(&'static str, Duration, &str
 pub(crate) struct HeldTx {
     pub(crate) conn: Box<dyn Conn + Send>,
     pub(crate) d: std::sync::Arc<Catalog>,
+    /// The store's observer, told how long the finish took.
+    pub(crate) observer: Observed,
     /// The transaction is open (rolled back on drop).
     pub(crate) open: bool,
     /// What a deleting claim ([`HoldClaim::claim_delete`]) keeps of its rows to
@@ -191,11 +194,14 @@ impl HeldBatch for HeldTx {
         events: &[Event],
         outcomes: &[(EventId, Outcome)],
     ) -> Result<u64> {
-        // the statements and the commit go in one round trip
-        let script = self.finish_script(events, outcomes)?;
-        let done = self.conn.script(&script.join("; "))?;
-        self.open = false;
-        Ok(self.finished(&done.counts, outcomes.len()))
+        let observer = self.observer.clone();
+        observer.timed(StoreCall::Finish, move || {
+            // the statements and the commit go in one round trip
+            let script = self.finish_script(events, outcomes)?;
+            let done = self.conn.script(&script.join("; "))?;
+            self.open = false;
+            Ok(self.finished(&done.counts, outcomes.len()))
+        })
     }
 
     fn finish_and_claim(
@@ -204,18 +210,22 @@ impl HeldBatch for HeldTx {
         outcomes: &[(EventId, Outcome)],
         next: &ClaimArgs<'_>,
     ) -> Result<(u64, Option<HeldClaim>)> {
-        // the finish, its commit, the next transaction and its claim: one round
-        // trip; should any statement fail, the drop rolls back what is open
-        let mut script = self.finish_script(events, outcomes)?;
-        let statements = script.len() - 1;
-        script.push(self.claim_script(next)?);
-        let done = self.conn.script(&script.join("; "))?;
-        let counts = &done.counts[..statements.min(done.counts.len())];
-        let finished = self.finished(counts, outcomes.len());
-        Ok((
-            finished,
-            Some(self.take_claim(done.rows, next.delete_acked)?),
-        ))
+        let observer = self.observer.clone();
+        observer.timed(StoreCall::Finish, move || {
+            // the finish, its commit, the next transaction and its claim: one
+            // round trip; should any statement fail, the drop rolls back what
+            // is open
+            let mut script = self.finish_script(events, outcomes)?;
+            let statements = script.len() - 1;
+            script.push(self.claim_script(next)?);
+            let done = self.conn.script(&script.join("; "))?;
+            let counts = &done.counts[..statements.min(done.counts.len())];
+            let finished = self.finished(counts, outcomes.len());
+            Ok((
+                finished,
+                Some(self.take_claim(done.rows, next.delete_acked)?),
+            ))
+        })
     }
 }
 

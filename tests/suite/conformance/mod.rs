@@ -78,6 +78,7 @@ macro_rules! suite {
             relay::deliver_pending_with_batches_in_flight_sends_every_keys_events => "flight",
             relay::a_row_with_unreadable_headers_fails_alone => "hdr",
             relay::a_pipelining_sender_of_ones_own_keeps_batches_in_flight => "third",
+            relay::a_stores_calls_reach_its_configurations_observer => "obs",
             migrations::migrate_twice_is_fine => "mig",
             claims::ping_answers_without_reading_a_table => "ping",
         );

@@ -454,3 +454,44 @@ pub(super) fn a_pipelining_sender_of_ones_own_keeps_batches_in_flight(b: Backend
     );
     assert!(sender.in_flight.is_empty());
 }
+
+/// A store opened with a configuration reports its calls to that
+/// configuration's observer: each claim, each batch's finish, each
+/// maintenance pass, and a call that failed as an error of its kind.
+pub(super) fn a_stores_calls_reach_its_configurations_observer(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let registry = Arc::new(txbox::metrics::Registry::new());
+    let c = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.batch_size(100))
+        .build()
+        .unwrap()
+        .observed(registry.clone());
+    let store = fx.store_with(&c);
+    fx.publish(&c, "e", 250, true);
+    let report = Relay::deliver_pending(&*store, &c, &mut MemorySender::new()).unwrap();
+    assert_eq!(report.sent(), 250);
+    let calls = |name: &str| registry.snapshot().store_call_seconds[name].count;
+    // 100, 100 and 50 claimed after the last full batch's last id, then a
+    // scan from the lowest id that finds nothing
+    assert_eq!((calls("claim"), calls("finish")), (4, 3));
+    assert_eq!(calls("maintenance"), 0);
+    store.recover_expired(10).unwrap();
+    store.delete_processed(Duration::ZERO, 10).unwrap();
+    assert_eq!(calls("maintenance"), 2);
+    assert_eq!(registry.snapshot().store_errors["claim"], 0);
+    fx.execute(&format!("DROP TABLE {p}outbox_events"));
+    let args = txbox::store::ClaimArgs::new("e", 10, Duration::from_secs(60));
+    txbox::store::ClaimStore::claim_after(&*store, &args, uuid::Uuid::now_v7()).unwrap_err();
+    let s = registry.snapshot();
+    assert_eq!(
+        (s.store_call_seconds["claim"].count, s.store_errors["claim"]),
+        (5, 1)
+    );
+    let text = registry.prometheus();
+    assert!(
+        text.contains("txbox_store_call_seconds_count{call=\"claim\"} 5")
+            && text.contains("txbox_store_errors_total{call=\"claim\"} 1"),
+        "{text}"
+    );
+}
