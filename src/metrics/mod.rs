@@ -340,6 +340,15 @@ impl Observed {
     }
 
     /// Runs `f`, a store's `call`, and reports how long it took.
+    #[cfg_attr(
+        not(any(
+            feature = "postgres",
+            feature = "mysql",
+            feature = "sqlite",
+            feature = "oracle"
+        )),
+        allow(dead_code)
+    )]
     pub(crate) fn timed<T>(
         &self,
         call: StoreCall,

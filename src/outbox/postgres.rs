@@ -137,11 +137,7 @@ impl crate::Outbox {
 
     /// The dialect's `INSERT` of one event into this outbox's table.
     fn insert_one(&self) -> String {
-        sql::insert_events_sql(
-            &<PgDialect as sql::Backend>::cached(self.tables()),
-            1,
-            false,
-        )
+        sql::insert_events_sql(<PgDialect as sql::Backend>::cached(self.tables()), 1, false)
     }
 }
 

@@ -78,7 +78,7 @@ pub(crate) fn event_row(r: &mut Row) -> Result<Event> {
         Val::Text(text) => parse_headers(text),
         _ => parse_headers(&r.text(3)?),
     }
-    .unwrap_or_else(|e| defect(e));
+    .unwrap_or_else(defect);
     let (payload, content_type) = body(r, 4, 6)?;
     Ok(Event {
         id,
