@@ -140,7 +140,7 @@ fn run(broker: &str) -> Result<bool, Box<dyn std::error::Error>> {
         .event("order-created", |e| {
             e.destination(DESTINATION).routing_key("order.created")
         })
-        .dlq(true)
+        .dlq(|d| d.enabled(true))
         .build()?;
     let store = Arc::new(PgStore::connect(&url, &config)?);
     store.migrate()?;

@@ -165,7 +165,7 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
         .table_prefix("quickstart_")
         .defaults(|e| e.adaptive_polling(Duration::from_millis(50), Duration::from_secs(2), 1.5))
         .event("order-created", |e| e.destination("orders"))
-        .dlq(true)
+        .dlq(|d| d.enabled(true))
         .build()?;
     let outbox = Outbox::new(&config)?;
     let url = database_url()?;

@@ -56,7 +56,7 @@ fn config_ordered(prefix: &str, destination: &str, held: bool, ordered: bool) ->
                 e
             }
         })
-        .recovery_interval(ms(300))
+        .maintenance(|m| m.recovery_interval(ms(300)))
         .build()
         .unwrap()
 }

@@ -34,7 +34,7 @@ fn worker_config(prefix: &str, claim: ClaimMode, delete: bool) -> Config {
     };
     common::mode_config(prefix, defaults, claim, delete)
         .event("k", |e| e)
-        .recovery_interval(ms(300))
+        .maintenance(|m| m.recovery_interval(ms(300)))
         .build()
         .unwrap()
 }
@@ -263,7 +263,7 @@ fn hanging_past_the_lease(p: &str, claim: ClaimMode, delete: bool) {
     };
     let config = common::mode_config(p, defaults, claim, delete)
         .event("h", |e| e)
-        .recovery_interval(ms(200))
+        .maintenance(|m| m.recovery_interval(ms(200)))
         .build()
         .unwrap();
     let ids: HashSet<EventId> = fx.publish(&config, "h", 10, true).into_iter().collect();

@@ -93,7 +93,7 @@ fn an_application_recorder_sees_txbox_metrics() {
             e.adaptive_polling(Duration::from_millis(10), Duration::from_millis(100), 1.5)
         })
         .event("e", |e| e)
-        .recovery_interval(Duration::from_millis(100))
+        .maintenance(|m| m.recovery_interval(Duration::from_millis(100)))
         .build()
         .unwrap();
     let sender = MemorySender::new();

@@ -137,7 +137,7 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .migrate_lock_timeout(Duration::from_secs(1))
+        .maintenance(|m| m.migrate_lock_timeout(Duration::from_secs(1)))
         .event("e", |e| e)
         .build()
         .unwrap();
@@ -247,7 +247,7 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
     };
     let config = Config::builder()
         .table_prefix(p)
-        .migrate_lock_timeout(Duration::from_secs(2))
+        .maintenance(|m| m.migrate_lock_timeout(Duration::from_secs(2)))
         .event("e", |e| e)
         .build()
         .unwrap();
@@ -310,7 +310,7 @@ fn postgres_publishes_go_on_while_schema_7_numbers_the_waiting_events() {
     schema_at(&fx, 6);
     let config = Config::builder()
         .table_prefix(p)
-        .migrate_lock_timeout(Duration::from_secs(10))
+        .maintenance(|m| m.migrate_lock_timeout(Duration::from_secs(10)))
         .event("e", |e| e)
         .build()
         .unwrap();

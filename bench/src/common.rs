@@ -125,7 +125,7 @@ pub(crate) fn config_with(prefix: &str, options: EventSettings, delete_acked: bo
         .table_prefix(prefix)
         .event("bench", |_| options);
     let b = if delete_acked {
-        b.processed_ttl(Duration::ZERO)
+        b.maintenance(|m| m.processed_ttl(Duration::ZERO))
     } else {
         b
     };

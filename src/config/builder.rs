@@ -1,13 +1,14 @@
 //! [`ConfigBuilder`]: a [`Config`] built in code.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use super::{Config, DlqSettings, EventSettings, InboxSettings, MaintenanceSettings};
 use crate::error::{Error, Result};
 
-/// Builds a [`Config`] in code: set the defaults first, then declare each event
-/// type, which starts from those defaults.
+/// Builds a [`Config`] in code, one section at a time and each the same way: a
+/// closure gets the section's present settings and returns them changed (the
+/// settings types have a setter per field). Set the defaults first, then
+/// declare each event type, which starts from those defaults.
 ///
 /// ```
 /// # fn main() -> txbox::Result<()> {
@@ -18,7 +19,8 @@ use crate::error::{Error, Result};
 ///     .defaults(|d| d.batch_size(100))
 ///     .event("order-created", |e| e.destination("orders").max_retries(5))
 ///     .event("order-paid", |e| e.fixed_polling(Duration::from_millis(500)))
-///     .dlq(true)
+///     .dlq(|d| d.move_interval(Duration::from_secs(5)))
+///     .maintenance(|m| m.processed_ttl(Duration::ZERO))
 ///     .build()?;
 /// assert_eq!(config.event("order-created").unwrap().batch_size, 100);
 /// assert_eq!(config.event("order-created").unwrap().max_retries, 5);
@@ -84,76 +86,25 @@ impl ConfigBuilder {
             .insert(event_type.into(), change(self.defaults.clone()));
         self
     }
-    /// Turns the dead-letter threads on (the default) or off.
-    pub fn dlq(mut self, enabled: bool) -> Self {
-        self.dlq.enabled = enabled;
+    /// Changes the dead-letter settings (`[dlq]`): `change` gets the present
+    /// ones and returns the new ones, as [`ConfigBuilder::event`] does for a
+    /// type: `.dlq(|d| d.move_interval(Duration::from_secs(5)))`.
+    pub fn dlq(mut self, change: impl FnOnce(DlqSettings) -> DlqSettings) -> Self {
+        self.dlq = change(self.dlq);
         self
     }
-    /// How often FAILED events move to the dead letters.
-    pub fn dlq_move_interval(mut self, d: Duration) -> Self {
-        self.dlq.move_interval = d;
+    /// Changes the recovery and cleanup settings (`[maintenance]`):
+    /// `.maintenance(|m| m.processed_ttl(Duration::ZERO))`.
+    pub fn maintenance(
+        mut self,
+        change: impl FnOnce(MaintenanceSettings) -> MaintenanceSettings,
+    ) -> Self {
+        self.maintenance = change(self.maintenance);
         self
     }
-    /// How often dead letters marked for retry return to the outbox.
-    pub fn dlq_retry_interval(mut self, d: Duration) -> Self {
-        self.dlq.retry_interval = d;
-        self
-    }
-    /// How often resolved dead letters are cleaned up.
-    pub fn dlq_cleanup_interval(mut self, d: Duration) -> Self {
-        self.dlq.cleanup_interval = d;
-        self
-    }
-    /// Age after which resolved dead letters are deleted.
-    pub fn dlq_resolved_ttl(mut self, d: Duration) -> Self {
-        self.dlq.resolved_ttl = d;
-        self
-    }
-    /// The longest a schema upgrade waits for a table's lock (default 10s;
-    /// [`MaintenanceSettings::migrate_lock_timeout`](crate::MaintenanceSettings::migrate_lock_timeout)).
-    pub fn migrate_lock_timeout(mut self, d: Duration) -> Self {
-        self.maintenance.migrate_lock_timeout = d;
-        self
-    }
-    /// How often expired claims are recovered.
-    pub fn recovery_interval(mut self, d: Duration) -> Self {
-        self.maintenance.recovery_interval = d;
-        self
-    }
-    /// How often processed events are cleaned up.
-    pub fn cleanup_interval(mut self, d: Duration) -> Self {
-        self.maintenance.cleanup_interval = d;
-        self
-    }
-    /// Age after which processed events are deleted. `Duration::ZERO` deletes each
-    /// row as soon as the broker acks it.
-    pub fn processed_ttl(mut self, d: Duration) -> Self {
-        self.maintenance.processed_ttl = d;
-        self
-    }
-    /// Rows one maintenance statement touches at most.
-    pub fn maintenance_batch_size(mut self, n: usize) -> Self {
-        self.maintenance.batch_size = n;
-        self
-    }
-    /// Age after which consumed inbox ids are deleted.
-    pub fn inbox_ttl(mut self, d: Duration) -> Self {
-        self.inbox.ttl = d;
-        self
-    }
-    /// How long the inbox cache keeps an id (<= the inbox TTL).
-    pub fn inbox_cache_ttl(mut self, d: Duration) -> Self {
-        self.inbox.cache_ttl = d;
-        self
-    }
-    /// How often the inbox cleanup runs.
-    pub fn inbox_cleanup_interval(mut self, d: Duration) -> Self {
-        self.inbox.cleanup_interval = d;
-        self
-    }
-    /// Rows one inbox cleanup statement deletes at most.
-    pub fn inbox_batch_size(mut self, n: usize) -> Self {
-        self.inbox.batch_size = n;
+    /// Changes the inbox settings (`[inbox]`): `.inbox(|i| i.ttl(Duration::from_secs(3600)))`.
+    pub fn inbox(mut self, change: impl FnOnce(InboxSettings) -> InboxSettings) -> Self {
+        self.inbox = change(self.inbox);
         self
     }
 
@@ -179,5 +130,48 @@ impl ConfigBuilder {
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::Error;
+    use crate::Config;
+    use std::time::Duration;
+
+    /// Each section is changed the same way, the changes add up, and a value
+    /// out of range is refused with the key's path in the file's terms.
+    #[test]
+    fn every_section_is_set_by_a_closure_and_checked_by_its_path() {
+        let s = Duration::from_secs;
+        let c = Config::builder()
+            .dlq(|d| d.move_interval(s(5)))
+            .dlq(|d| d.enabled(false))
+            .maintenance(|m| m.processed_ttl(Duration::ZERO).batch_size(10))
+            .inbox(|i| i.ttl(s(7200)).cache_ttl(s(60)))
+            .build()
+            .unwrap();
+        assert_eq!((c.dlq.enabled, c.dlq.move_interval), (false, s(5)));
+        assert_eq!(
+            (c.maintenance.processed_ttl, c.maintenance.batch_size),
+            (Duration::ZERO, 10)
+        );
+        assert_eq!((c.inbox.ttl, c.inbox.cache_ttl), (s(7200), s(60)));
+        let path = |b: crate::ConfigBuilder| match b.build() {
+            Err(Error::Config { path, .. }) => path,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            path(Config::builder().dlq(|d| d.move_interval(Duration::ZERO))),
+            "dlq.move_interval"
+        );
+        assert_eq!(
+            path(Config::builder().maintenance(|m| m.batch_size(0))),
+            "maintenance.batch_size"
+        );
+        assert_eq!(
+            path(Config::builder().inbox(|i| i.ttl(s(60)).cache_ttl(s(61)))),
+            "inbox.cache_ttl"
+        );
     }
 }

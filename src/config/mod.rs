@@ -24,8 +24,7 @@ pub use settings::{
     Backoff, ClaimMode, DlqSettings, EventOrder, EventSettings, InboxSettings, MaintenanceSettings,
     OnPoison, Polling, PollingStrategy, Wake,
 };
-pub(crate) use validate::{plain_name, validate_event, within, within_or_zero};
-pub(crate) use validate::{MAX_INTERVAL, MAX_PAYLOAD_LIMIT, MAX_TTL};
+pub(crate) use validate::{plain_name, MAX_PAYLOAD_LIMIT};
 
 /// The whole configuration, validated: built with [`Config::builder`] or read
 /// with [`Config::from_toml`]. Its parts are read through the accessors; a
@@ -58,59 +57,17 @@ impl Config {
                 format!("must be between 1 and {MAX_PAYLOAD_LIMIT}, not {max_payload_bytes}"),
             ));
         }
-        validate_event(&self.defaults, "defaults")?;
+        self.defaults.validate("defaults")?;
         for (name, settings) in &self.events {
             let path = format!("events.{}", name.escape_debug());
             if let Err(why) = plain_name(name) {
                 return Err(Error::config(path, format!("event type {why}")));
             }
-            validate_event(settings, &path)?;
+            settings.validate(&path)?;
         }
-        let dlq = &self.dlq;
-        within("dlq.move_interval", dlq.move_interval, MAX_INTERVAL)?;
-        within("dlq.retry_interval", dlq.retry_interval, MAX_INTERVAL)?;
-        within("dlq.cleanup_interval", dlq.cleanup_interval, MAX_INTERVAL)?;
-        within_or_zero("dlq.resolved_ttl", dlq.resolved_ttl, MAX_TTL)?;
-        let m = &self.maintenance;
-        within(
-            "maintenance.recovery_interval",
-            m.recovery_interval,
-            MAX_INTERVAL,
-        )?;
-        within(
-            "maintenance.cleanup_interval",
-            m.cleanup_interval,
-            MAX_INTERVAL,
-        )?;
-        within_or_zero("maintenance.processed_ttl", m.processed_ttl, MAX_TTL)?;
-        within(
-            "maintenance.migrate_lock_timeout",
-            m.migrate_lock_timeout,
-            MAX_INTERVAL,
-        )?;
-        if !(1..=100_000).contains(&m.batch_size) {
-            return Err(Error::config(
-                "maintenance.batch_size",
-                "must be between 1 and 100000",
-            ));
-        }
-        let inbox = &self.inbox;
-        within("inbox.ttl", inbox.ttl, MAX_TTL)?;
-        within("inbox.cache_ttl", inbox.cache_ttl, MAX_TTL)?;
-        within(
-            "inbox.cleanup_interval",
-            inbox.cleanup_interval,
-            MAX_INTERVAL,
-        )?;
-        if inbox.cache_ttl > inbox.ttl {
-            return Err(Error::config("inbox.cache_ttl", "must be <= inbox.ttl"));
-        }
-        if !(1..=100_000).contains(&inbox.batch_size) {
-            return Err(Error::config(
-                "inbox.batch_size",
-                "must be between 1 and 100000",
-            ));
-        }
+        self.dlq.validate("dlq")?;
+        self.maintenance.validate("maintenance")?;
+        self.inbox.validate("inbox")?;
         Ok(())
     }
 

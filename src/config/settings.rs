@@ -6,6 +6,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::validate::{
+    multiplier, plain_name, spell, within, within_or_zero, MAX_DELAY, MAX_INTERVAL, MAX_LEASE,
+    MAX_TTL,
+};
+use crate::error::{Error, Result};
+
 use super::duration::serde_string as duration;
 
 /// How a poller waits between polls.
@@ -341,6 +347,71 @@ impl EventSettings {
         )
     }
 
+    /// Checks every value; errors name the key under `path` (`defaults`,
+    /// `events.<type>`).
+    pub(crate) fn validate(&self, path: &str) -> Result<()> {
+        let s = self;
+        let err = |key: &str, msg: &str| Err(Error::config(format!("{path}.{key}"), msg));
+        if let Some(d) = &s.destination {
+            if d.trim().is_empty() {
+                return err("destination", "must not be blank");
+            }
+            if let Err(why) = plain_name(d) {
+                return err("destination", &why);
+            }
+        }
+        if let Some(k) = &s.routing_key {
+            if k.len() > 255 {
+                return err("routing_key", "must be at most 255 bytes");
+            }
+            if k.chars().any(char::is_control) {
+                return err("routing_key", "must not contain control characters");
+            }
+        }
+        if !(1..=10_000).contains(&s.batch_size) {
+            return err("batch_size", "must be between 1 and 10000");
+        }
+        if !(1..=16).contains(&s.in_flight) {
+            return err("in_flight", "must be between 1 and 16");
+        }
+        let p = &s.polling;
+        let key = |k: &str| format!("{path}.{k}");
+        within(&key("polling.delay"), p.delay, MAX_DELAY)?;
+        within(&key("polling.min"), p.min, MAX_DELAY)?;
+        within(&key("polling.max"), p.max, MAX_DELAY)?;
+        within_or_zero(&key("polling.initial_delay"), p.initial_delay, MAX_DELAY)?;
+        if p.max < p.min {
+            return err("polling.max", "must be >= polling.min");
+        }
+        multiplier(&key("polling.multiplier"), p.multiplier)?;
+        if s.max_retries > 100 {
+            return err("max_retries", "must be <= 100");
+        }
+        let b = &s.backoff;
+        if b.delay.is_zero() {
+            return err(
+                "backoff.delay",
+                "must be > 0 (disable backoff for a fixed delay)",
+            );
+        }
+        within(&key("backoff.delay"), b.delay, MAX_DELAY)?;
+        multiplier(&key("backoff.multiplier"), b.multiplier)?;
+        if !(b.jitter.is_finite() && (0.0..1.0).contains(&b.jitter)) {
+            return err("backoff.jitter", "must be >= 0.0 and < 1.0");
+        }
+        if s.lease < Duration::from_secs(1) || s.lease > MAX_LEASE {
+            return Err(Error::config(
+                key("lease"),
+                format!(
+                    "must be between 1s and {}, not {:?}",
+                    spell(MAX_LEASE),
+                    s.lease
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The poison policy of a type ordered by key; `None` for an unordered
     /// one (what [`ClaimArgs::ordered`](crate::store::ClaimArgs::ordered) takes).
     pub(crate) fn key_order(&self) -> Option<OnPoison> {
@@ -474,6 +545,47 @@ impl Default for DlqSettings {
     }
 }
 
+impl DlqSettings {
+    /// Runs the dead-letter threads (the default) or not.
+    pub fn enabled(mut self, on: bool) -> Self {
+        self.enabled = on;
+        self
+    }
+    /// How often FAILED events move to the dead letters.
+    pub fn move_interval(mut self, d: Duration) -> Self {
+        self.move_interval = d;
+        self
+    }
+    /// How often dead letters marked for retry return to the outbox.
+    pub fn retry_interval(mut self, d: Duration) -> Self {
+        self.retry_interval = d;
+        self
+    }
+    /// How often resolved dead letters are cleaned up.
+    pub fn cleanup_interval(mut self, d: Duration) -> Self {
+        self.cleanup_interval = d;
+        self
+    }
+    /// Age after which resolved dead letters are deleted.
+    pub fn resolved_ttl(mut self, d: Duration) -> Self {
+        self.resolved_ttl = d;
+        self
+    }
+
+    /// Checks every value; errors name the key under `path` (`dlq`).
+    pub(crate) fn validate(&self, path: &str) -> Result<()> {
+        let key = |k: &str| format!("{path}.{k}");
+        within(&key("move_interval"), self.move_interval, MAX_INTERVAL)?;
+        within(&key("retry_interval"), self.retry_interval, MAX_INTERVAL)?;
+        within(
+            &key("cleanup_interval"),
+            self.cleanup_interval,
+            MAX_INTERVAL,
+        )?;
+        within_or_zero(&key("resolved_ttl"), self.resolved_ttl, MAX_TTL)
+    }
+}
+
 /// Stuck recovery and cleanup settings (`[maintenance]`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -512,6 +624,63 @@ impl Default for MaintenanceSettings {
     }
 }
 
+impl MaintenanceSettings {
+    /// How often expired claims are recovered.
+    pub fn recovery_interval(mut self, d: Duration) -> Self {
+        self.recovery_interval = d;
+        self
+    }
+    /// How often processed events are cleaned up.
+    pub fn cleanup_interval(mut self, d: Duration) -> Self {
+        self.cleanup_interval = d;
+        self
+    }
+    /// Age after which processed events are deleted. `Duration::ZERO` deletes
+    /// each row as soon as the broker acks it.
+    pub fn processed_ttl(mut self, d: Duration) -> Self {
+        self.processed_ttl = d;
+        self
+    }
+    /// Rows one maintenance statement touches at most.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+    /// The longest a schema upgrade waits for a table's lock.
+    pub fn migrate_lock_timeout(mut self, d: Duration) -> Self {
+        self.migrate_lock_timeout = d;
+        self
+    }
+
+    /// Checks every value; errors name the key under `path` (`maintenance`).
+    pub(crate) fn validate(&self, path: &str) -> Result<()> {
+        let key = |k: &str| format!("{path}.{k}");
+        within(
+            &key("recovery_interval"),
+            self.recovery_interval,
+            MAX_INTERVAL,
+        )?;
+        within(
+            &key("cleanup_interval"),
+            self.cleanup_interval,
+            MAX_INTERVAL,
+        )?;
+        within_or_zero(&key("processed_ttl"), self.processed_ttl, MAX_TTL)?;
+        within(
+            &key("migrate_lock_timeout"),
+            self.migrate_lock_timeout,
+            MAX_INTERVAL,
+        )?;
+        if !(1..=100_000).contains(&self.batch_size) {
+            return Err(Error::config(
+                key("batch_size"),
+                "must be between 1 and 100000",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Inbox settings (`[inbox]`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -538,5 +707,53 @@ impl Default for InboxSettings {
             cleanup_interval: Duration::from_secs(600),
             batch_size: 1000,
         }
+    }
+}
+
+impl InboxSettings {
+    /// Age after which consumed inbox ids are deleted.
+    pub fn ttl(mut self, d: Duration) -> Self {
+        self.ttl = d;
+        self
+    }
+    /// How long the inbox cache keeps an id (<= the inbox TTL).
+    pub fn cache_ttl(mut self, d: Duration) -> Self {
+        self.cache_ttl = d;
+        self
+    }
+    /// How often the inbox cleanup runs.
+    pub fn cleanup_interval(mut self, d: Duration) -> Self {
+        self.cleanup_interval = d;
+        self
+    }
+    /// Rows one inbox cleanup statement deletes at most.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+
+    /// Checks every value; errors name the key under `path` (`inbox`).
+    pub(crate) fn validate(&self, path: &str) -> Result<()> {
+        let key = |k: &str| format!("{path}.{k}");
+        within(&key("ttl"), self.ttl, MAX_TTL)?;
+        within(&key("cache_ttl"), self.cache_ttl, MAX_TTL)?;
+        within(
+            &key("cleanup_interval"),
+            self.cleanup_interval,
+            MAX_INTERVAL,
+        )?;
+        if self.cache_ttl > self.ttl {
+            return Err(Error::config(
+                key("cache_ttl"),
+                format!("must be <= {path}.ttl"),
+            ));
+        }
+        if !(1..=100_000).contains(&self.batch_size) {
+            return Err(Error::config(
+                key("batch_size"),
+                "must be between 1 and 100000",
+            ));
+        }
+        Ok(())
     }
 }

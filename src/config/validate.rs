@@ -1,8 +1,8 @@
-//! The ranges every setting is checked against, and the checks.
+//! The ranges every setting is checked against, and the checks the
+//! sections share (each section checks its own fields beside them).
 
 use std::time::Duration;
 
-use super::EventSettings;
 use crate::error::{Error, Result};
 
 /// Largest `max_payload_bytes`: 256 MiB.
@@ -70,68 +70,6 @@ pub(crate) fn plain_name(name: &str) -> std::result::Result<(), String> {
             "must not contain control characters, found {:?} in {:?}",
             c,
             name.escape_debug().to_string()
-        ));
-    }
-    Ok(())
-}
-
-pub(crate) fn validate_event(s: &EventSettings, path: &str) -> Result<()> {
-    let err = |key: &str, msg: &str| Err(Error::config(format!("{path}.{key}"), msg));
-    if let Some(d) = &s.destination {
-        if d.trim().is_empty() {
-            return err("destination", "must not be blank");
-        }
-        if let Err(why) = plain_name(d) {
-            return err("destination", &why);
-        }
-    }
-    if let Some(k) = &s.routing_key {
-        if k.len() > 255 {
-            return err("routing_key", "must be at most 255 bytes");
-        }
-        if k.chars().any(char::is_control) {
-            return err("routing_key", "must not contain control characters");
-        }
-    }
-    if !(1..=10_000).contains(&s.batch_size) {
-        return err("batch_size", "must be between 1 and 10000");
-    }
-    if !(1..=16).contains(&s.in_flight) {
-        return err("in_flight", "must be between 1 and 16");
-    }
-    let p = &s.polling;
-    let key = |k: &str| format!("{path}.{k}");
-    within(&key("polling.delay"), p.delay, MAX_DELAY)?;
-    within(&key("polling.min"), p.min, MAX_DELAY)?;
-    within(&key("polling.max"), p.max, MAX_DELAY)?;
-    within_or_zero(&key("polling.initial_delay"), p.initial_delay, MAX_DELAY)?;
-    if p.max < p.min {
-        return err("polling.max", "must be >= polling.min");
-    }
-    multiplier(&key("polling.multiplier"), p.multiplier)?;
-    if s.max_retries > 100 {
-        return err("max_retries", "must be <= 100");
-    }
-    let b = &s.backoff;
-    if b.delay.is_zero() {
-        return err(
-            "backoff.delay",
-            "must be > 0 (disable backoff for a fixed delay)",
-        );
-    }
-    within(&key("backoff.delay"), b.delay, MAX_DELAY)?;
-    multiplier(&key("backoff.multiplier"), b.multiplier)?;
-    if !(b.jitter.is_finite() && (0.0..1.0).contains(&b.jitter)) {
-        return err("backoff.jitter", "must be >= 0.0 and < 1.0");
-    }
-    if s.lease < Duration::from_secs(1) || s.lease > MAX_LEASE {
-        return Err(Error::config(
-            key("lease"),
-            format!(
-                "must be between 1s and {}, not {:?}",
-                spell(MAX_LEASE),
-                s.lease
-            ),
         ));
     }
     Ok(())

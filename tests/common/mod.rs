@@ -517,7 +517,7 @@ pub fn mode_config(
     txbox::Config::builder()
         .table_prefix(prefix)
         .defaults(|d| defaults(d).claim(claim))
-        .processed_ttl(ttl)
+        .maintenance(|m| m.processed_ttl(ttl))
 }
 
 /// A configuration with no event types on the tables of `prefix`: what a store

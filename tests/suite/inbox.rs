@@ -437,10 +437,10 @@ fn cleanup_honours_the_ttl_and_the_batch_bound() {
 
     let config = Config::builder()
         .table_prefix(p)
-        .inbox_ttl(Duration::from_secs(86_400))
-        .inbox_cache_ttl(Duration::from_secs(60))
-        .inbox_cleanup_interval(Duration::from_millis(100))
-        .inbox_batch_size(3)
+        .inbox(|i| i.ttl(Duration::from_secs(86_400)))
+        .inbox(|i| i.cache_ttl(Duration::from_secs(60)))
+        .inbox(|i| i.cleanup_interval(Duration::from_millis(100)))
+        .inbox(|i| i.batch_size(3))
         .build()
         .unwrap();
     let cleanup = InboxCleanup::start(store, &config).unwrap();

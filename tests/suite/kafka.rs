@@ -149,8 +149,8 @@ fn an_oversized_message_fails_alone_and_ends_in_the_dlq() {
                 .backoff_delay(ms(100))
                 .backoff_jitter(0.0)
         })
-        .dlq(true)
-        .dlq_move_interval(ms(100))
+        .dlq(|d| d.enabled(true))
+        .dlq(|d| d.move_interval(ms(100)))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();

@@ -93,7 +93,7 @@ fn failed_events_are_reachable_by_an_operator_with_the_dlq_off() {
             e.adaptive_polling(Duration::from_millis(10), Duration::from_millis(100), 1.5)
         })
         .event("order-paid", |e| e)
-        .dlq(false)
+        .dlq(|d| d.enabled(false))
         .build()
         .unwrap();
     let sender = MemorySender::new();
@@ -867,7 +867,7 @@ fn two_relays_with_registries_of_their_own_count_apart() {
             .event("order-created", |e| {
                 e.fixed_polling(Duration::from_millis(10))
             })
-            .recovery_interval(Duration::from_millis(100))
+            .maintenance(|m| m.recovery_interval(Duration::from_millis(100)))
             .build()
             .unwrap()
             .observed(r.clone())

@@ -252,8 +252,8 @@ fn an_unroutable_message_fails_alone_and_ends_in_the_dlq() {
                 .backoff_delay(ms(100))
                 .backoff_jitter(0.0)
         })
-        .dlq(true)
-        .dlq_move_interval(ms(100))
+        .dlq(|d| d.enabled(true))
+        .dlq(|d| d.move_interval(ms(100)))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -637,8 +637,8 @@ fn a_relay_dead_letters_only_the_event_the_broker_refused() {
                 .batch_size(200)
                 .max_retries(0)
         })
-        .dlq(true)
-        .dlq_move_interval(ms(100))
+        .dlq(|d| d.enabled(true))
+        .dlq(|d| d.move_interval(ms(100)))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();

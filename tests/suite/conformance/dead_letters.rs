@@ -207,9 +207,9 @@ pub(super) fn failing_sender_ends_in_the_dlq_and_a_retry_delivers(b: Backend, p:
                 .backoff_delay(ms(50))
                 .backoff_jitter(0.0)
         })
-        .dlq(true)
-        .dlq_move_interval(ms(50))
-        .dlq_retry_interval(ms(50))
+        .dlq(|d| d.enabled(true))
+        .dlq(|d| d.move_interval(ms(50)))
+        .dlq(|d| d.retry_interval(ms(50)))
         .build()
         .unwrap();
     let ids = fx.publish(&c, "e", 2, true);

@@ -271,8 +271,8 @@ pub(super) fn a_poison_event_blocks_or_is_skipped(b: Backend, p: &str) {
         .table_prefix(p)
         .event("e", ordered)
         .event("s", |e| ordered(e).on_poison(txbox::OnPoison::Skip))
-        .dlq(true)
-        .dlq_move_interval(ms(50))
+        .dlq(|d| d.enabled(true))
+        .dlq(|d| d.move_interval(ms(50)))
         .build()
         .unwrap()
         .observed(registry.clone());

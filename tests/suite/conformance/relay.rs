@@ -373,7 +373,7 @@ pub(super) fn a_row_with_unreadable_headers_fails_alone(b: Backend, p: &str) {
     let c = Config::builder()
         .table_prefix(p)
         .event("e", |e| e.max_retries(0))
-        .dlq(true)
+        .dlq(|d| d.enabled(true))
         .build()
         .unwrap();
     let ids = fx.publish_events(&c, keyed("e", &["a", "bad", "c", ""], 1));

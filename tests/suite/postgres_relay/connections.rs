@@ -32,7 +32,7 @@ fn killed_connections(p: &str, claim: ClaimMode, delete: bool) {
     let defaults = |e: EventSettings| fast(e).batch_size(50).lease(Duration::from_secs(2));
     let config = crate::common::mode_config(p, defaults, claim, delete)
         .event("k", |e| e)
-        .recovery_interval(ms(200))
+        .maintenance(|m| m.recovery_interval(ms(200)))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -158,9 +158,9 @@ fn cleanup_deletes_old_processed_rows_under_the_lock() {
         .table_prefix(p)
         .defaults(fast)
         .event("c", |e| e)
-        .processed_ttl(ms(500))
-        .cleanup_interval(ms(100))
-        .maintenance_batch_size(7)
+        .maintenance(|m| m.processed_ttl(ms(500)))
+        .maintenance(|m| m.cleanup_interval(ms(100)))
+        .maintenance(|m| m.batch_size(7))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();

@@ -76,9 +76,9 @@ fn failing_sender_backs_off_fails_moves_to_dlq_and_retry_delivers() {
                 .backoff_multiplier(2.0)
                 .backoff_jitter(0.0)
         })
-        .dlq(true)
-        .dlq_move_interval(ms(100))
-        .dlq_retry_interval(ms(100))
+        .dlq(|d| d.enabled(true))
+        .dlq(|d| d.move_interval(ms(100)))
+        .dlq(|d| d.retry_interval(ms(100)))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -182,7 +182,7 @@ fn thread_counts_and_an_idle_relay_shuts_down_at_once() {
             .table_prefix(p)
             .defaults(|e| slow(e).wake(txbox::Wake::Poll)),
     );
-    let config = base.clone().dlq(false).build().unwrap();
+    let config = base.clone().dlq(|d| d.enabled(false)).build().unwrap();
     let relay = Relay::start(store.clone(), &config, MemorySender::new()).unwrap();
     assert_eq!(relay.thread_count(), 2 + 3);
     assert_eq!(
@@ -280,7 +280,7 @@ fn with_no_processed_ttl_acked_rows_are_deleted_and_failed_ones_stay() {
                 .backoff_delay(ms(3_600_000))
         })
         .event("d", |e| e)
-        .processed_ttl(Duration::ZERO)
+        .maintenance(|m| m.processed_ttl(Duration::ZERO))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();

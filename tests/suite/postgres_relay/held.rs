@@ -754,7 +754,7 @@ fn binary_payloads_survive_a_held_claims_write_back() {
     assert_eq!(output, "escape", "the store's sessions write bytea escaped");
     let config = Config::builder()
         .table_prefix(p)
-        .processed_ttl(Duration::ZERO)
+        .maintenance(|m| m.processed_ttl(Duration::ZERO))
         .defaults(|e: EventSettings| {
             fast(e)
                 .claim(ClaimMode::Lock)
@@ -818,7 +818,7 @@ fn a_row_with_unreadable_headers_fails_alone_through_a_held_write_back() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .processed_ttl(Duration::ZERO)
+        .maintenance(|m| m.processed_ttl(Duration::ZERO))
         .event("x", |e| {
             fast(e)
                 .claim(ClaimMode::Lock)
