@@ -404,9 +404,9 @@ impl KafkaSender {
         if let Some(k) = &e.key {
             record = record.key(k.as_bytes());
         }
-        // the producer's queue is full: wait for room, a little longer each time
-        let mut backoff =
-            RetryBackoff::doubling(Duration::from_millis(1), Duration::from_millis(10));
+        // the producer's queue is full: wait for room, a little longer each
+        // time (the backoff is built only then, not for every record)
+        let mut backoff = None;
         loop {
             match producer.send(record) {
                 Ok(()) => return Ok(()),
@@ -414,6 +414,9 @@ impl KafkaSender {
                     if Instant::now() < deadline =>
                 {
                     record = r;
+                    let backoff = backoff.get_or_insert_with(|| {
+                        RetryBackoff::doubling(Duration::from_millis(1), Duration::from_millis(10))
+                    });
                     std::thread::sleep(backoff.wait());
                 }
                 Err((err, _)) => {
