@@ -131,7 +131,7 @@ impl Relay {
                 // the released events are due at once: claiming them again
                 // would loop; a batch of only new events: what was due at the
                 // call is out
-                let only_new = upto.is_none() && pipeline.last_lowest.is_some_and(|id| id > began);
+                let only_new = upto.is_none() && polled.lowest.is_some_and(|id| id > began);
                 let nothing_due = polled.claimed == 0 && polled.scanned;
                 if nothing_due || polled.released > 0 || only_new {
                     pipeline.finish_all(&mut run)?;

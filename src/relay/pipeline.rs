@@ -44,8 +44,6 @@ pub(super) struct Pipeline {
     key_cursor: Option<String>,
     /// What became of the events finished so far.
     pub(super) delivered: TypeDelivery,
-    /// The lowest id of the last claim's events.
-    pub(super) last_lowest: Option<EventId>,
     /// The configuration's observer.
     observer: Observed,
 }
@@ -75,6 +73,8 @@ pub(super) struct Polled {
     /// Events finished in this step that went back to PENDING with no attempt
     /// counted: the broker could not be reached.
     pub(super) released: usize,
+    /// The lowest id of the events claimed.
+    pub(super) lowest: Option<EventId>,
 }
 
 /// A held batch waiting for its finish ([`HeldBatch::finish_and_claim`]).
@@ -152,7 +152,6 @@ impl Pipeline {
             stash: None,
             key_cursor: None,
             delivered: TypeDelivery::default(),
-            last_lowest: None,
             observer,
         }
     }
@@ -211,7 +210,7 @@ impl Pipeline {
         };
         let s = &self.settings;
         let claimed = events.len();
-        self.last_lowest = events.iter().map(|e| e.id).min();
+        let lowest = events.iter().map(|e| e.id).min();
         // a full batch: more is waiting, and the next claim starts after this one;
         // anything else (or every RESCAN_EVERY batches) scans from the lowest id.
         // An ordered type's next claim starts at its key cursor instead: its
@@ -241,6 +240,7 @@ impl Pipeline {
                     claimed,
                     scanned: full_scan,
                     released: 0,
+                    lowest,
                 });
             }
             let started = Instant::now();
@@ -284,6 +284,7 @@ impl Pipeline {
             claimed,
             scanned: full_scan,
             released,
+            lowest,
         })
     }
 
