@@ -125,7 +125,7 @@ impl Listener {
             if !held.is_empty() {
                 wait = wait.min(HOLD_POLL);
             }
-            let (woken, mut settled) = self.step(n, wait, &mut held, &mut heard)?;
+            let (woken, early, mut settled) = self.step(n, wait, &mut held, &mut heard)?;
             if woken.is_empty() && owed.is_empty() {
                 if heard.elapsed() >= CHECK_AFTER {
                     n.check(CHECK_TIMEOUT).map_err(Lost)?;
@@ -146,7 +146,7 @@ impl Listener {
             if !ask.is_empty() {
                 settled.extend(n.settled(&ask).map_err(Lost)?);
             }
-            for t in &woken {
+            for t in woken.difference(&early) {
                 self.wake(t);
             }
             let mut waiting = false;
@@ -171,15 +171,26 @@ impl Listener {
 
     /// Waits up to `wait` for notifications, holds back the notified types and
     /// releases the holds whose poller has claimed since (or that lasted
-    /// [`MAX_HOLD`]). Returns the types to wake now (notified or released) and,
-    /// for those a hold or a release asked about, whether they are settled.
+    /// [`MAX_HOLD`]). Returns the types to wake (notified or released), those
+    /// of them already woken (see below) and, for those a hold or a release
+    /// asked about, whether they are settled.
+    ///
+    /// A notified type whose hold this listener takes is woken before the
+    /// hold's round trip, not after it: the notifying commit is visible, and
+    /// its poller claims at once. The hold then lasts until that claim has
+    /// started (its count is read before the wake-up), and its release wakes
+    /// the poller again after asking whether the commits that skipped are
+    /// done: those that committed while the first claim ran are seen by the
+    /// second. A type whose hold another session has is woken after the
+    /// answer, as before (no release of ours follows).
+    #[allow(clippy::type_complexity)]
     fn step(
         &self,
         n: &mut dyn Notifications,
         wait: Duration,
         held: &mut BTreeMap<String, (u64, Instant)>,
         heard: &mut Instant,
-    ) -> Result<(BTreeSet<String>, BTreeMap<String, bool>), Lost> {
+    ) -> Result<(BTreeSet<String>, BTreeSet<String>, BTreeMap<String, bool>), Lost> {
         let mut woken = BTreeSet::new();
         if let Some(t) = n.next(wait).map_err(Lost)? {
             woken.insert(t);
@@ -190,6 +201,7 @@ impl Listener {
             *heard = Instant::now();
         }
         let mut settled = BTreeMap::new();
+        let mut early = BTreeSet::new();
         // held while the poller has not claimed since: the commits meanwhile
         // skip their notification, and its claim (or the follow-up after the
         // release) sees them
@@ -199,10 +211,13 @@ impl Listener {
             if held.contains_key(t) || !self.types.contains_key(t) {
                 continue;
             }
+            let claims = self.claims_of(t);
+            self.wake(t);
             let (on, s) = n.hold(t).map_err(Lost)?;
             settled.insert(t.clone(), s);
             if on {
-                held.insert(t.clone(), (self.claims_of(t), Instant::now()));
+                held.insert(t.clone(), (claims, Instant::now()));
+                early.insert(t.clone());
             }
         }
         let done: Vec<String> = held
@@ -218,9 +233,11 @@ impl Listener {
             // the poller woken again
             let s = n.release(&t).map_err(Lost)?;
             settled.insert(t.clone(), s);
+            // woken after the release's answer, even if woken early this step
+            early.remove(&t);
             woken.insert(t);
         }
-        Ok((woken, settled))
+        Ok((woken, early, settled))
     }
 
     /// How many claims the poller of `event_type` has started.
