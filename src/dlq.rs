@@ -98,7 +98,7 @@ impl Dlq {
     /// letters now, one transaction per [`Dlq::MAX_BATCH_IDS`]; returns how many
     /// moved (`usize::MAX`: all of them). The relay's DLQ
     /// thread does this on its own; with the DLQ off
-    /// ([`ConfigBuilder::dlq`](crate::ConfigBuilder::dlq)`(false)`) this is how an
+    /// ([`ConfigBuilder::dlq`](crate::ConfigBuilder::dlq)`(|d| d.enabled(false))`) this is how an
     /// operator reaches FAILED events, to list, retry, resolve or delete them.
     ///
     /// ```no_run

@@ -49,7 +49,7 @@ impl Tables {
                 feature = "sqlite",
                 feature = "oracle"
             ))]
-            compiled: Default::default(),
+            compiled: crate::store::sql::Compiled::for_prefix(prefix),
         })
     }
 

@@ -646,7 +646,7 @@ impl MaintenanceSettings {
         self.batch_size = n;
         self
     }
-    /// The longest a schema upgrade waits for a table's lock.
+    /// The longest a schema upgrade waits for a table's lock (default 10s).
     pub fn migrate_lock_timeout(mut self, d: Duration) -> Self {
         self.migrate_lock_timeout = d;
         self

@@ -240,9 +240,12 @@ pub trait Observer: Send + Sync {
         let _ = usage;
     }
 
-    /// A SQL store built from the configuration ([`Config::connect`](crate::Config::connect)
-    /// and the stores' `connect`) made `call`, which took `took`; `ok`: it
-    /// returned no error (a deadlock retried within it is part of the call).
+    /// A SQL store built from the configuration ([`Config::connect`](crate::Config::connect),
+    /// the stores' `connect` and `PgStore::from_pool`) made `call`, which took
+    /// `took`; `ok`: it returned no error (a deadlock retried within it is
+    /// part of the call). A store reports to the observer of the
+    /// configuration it was built from: one connected before
+    /// [`Config::observed`](crate::Config::observed) reports to the one before.
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
         let _ = (call, took, ok);
     }

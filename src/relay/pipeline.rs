@@ -101,7 +101,8 @@ struct Claimed {
 
 /// Moves the events whose row the store could not read ([`HEADER_DEFECT`])
 /// behind the others, which keep their order, and returns a refusal for each:
-/// they fail alone, as if the broker had refused them, and are never sent.
+/// they fail alone and at once (FAILED, whatever retries are left), and are
+/// never sent.
 fn defects(events: &mut [Event]) -> Vec<Result<(), SendError>> {
     let defective = |e: &Event| e.headers.contains_key(HEADER_DEFECT);
     if !events.iter().any(defective) {
@@ -110,8 +111,9 @@ fn defects(events: &mut [Event]) -> Vec<Result<(), SendError>> {
     events.sort_by_key(defective); // stable
     events
         .iter()
-        .filter_map(|e| e.headers.get(HEADER_DEFECT))
-        .map(|why| {
+        .filter_map(|e| e.headers.get(HEADER_DEFECT).map(|why| (e.id, why)))
+        .map(|(id, why)| {
+            log::warn!("txbox: event {id} is not sent and fails: its row is no event: {why}");
             Err(SendError::new(format!(
                 "not sent: its row is no event: {why}"
             )))
@@ -388,7 +390,8 @@ impl Pipeline {
                 break;
             };
             let mut results = batch.results.unwrap_or_else(|| run.sender.wait());
-            if !batch.defects.is_empty() {
+            let defective = batch.defects.len();
+            if defective > 0 {
                 // the refusals follow the sender's results, one per event sent
                 let (got, sent) = (results.len(), batch.events.len() - batch.defects.len());
                 results.resize_with(sent, || {
@@ -398,8 +401,18 @@ impl Pipeline {
                 });
                 results.extend(batch.defects);
             }
-            self.observer.send_latency(batch.started.elapsed());
-            let outcomes = outcomes(&batch.events, results, &self.settings, self.delete_acked);
+            if defective < batch.events.len() {
+                self.observer.send_latency(batch.started.elapsed());
+            }
+            let mut outcomes = outcomes(&batch.events, results, &self.settings, self.delete_acked);
+            // a row that is no event fails at once: no retry can change it
+            for (_, o) in outcomes.iter_mut().rev().take(defective) {
+                if let Outcome::Retry { error, .. } = o {
+                    *o = Outcome::Failed {
+                        error: std::mem::take(error),
+                    };
+                }
+            }
             let done = record(&outcomes, &self.settings, &self.observer);
             released += done.released as usize;
             self.delivered += done;
@@ -644,6 +657,33 @@ mod tests {
         assert_eq!(p.delivered.sent, 12);
         assert_eq!(sender.acked.len(), 12);
         assert_eq!(store.count(Status::Processed), 12);
+    }
+
+    /// Rows the store cannot read fail at once, never reach a pipelining
+    /// sender, and leave its results in step with the other events, a batch
+    /// of them only included (nothing started for it).
+    #[test]
+    fn defective_rows_fail_at_once_beside_batches_in_flight() {
+        let store = MemoryStore::default();
+        let ids = store.publish("t", None, 6);
+        for id in [ids[1], ids[4], ids[5]] {
+            store.mark_defective(id, "headers: [1]");
+        }
+        let s = EventSettings::default()
+            .batch_size(2)
+            .in_flight(3)
+            .max_retries(3);
+        let mut p = pipeline(s);
+        let mut sender = Pipelining::default();
+        drain_all(&mut p, &store, &mut sender);
+        assert_eq!(sender.acked, [ids[0], ids[2], ids[3]]);
+        assert_eq!((p.delivered.sent, p.delivered.failed), (3, 3));
+        for id in [ids[1], ids[4], ids[5]] {
+            let row = store.row(id);
+            assert_eq!(row.status, Status::Failed, "retries left, failed at once");
+            assert!(row.last_error.unwrap().contains("headers: [1]"));
+        }
+        assert_eq!(store.count(Status::Processed), 3);
     }
 
     #[test]

@@ -95,8 +95,10 @@ pub enum Started {
 /// Publishes batches of events to a broker and waits for its acks.
 ///
 /// A sender that can have several batches in flight (Kafka, RabbitMQ) implements
-/// [`Sender::start`] and [`Sender::wait`] as well: the relay then claims its next
-/// batch from the database while the broker acks the previous one.
+/// [`Sender::start`] and [`Sender::wait`] as well, most simply through
+/// [`Pipelining`] and [`pipelined_sender!`](crate::pipelined_sender): the relay
+/// then claims its next batch from the database while the broker acks the
+/// previous one.
 pub trait Sender: Send {
     /// Sends `events` (all of one type, in id order) and returns one result per
     /// event, in the same order. `Ok` only once the broker acked that event; an

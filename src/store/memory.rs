@@ -79,6 +79,16 @@ impl MemoryStore {
             .expect("no such row")
     }
 
+    /// Marks the row of `id` as one the store cannot read as an event
+    /// ([`HEADER_DEFECT`](crate::store::HEADER_DEFECT)).
+    pub(crate) fn mark_defective(&self, id: EventId, why: &str) {
+        let mut rows = self.rows.lock().unwrap();
+        for r in rows.iter_mut().filter(|r| r.event.id == id) {
+            let h = crate::store::HEADER_DEFECT.to_owned();
+            r.event.headers.insert(h, why.to_owned());
+        }
+    }
+
     /// Makes the row of `id` due now (its backoff over).
     pub(crate) fn make_due(&self, id: EventId) {
         let mut rows = self.rows.lock().unwrap();

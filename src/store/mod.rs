@@ -322,7 +322,9 @@ pub trait Store: Send + Sync + 'static {
 /// What a store can do beyond the claims under a lease every store makes, in
 /// one place ([`ClaimStore::capabilities`]). A relay checks its configuration
 /// against it at start: `claim = "lock"` needs [`held_claims`](Self::held_claims),
-/// the wake-up on commit needs [`notifications`](Self::notifications).
+/// the wake-up on commit needs [`notifications`](Self::notifications). The
+/// other two say how txbox's own SQL stores work, for a reader (a store of
+/// your own can leave them false: the relay does not ask).
 ///
 /// ```
 /// let caps = txbox::store::Capabilities::default().held_claims(true);

@@ -546,10 +546,10 @@ pub struct Catalog {
     pub insert_rows_max: usize,
 }
 
-/// The statements of each dialect for one set of [`Tables`], each built the
-/// first time its dialect asks and kept with the tables (an `Outbox`, an
-/// `Inbox` and a store each keep theirs): a publish reads them without a lock
-/// or a look-up by name.
+/// The statements of each dialect for the tables of one prefix, each built the
+/// first time its dialect asks and kept with every [`Tables`] of that prefix
+/// (an `Outbox`, an `Inbox` and a store each hold one): a publish reads them
+/// without a lock or a look-up by name.
 #[derive(Default)]
 pub(crate) struct Compiled([std::sync::OnceLock<std::sync::Arc<Catalog>>; DIALECTS]);
 
@@ -557,6 +557,22 @@ pub(crate) struct Compiled([std::sync::OnceLock<std::sync::Arc<Catalog>>; DIALEC
 pub(crate) const DIALECTS: usize = 4;
 
 impl Compiled {
+    /// The statements of the tables of `prefix`: those of every `Tables` of
+    /// that prefix made before, shared (a service that makes an `Outbox` per
+    /// request looks them up once per `Outbox`, under a lock, and builds them
+    /// once per process; a publish then reads them without either).
+    pub(crate) fn for_prefix(prefix: &str) -> std::sync::Arc<Compiled> {
+        use std::collections::HashMap;
+        use std::sync::{Arc, LazyLock, Mutex};
+        static BY_PREFIX: LazyLock<Mutex<HashMap<String, Arc<Compiled>>>> =
+            LazyLock::new(Default::default);
+        let mut all = BY_PREFIX.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = all.get(prefix) {
+            return c.clone();
+        }
+        all.entry(prefix.to_owned()).or_default().clone()
+    }
+
     /// The statements in `slot`, built by `build` the first time.
     pub(crate) fn get(
         &self,
@@ -569,7 +585,6 @@ impl Compiled {
 
 impl std::fmt::Debug for Compiled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let built = self.0.iter().filter(|c| c.get().is_some()).count();
-        write!(f, "Compiled({built} dialects built)")
+        f.write_str("Compiled")
     }
 }

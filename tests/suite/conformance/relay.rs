@@ -365,14 +365,14 @@ pub(super) fn deliver_pending_with_batches_in_flight_sends_every_keys_events(b: 
 
 /// A row whose headers are no JSON object (written by hand: txbox writes an
 /// object) fails alone: the sender never gets it, the other events of its
-/// batch are sent, and with no retry left it is FAILED with an error that
-/// names its headers. The dead letters list it once it is moved, with what is
+/// batch are sent, and it is FAILED at once (retries left or not: none can
+/// change it) with an error that names its headers. The dead letters list it once it is moved, with what is
 /// wrong in place of its headers. It used to go out without its headers.
 pub(super) fn a_row_with_unreadable_headers_fails_alone(b: Backend, p: &str) {
     let Some(fx) = Fixture::new(b, p) else { return };
     let c = Config::builder()
         .table_prefix(p)
-        .event("e", |e| e.max_retries(0))
+        .event("e", |e| e.max_retries(3))
         .dlq(|d| d.enabled(true))
         .build()
         .unwrap();
