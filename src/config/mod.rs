@@ -16,13 +16,14 @@ use crate::error::{Error, Result};
 mod builder;
 mod duration;
 mod file;
+mod sections;
 mod settings;
 mod validate;
 
 pub use builder::ConfigBuilder;
+pub use sections::{DlqSettings, InboxSettings, MaintenanceSettings};
 pub use settings::{
-    Backoff, ClaimMode, DlqSettings, EventOrder, EventSettings, InboxSettings, MaintenanceSettings,
-    OnPoison, Polling, PollingStrategy, Wake,
+    Backoff, ClaimMode, EventOrder, EventSettings, OnPoison, Polling, PollingStrategy, Wake,
 };
 pub(crate) use validate::{plain_name, MAX_PAYLOAD_LIMIT};
 
