@@ -1,12 +1,13 @@
 //! The maintenance jobs: each on its own thread, every interval, under a lease
 //! lock when one instance at a time should run it.
 
+use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Ctx, Slept};
-use crate::config::{Config, Wake as WakeMode};
+use crate::config::Config;
 use crate::error::Result;
 use crate::metrics::Count;
 use crate::store::{FullStore, Store};
@@ -97,7 +98,12 @@ impl Periodic {
 /// The maintenance jobs of a relay on `config`: recovery (which also refreshes
 /// the outbox gauges and tells the store which types notify on commit),
 /// cleanup, and with the DLQ on its move, retry and cleanup.
-pub(super) fn jobs(store: &Arc<dyn FullStore>, config: &Config) -> Vec<Periodic> {
+/// `notify` are the types whose commits notify.
+pub(super) fn jobs(
+    store: &Arc<dyn FullStore>,
+    config: &Config,
+    notify: &BTreeSet<String>,
+) -> Vec<Periodic> {
     let m = config.maintenance.clone();
     let b = m.batch_size;
     let periodic = |thread, what, interval, lock, counter, job: MaintenanceStep| Periodic {
@@ -117,7 +123,7 @@ pub(super) fn jobs(store: &Arc<dyn FullStore>, config: &Config) -> Vec<Periodic>
     let dlq_enabled = config.dlq.enabled;
     // which types' commits notify (PostgreSQL): told to the database now,
     // and again by the recovery thread until that succeeds
-    let mut commit_wake = Some(CommitWake::of(config));
+    let mut commit_wake = Some(CommitWake::of(config, notify));
     CommitWake::tell(&mut commit_wake, store.as_ref());
     let mut jobs = vec![
         Periodic {
@@ -200,22 +206,19 @@ pub(super) fn jobs(store: &Arc<dyn FullStore>, config: &Config) -> Vec<Periodic>
 }
 
 /// The event types of a configuration whose commits notify the relay, and those
-/// whose do not ([`WakeMode::Poll`]), for [`ClaimStore::set_commit_wake`](crate::store::ClaimStore::set_commit_wake).
+/// whose do not ([`Wake::Poll`](crate::Wake::Poll)), for [`ClaimStore::set_commit_wake`](crate::store::ClaimStore::set_commit_wake).
 struct CommitWake {
     notify: Vec<String>,
     quiet: Vec<String>,
 }
 
 impl CommitWake {
-    fn of(config: &Config) -> CommitWake {
-        let (notify, quiet) = config
-            .events
-            .iter()
-            .partition::<Vec<_>, _>(|(_, s)| s.wake == WakeMode::Notify);
-        let names = |v: Vec<(&String, _)>| v.into_iter().map(|(t, _)| t.clone()).collect();
+    /// The types of `config`, those of `notify` notifying.
+    fn of(config: &Config, notify: &BTreeSet<String>) -> CommitWake {
+        let quiet = config.events.keys().filter(|t| !notify.contains(*t));
         CommitWake {
-            notify: names(notify),
-            quiet: names(quiet),
+            notify: notify.iter().cloned().collect(),
+            quiet: quiet.cloned().collect(),
         }
     }
 

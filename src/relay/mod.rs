@@ -205,10 +205,10 @@ impl Relay {
     ) -> Result<Relay> {
         check_claim_modes(store.as_ref(), config)?;
         crate::store::check_same_tables(store.as_ref(), config.table_prefix(), "the relay")?;
-        let jobs = maintenance::jobs(&store, config);
+        let notify = notify_types(config);
+        let jobs = maintenance::jobs(&store, config, &notify);
         // the listener wakes the pollers whose wake-up is `notify` on commit,
         // where the store has commit notifications (PostgreSQL)
-        let notify = notify_types(config);
         let listens = store.capabilities().notifications && !notify.is_empty();
         check_lease(config, sender.ack_wait())?;
         check_destinations(config, &sender)?;
