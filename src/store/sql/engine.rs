@@ -253,98 +253,143 @@ pub(crate) fn claim_params(args: &ClaimArgs<'_>, mut first: Vec<Val>) -> Vec<Val
     first
 }
 
-impl<D: Dialect> ClaimStore for SqlStore<D> {
-    fn claim_after(&self, args: &ClaimArgs<'_>, token: Uuid) -> Result<Vec<Event>> {
-        self.observer.timed(StoreCall::Claim, || {
-            let (event_type, limit, lease) = (args.event_type, args.limit, args.lease);
-            // no lower bound: the nil id, below every UUIDv7
-            let after = Val::Id(args.after.map_or(Uuid::nil(), |id| id.as_uuid()));
-            let d = &self.d;
-            let order = |template: &str| d.common.order(template, args);
-            let mut rows = self.with_retry("claim", || {
-                let mut conn = self.pool.get()?;
-                if let Some(one) = &d.claim_returning {
-                    let fixed = claim_params(
+/// The claim store's calls as they run, timed by [`ClaimStore`]'s methods below.
+impl<D: Dialect> SqlStore<D> {
+    /// [`ClaimStore::claim_after`].
+    fn claim_leased(&self, args: &ClaimArgs<'_>, token: Uuid) -> Result<Vec<Event>> {
+        let (event_type, limit, lease) = (args.event_type, args.limit, args.lease);
+        // no lower bound: the nil id, below every UUIDv7
+        let after = Val::Id(args.after.map_or(Uuid::nil(), |id| id.as_uuid()));
+        let d = &self.d;
+        let order = |template: &str| d.common.order(template, args);
+        let mut rows = self.with_retry("claim", || {
+            let mut conn = self.pool.get()?;
+            if let Some(one) = &d.claim_returning {
+                let fixed = claim_params(
+                    args,
+                    vec![
+                        event_type.into(),
+                        Val::Int(limit as i64),
+                        Val::Id(token),
+                        ms(lease),
+                        after.clone(),
+                    ],
+                );
+                return run_query(&mut *conn, d, &order(one), &fixed, &[]);
+            }
+            transaction(&mut *conn, d, |c| {
+                let mut rows = run_query_max(
+                    c,
+                    d,
+                    &order(&d.claim_select),
+                    &claim_params(
                         args,
-                        vec![
-                            event_type.into(),
-                            Val::Int(limit as i64),
-                            Val::Id(token),
-                            ms(lease),
-                            after.clone(),
-                        ],
-                    );
-                    return run_query(&mut *conn, d, &order(one), &fixed, &[]);
-                }
-                transaction(&mut *conn, d, |c| {
-                    let mut rows = run_query_max(
+                        vec![event_type.into(), after.clone(), Val::Int(limit as i64)],
+                    ),
+                    limit,
+                )?;
+                if args.ordered.is_some() && !rows.is_empty() {
+                    // MySQL's locking read sees rows committed while it scans,
+                    // its look-up of earlier rows does not: a key's two events
+                    // committed meanwhile could both pass. Asked again in a
+                    // statement of its own, after the locks are taken, the
+                    // look-up sees every committed row.
+                    let kept: std::collections::HashSet<EventId> = run_query(
                         c,
                         d,
-                        &order(&d.claim_select),
-                        &claim_params(
-                            args,
-                            vec![event_type.into(), after.clone(), Val::Int(limit as i64)],
-                        ),
-                        limit,
+                        &d.common.order_rule(&d.common.order_recheck, args.ordered),
+                        &[event_type.into()],
+                        &id_vals(&rows)?,
+                    )?
+                    .iter()
+                    .map(|r| r.id(0))
+                    .collect::<Result<_>>()?;
+                    rows.retain(|r| r.id(0).is_ok_and(|id| kept.contains(&id)));
+                }
+                if !rows.is_empty() {
+                    let ids = id_vals(&rows)?;
+                    run_execute(
+                        c,
+                        d,
+                        &d.common.claim_update,
+                        &[Val::Id(token), ms(lease)],
+                        &ids,
                     )?;
-                    if args.ordered.is_some() && !rows.is_empty() {
-                        // MySQL's locking read sees rows committed while it scans,
-                        // its look-up of earlier rows does not: a key's two events
-                        // committed meanwhile could both pass. Asked again in a
-                        // statement of its own, after the locks are taken, the
-                        // look-up sees every committed row.
-                        let kept: std::collections::HashSet<EventId> = run_query(
-                            c,
-                            d,
-                            &d.common.order_rule(&d.common.order_recheck, args.ordered),
-                            &[event_type.into()],
-                            &id_vals(&rows)?,
-                        )?
-                        .iter()
-                        .map(|r| r.id(0))
-                        .collect::<Result<_>>()?;
-                        rows.retain(|r| r.id(0).is_ok_and(|id| kept.contains(&id)));
-                    }
-                    if !rows.is_empty() {
-                        let ids = id_vals(&rows)?;
-                        run_execute(
-                            c,
-                            d,
-                            &d.common.claim_update,
-                            &[Val::Id(token), ms(lease)],
-                            &ids,
-                        )?;
-                    }
-                    Ok(rows)
-                })
-            })?;
-            claimed_events(&mut rows)
+                }
+                Ok(rows)
+            })
+        })?;
+        claimed_events(&mut rows)
+    }
+
+    /// [`ClaimStore::finish`].
+    fn finish_leased(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
+        let d = &self.d;
+        let steps = finish_steps(d, &d.common.finish, token, outcomes);
+        let apply = |c: &mut dyn Conn| -> Result<u64> {
+            let mut changed = 0;
+            for (template, fixed, ids) in &steps {
+                changed += run_execute(c, d, template, fixed, ids)?;
+            }
+            Ok(changed)
+        };
+        // sent rows and failed rows change together, so a retried deadlock cannot
+        // count rows finished by the first try as lost; the all-sent batch (the common
+        // case) is one statement without a transaction around it
+        self.with_retry("finish", || {
+            let mut conn = self.pool.get()?;
+            if steps.len() <= 1 {
+                apply(&mut *conn)
+            } else {
+                transaction(&mut *conn, d, apply)
+            }
         })
     }
 
+    /// [`ClaimStore::claim_held`].
+    fn claim_holding(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
+        let d = &self.d;
+        let Some(hold) = &d.hold_claim else {
+            return Err(crate::store::cannot_hold_claims());
+        };
+        let mut held = HeldTx {
+            conn: self.pool.get_owned()?,
+            d: d.clone(),
+            observer: self.observer.clone(),
+            open: false,
+            deleted: None,
+        };
+        // not resuming a backlog: maybe there is nothing to claim (an idle type)
+        if args.after.is_none()
+            && run_query(
+                &mut *held.conn,
+                d,
+                &d.common.order(&hold.probe, args),
+                &claim_params(args, vec![args.event_type.into()]),
+                &[],
+            )?
+            .is_empty()
+        {
+            return Ok((Vec::new(), None));
+        }
+        // the transaction, its idle timeout and the locking claim: one round trip
+        let script = held.claim_script(args)?;
+        // marked open first: should a statement fail, the drop rolls back
+        held.open = true;
+        let rows = held.conn.script(&script)?.rows;
+        Box::new(held).take_claim(rows, args.delete_acked)
+    }
+}
+
+impl<D: Dialect> ClaimStore for SqlStore<D> {
+    fn claim_after(&self, args: &ClaimArgs<'_>, token: Uuid) -> Result<Vec<Event>> {
+        self.observer
+            .timed(StoreCall::Claim, || self.claim_leased(args, token))
+    }
+
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64> {
-        self.observer.timed(StoreCall::Finish, || {
-            let d = &self.d;
-            let steps = finish_steps(d, &d.common.finish, token, outcomes);
-            let apply = |c: &mut dyn Conn| -> Result<u64> {
-                let mut changed = 0;
-                for (template, fixed, ids) in &steps {
-                    changed += run_execute(c, d, template, fixed, ids)?;
-                }
-                Ok(changed)
-            };
-            // sent rows and failed rows change together, so a retried deadlock cannot
-            // count rows finished by the first try as lost; the all-sent batch (the common
-            // case) is one statement without a transaction around it
-            self.with_retry("finish", || {
-                let mut conn = self.pool.get()?;
-                if steps.len() <= 1 {
-                    apply(&mut *conn)
-                } else {
-                    transaction(&mut *conn, d, apply)
-                }
-            })
-        })
+        self.observer
+            .timed(StoreCall::Finish, || self.finish_leased(token, outcomes))
     }
 
     fn insert_mark(&self) -> Result<Option<i64>> {
@@ -393,38 +438,8 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     }
 
     fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
-        self.observer.timed(StoreCall::Claim, || {
-            let d = &self.d;
-            let Some(hold) = &d.hold_claim else {
-                return Err(crate::store::cannot_hold_claims());
-            };
-            let mut held = HeldTx {
-                conn: self.pool.get_owned()?,
-                d: d.clone(),
-                observer: self.observer.clone(),
-                open: false,
-                deleted: None,
-            };
-            // not resuming a backlog: maybe there is nothing to claim (an idle type)
-            if args.after.is_none()
-                && run_query(
-                    &mut *held.conn,
-                    d,
-                    &d.common.order(&hold.probe, args),
-                    &claim_params(args, vec![args.event_type.into()]),
-                    &[],
-                )?
-                .is_empty()
-            {
-                return Ok((Vec::new(), None));
-            }
-            // the transaction, its idle timeout and the locking claim: one round trip
-            let script = held.claim_script(args)?;
-            // marked open first: should a statement fail, the drop rolls back
-            held.open = true;
-            let rows = held.conn.script(&script)?.rows;
-            Box::new(held).take_claim(rows, args.delete_acked)
-        })
+        self.observer
+            .timed(StoreCall::Claim, || self.claim_holding(args))
     }
 }
 
