@@ -6,7 +6,7 @@ use crate::config::{EventSettings, OnPoison};
 use crate::event::Event;
 use crate::metrics::{Count, Observed};
 use crate::sender::SendError;
-use crate::store::Outcome;
+use crate::store::{Outcome, HEADER_DEFECT};
 
 /// What [`Relay::deliver_pending`](crate::Relay::deliver_pending) did with one event type's events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -39,6 +39,8 @@ pub(crate) const MAX_ERROR_LEN: usize = 2000;
 /// Turns the sender's per-event results into row outcomes: acked (PROCESSED, or
 /// deleted when `delete_acked`), a transport failure back to PENDING with no
 /// attempt counted, retry with backoff while retries are left, FAILED after.
+/// A row the store could not read as an event ([`HEADER_DEFECT`]) is FAILED
+/// at once: no retry can change it.
 pub(super) fn outcomes(
     events: &[Event],
     results: Vec<Result<(), SendError>>,
@@ -65,7 +67,7 @@ pub(super) fn outcomes(
                 Err(err) => {
                     let error = clean_error(&err.message);
                     let retry = e.attempts + 1;
-                    if retry > s.max_retries {
+                    if retry > s.max_retries || e.headers.contains_key(HEADER_DEFECT) {
                         Outcome::Failed { error }
                     } else {
                         Outcome::Retry {

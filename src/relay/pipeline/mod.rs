@@ -404,15 +404,7 @@ impl Pipeline {
             if defective < batch.events.len() {
                 self.observer.send_latency(batch.started.elapsed());
             }
-            let mut outcomes = outcomes(&batch.events, results, &self.settings, self.delete_acked);
-            // a row that is no event fails at once: no retry can change it
-            for (_, o) in outcomes.iter_mut().rev().take(defective) {
-                if let Outcome::Retry { error, .. } = o {
-                    *o = Outcome::Failed {
-                        error: std::mem::take(error),
-                    };
-                }
-            }
+            let outcomes = outcomes(&batch.events, results, &self.settings, self.delete_acked);
             let done = record(&outcomes, &self.settings, &self.observer);
             released += done.released as usize;
             self.delivered += done;
