@@ -287,41 +287,36 @@ pub fn global() -> &'static Registry {
 /// the facade.
 struct ProcessWide;
 
+impl ProcessWide {
+    /// Hands `f` each observer the default reports to.
+    fn each(f: impl Fn(&dyn Observer)) {
+        f(&*GLOBAL);
+        #[cfg(feature = "metrics")]
+        f(&Facade);
+    }
+}
+
 impl Observer for ProcessWide {
     fn count(&self, what: Count, n: u64) {
-        GLOBAL.count(what, n);
-        #[cfg(feature = "metrics")]
-        Facade.count(what, n);
+        Self::each(|o| o.count(what, n));
     }
     fn polling_delay(&self, event_type: &str, delay: Duration) {
-        GLOBAL.polling_delay(event_type, delay);
-        #[cfg(feature = "metrics")]
-        Facade.polling_delay(event_type, delay);
+        Self::each(|o| o.polling_delay(event_type, delay));
     }
     fn send_latency(&self, took: Duration) {
-        GLOBAL.send_latency(took);
-        #[cfg(feature = "metrics")]
-        Facade.send_latency(took);
+        Self::each(|o| o.send_latency(took));
     }
     fn commit_to_ack(&self, age: Duration) {
-        GLOBAL.commit_to_ack(age);
-        #[cfg(feature = "metrics")]
-        Facade.commit_to_ack(age);
+        Self::each(|o| o.commit_to_ack(age));
     }
     fn outbox_status(&self, status: &[TypeStatus], dlq_size: u64) {
-        GLOBAL.outbox_status(status, dlq_size);
-        #[cfg(feature = "metrics")]
-        Facade.outbox_status(status, dlq_size);
+        Self::each(|o| o.outbox_status(status, dlq_size));
     }
     fn notify_queue_usage(&self, usage: f64) {
-        GLOBAL.notify_queue_usage(usage);
-        #[cfg(feature = "metrics")]
-        Facade.notify_queue_usage(usage);
+        Self::each(|o| o.notify_queue_usage(usage));
     }
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
-        GLOBAL.store_call(call, took, ok);
-        #[cfg(feature = "metrics")]
-        Facade.store_call(call, took, ok);
+        Self::each(|o| o.store_call(call, took, ok));
     }
 }
 
