@@ -94,31 +94,34 @@ struct Claimed {
     started: Instant,
     /// The results, when the sender gave them at once.
     results: Option<Vec<Result<(), SendError>>>,
-    /// The results of the last events, which the store could not read
-    /// ([`defects`]): not handed to the sender.
-    defects: Vec<Result<(), SendError>>,
+    /// How many of the last events the store could not read
+    /// ([`defects_last`]): not handed to the sender.
+    defective: usize,
 }
 
 /// Moves the events whose row the store could not read ([`HEADER_DEFECT`])
-/// behind the others, which keep their order, and returns a refusal for each:
-/// they fail alone and at once (FAILED, whatever retries are left), and are
-/// never sent.
-fn defects(events: &mut [Event]) -> Vec<Result<(), SendError>> {
+/// behind the others, which keep their order, and returns how many: they are
+/// never sent, and fail alone ([`refusal`]).
+fn defects_last(events: &mut [Event]) -> usize {
     let defective = |e: &Event| e.headers.contains_key(HEADER_DEFECT);
-    if !events.iter().any(defective) {
-        return Vec::new();
+    let n = events.iter().filter(|e| defective(e)).count();
+    if n > 0 {
+        events.sort_by_key(defective); // stable
     }
-    events.sort_by_key(defective); // stable
-    events
-        .iter()
-        .filter_map(|e| e.headers.get(HEADER_DEFECT).map(|why| (e.id, why)))
-        .map(|(id, why)| {
-            log::warn!("txbox: event {id} is not sent and fails: its row is no event: {why}");
-            Err(SendError::new(format!(
-                "not sent: its row is no event: {why}"
-            )))
-        })
-        .collect()
+    n
+}
+
+/// The refusal of an event whose row the store could not read: FAILED at
+/// once by the retry policy, whatever retries are left.
+fn refusal(e: &Event) -> Result<(), SendError> {
+    let why = e.headers.get(HEADER_DEFECT).map_or("", String::as_str);
+    log::warn!(
+        "txbox: event {} is not sent and fails: its row is no event: {why}",
+        e.id
+    );
+    Err(SendError::new(format!(
+        "not sent: its row is no event: {why}"
+    )))
 }
 
 /// Where an ordered type's next key walk starts after a claim that took
@@ -234,7 +237,7 @@ impl Pipeline {
                 e.destination.clone_from(&self.destination);
                 e.routing_key.clone_from(&self.routing_key);
             }
-            let defects = defects(&mut events);
+            let defective = defects_last(&mut events);
             // a leased batch is registered before it is sent, for a shutdown
             // that times out to release it; past that release it goes back
             if held.is_none() && !run.leased.add(token, &events, run.store)? {
@@ -246,7 +249,7 @@ impl Pipeline {
                 });
             }
             let started = Instant::now();
-            let sendable = &events[..claimed - defects.len()];
+            let sendable = &events[..claimed - defective];
             let results = match sendable.is_empty() {
                 true => Some(Vec::new()),
                 false => match run.sender.start(sendable) {
@@ -263,7 +266,7 @@ impl Pipeline {
                 lease_end: claimed_at + s.lease,
                 started,
                 results,
-                defects,
+                defective,
             });
         }
         // after a full batch the next claim follows at once: up to in_flight - 1
@@ -390,18 +393,18 @@ impl Pipeline {
                 break;
             };
             let mut results = batch.results.unwrap_or_else(|| run.sender.wait());
-            let defective = batch.defects.len();
-            if defective > 0 {
+            let sent = batch.events.len() - batch.defective;
+            if batch.defective > 0 {
                 // the refusals follow the sender's results, one per event sent
-                let (got, sent) = (results.len(), batch.events.len() - batch.defects.len());
+                let got = results.len();
                 results.resize_with(sent, || {
                     Err(SendError::transient(format!(
                         "sender returned {got} results for {sent} events"
                     )))
                 });
-                results.extend(batch.defects);
+                results.extend(batch.events[sent..].iter().map(refusal));
             }
-            if defective < batch.events.len() {
+            if sent > 0 {
                 self.observer.send_latency(batch.started.elapsed());
             }
             let outcomes = outcomes(&batch.events, results, &self.settings, self.delete_acked);
