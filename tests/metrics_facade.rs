@@ -114,4 +114,8 @@ fn an_application_recorder_sees_txbox_metrics() {
     assert_eq!(value(&seen.counters, "txbox_events_published_total"), 4);
     assert!((1..=4).contains(&value(&seen.histograms, "txbox_send_latency_seconds")));
     assert_eq!(value(&seen.histograms, "txbox_commit_to_ack_seconds"), 4);
+    // the store's calls (its configuration's observer is the default): at
+    // least the claim and the finish that sent the 4 events, none failed
+    assert!(value(&seen.histograms, "txbox_store_call_seconds") >= 2);
+    assert_eq!(value(&seen.counters, "txbox_store_errors_total"), 0);
 }
