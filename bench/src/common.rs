@@ -250,21 +250,36 @@ pub(crate) fn fill_keyed(
     Ok(())
 }
 
-/// Counts the claims (one statement each on PostgreSQL) a store makes: the
-/// store reports each call to its configuration's observer.
+/// Counts the claims (one statement each on PostgreSQL) a store makes, and
+/// keeps how long each took: the store reports each call to its
+/// configuration's observer.
 #[derive(Default)]
-pub(crate) struct Claims(AtomicU64);
+pub(crate) struct Claims {
+    count: AtomicU64,
+    /// when each claim ended, and how long it took (ms)
+    took_ms: Mutex<Vec<(Instant, f64)>>,
+}
 
 impl Claims {
     pub(crate) fn count(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// The claims made since the last call: when each ended and how long it
+    /// took (ms).
+    pub(crate) fn take_durations(&self) -> Vec<(Instant, f64)> {
+        std::mem::take(&mut *self.took_ms.lock().unwrap())
     }
 }
 
 impl txbox::metrics::Observer for Claims {
-    fn store_call(&self, call: txbox::metrics::StoreCall, _: Duration, _: bool) {
+    fn store_call(&self, call: txbox::metrics::StoreCall, took: Duration, _: bool) {
         if call == txbox::metrics::StoreCall::Claim {
-            self.0.fetch_add(1, Ordering::Relaxed);
+            self.count.fetch_add(1, Ordering::Relaxed);
+            self.took_ms
+                .lock()
+                .unwrap()
+                .push((Instant::now(), took.as_secs_f64() * 1000.0));
         }
     }
 }
@@ -441,3 +456,56 @@ pub(crate) const PARTS: [&str; 12] = [
     "idle-direct",
     "instances",
 ];
+
+/// How long this process's threads named `txbox-...` (the relay's) waited on a
+/// run queue for a core, and how often they were scheduled, per thread id
+/// (`/proc/self/task/*/schedstat`; empty where the kernel keeps none).
+pub(crate) fn relay_thread_waits() -> HashMap<u64, (String, u64, u64)> {
+    let mut out = HashMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        let Ok(tid) = task.file_name().to_string_lossy().parse::<u64>() else {
+            continue;
+        };
+        let path = task.path();
+        let Ok(name) = std::fs::read_to_string(path.join("comm")) else {
+            continue;
+        };
+        let name = name.trim().to_string();
+        if !name.starts_with("txbox-") {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(path.join("schedstat")) else {
+            continue;
+        };
+        let f: Vec<u64> = stat
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if let [_, waited_ns, slices] = f[..] {
+            out.insert(tid, (name, waited_ns, slices));
+        }
+    }
+    out
+}
+
+/// The mean run-queue wait (ms) per scheduling of the threads whose name
+/// starts with `prefix`, between two [`relay_thread_waits`] readings.
+pub(crate) fn mean_wait(
+    before: &HashMap<u64, (String, u64, u64)>,
+    after: &HashMap<u64, (String, u64, u64)>,
+    prefix: &str,
+) -> Option<f64> {
+    let (mut waited, mut slices) = (0u64, 0u64);
+    for (tid, (name, w, n)) in after {
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let (w0, n0) = before.get(tid).map_or((0, 0), |b| (b.1, b.2));
+        waited += w.saturating_sub(w0);
+        slices += n.saturating_sub(n0);
+    }
+    (slices > 0).then(|| waited as f64 / 1e6 / slices as f64)
+}

@@ -86,6 +86,10 @@ pub(crate) fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>)
         .event("load", |_| at_broker.clone())
         .build()?;
     let outbox = Outbox::new(&cfg)?;
+    drop(store);
+    // the relay's store reports each claim and how long it took: the
+    // database's share of a pick-up
+    let (store, claims) = counted(&cfg)?;
     let acked = Arc::new(Mutex::new(HashMap::new()));
     let factory = broker.factory.clone();
     // the broker's own share: one event every 10 ms published directly and its
@@ -161,7 +165,10 @@ pub(crate) fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>)
         }
         Res::Ok(committed)
     };
+    claims.take_durations();
+    let waits = relay_thread_waits();
     let committed = steady(&mut commit)?;
+    let (steady_claims, steady_waits) = (claims.take_durations(), relay_thread_waits());
     // p50 and p99 of the latencies in `l`, side by side
     let p50_p99 = |what: String, mut l: Vec<f64>| {
         row(
@@ -174,6 +181,7 @@ pub(crate) fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>)
     };
     let name = broker.name;
     let l = latencies(&committed, &acked);
+    let steady_p50 = median(&mut l.clone());
     out.push(p50_p99(
         format!(
             "pick-up, 100 ev/s, commit->{name} ack p50 / p99 ({} ev)",
@@ -181,6 +189,26 @@ pub(crate) fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>)
         ),
         l,
     ));
+    let notify_p50 = median(&mut bare_notify(s.rate_secs)?);
+    let way = the_way(&committed, &acked, &steady_claims);
+    out.push(row(
+        format!(
+            "  {name}, 100 ev/s, each event's way p50: commit->its claim starts / the claim / \
+             claim->ack ({} ev)",
+            way.len()
+        ),
+        format!(
+            "{:.2} / {:.2} / {:.2} ms",
+            median(&mut way.iter().map(|w| w.0).collect::<Vec<_>>()),
+            median(&mut way.iter().map(|w| w.1).collect::<Vec<_>>()),
+            median(&mut way.iter().map(|w| w.2).collect::<Vec<_>>()),
+        ),
+        "-".into(),
+        0.0,
+        "-",
+    ));
+    let claim_p50 = median(&mut steady_claims.iter().map(|c| c.1).collect::<Vec<_>>());
+    parts(out, "100 ev/s", steady_claims, (&waits, &steady_waits));
     // the same while 32 publishers fill the other type at full speed
     let load = {
         let cfg = cfg.clone();
@@ -189,8 +217,11 @@ pub(crate) fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>)
             publish_flat_out(&cfg, "load", 32, secs).map_err(|e| e.to_string())
         })
     };
+    claims.take_durations();
+    let waits = relay_thread_waits();
     let committed = steady(&mut commit)?;
     let loaded = load.join().map_err(|_| "the load panicked")??;
+    let (loaded_claims, loaded_waits) = (claims.take_durations(), relay_thread_waits());
     let l = latencies(&committed, &acked);
     out.push(row(
         format!(
@@ -203,13 +234,32 @@ pub(crate) fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>)
         0.0,
         "p99 <= 20 ms",
     ));
+    parts(
+        out,
+        "beside 32 publishers",
+        loaded_claims,
+        (&waits, &loaded_waits),
+    );
     (broker.drain)()?;
+    let direct_p50 = median(&mut direct.clone());
     out.push(p50_p99(
         format!(
             "  {name}: one event published directly, publish->ack p50 / p99 ({} ev)",
             direct.len()
         ),
         direct,
+    ));
+    // what a pick-up cannot avoid: the notification's way to the listener, a
+    // claim in the database and the broker's ack, one after the other
+    out.push(row(
+        format!(
+            "  {name}, 100 ev/s: pick-up p50 vs the sum of its parts' p50 \
+             (notification {notify_p50:.2} + claim {claim_p50:.2} + broker {direct_p50:.2} ms)"
+        ),
+        format!("{steady_p50:.1} ms"),
+        format!("{:.1} ms", notify_p50 + claim_p50 + direct_p50),
+        0.0,
+        "-",
     ));
     // a burst in one transaction: each event, and the last one
     let committed = commit(s.burst)?;
@@ -246,6 +296,109 @@ pub(crate) fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>)
     ));
     relay.shutdown(Duration::from_secs(10))?;
     Ok(())
+}
+
+/// The rows that say where a phase's pick-up time went: the relay's claims
+/// (each one statement in the database) and how long the relay's threads
+/// waited for a core.
+fn parts(
+    out: &mut Vec<Row>,
+    phase: &str,
+    claims: Vec<(Instant, f64)>,
+    (before, after): (
+        &HashMap<u64, (String, u64, u64)>,
+        &HashMap<u64, (String, u64, u64)>,
+    ),
+) {
+    let mut claims: Vec<f64> = claims.into_iter().map(|c| c.1).collect();
+    if !claims.is_empty() {
+        out.push(row(
+            format!(
+                "  {phase}: the relay's claim statement p50 / p99 ({} claims)",
+                claims.len()
+            ),
+            format!("{:.2} ms", median(&mut claims)),
+            format!("{:.2} ms", pct(&mut claims, 0.99)),
+            0.0,
+            "-",
+        ));
+    }
+    let wait =
+        |prefix| mean_wait(before, after, prefix).map_or("-".into(), |w| format!("{w:.2} ms"));
+    out.push(row(
+        format!(
+            "  {phase}: run-queue wait per scheduling, the type's poller / the listener (mean)"
+        ),
+        wait("txbox-poll-benc"),
+        wait("txbox-listen"),
+        0.0,
+        "-",
+    ));
+}
+
+/// Each event's way (ms): from its commit until the claim that took it
+/// started, that claim, and from its end until the broker's ack. The claim
+/// that took an event is the last one that ended before its ack (one poller,
+/// which waits for a partial batch's acks before it claims again).
+fn the_way(
+    committed: &[(EventId, Instant)],
+    acked: &Mutex<HashMap<EventId, Instant>>,
+    claims: &[(Instant, f64)],
+) -> Vec<(f64, f64, f64)> {
+    let acked = acked.lock().unwrap();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    committed
+        .iter()
+        .filter_map(|(id, commit)| {
+            let ack = *acked.get(id)?;
+            let (end, took) = claims.iter().rev().find(|(end, _)| *end <= ack)?;
+            let start = end.checked_sub(Duration::from_secs_f64(took / 1000.0))?;
+            Some((
+                ms(start.saturating_duration_since(*commit)),
+                *took,
+                ms(ack.duration_since(*end)),
+            ))
+        })
+        .collect()
+}
+
+/// A bare notification's way: a commit that sends one, every 10 ms for
+/// `secs`, and the time from the commit's return until a listening session
+/// has it (ms; below zero where it arrived before the commit returned).
+fn bare_notify(secs: u64) -> Res<Vec<f64>> {
+    let mut listen = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
+    listen.batch_execute("LISTEN bench_bare_notify")?;
+    let heard = std::thread::spawn(move || {
+        let mut times = Vec::new();
+        let mut n = listen.notifications();
+        let mut it = n.timeout_iter(Duration::from_secs(2));
+        while let Ok(Some(_)) = postgres::fallible_iterator::FallibleIterator::next(&mut it) {
+            times.push(Instant::now());
+        }
+        times
+    });
+    let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
+    let mut committed = Vec::new();
+    let start = Instant::now();
+    let mut next = start;
+    while start.elapsed() < Duration::from_secs(secs) {
+        c.batch_execute("BEGIN; SELECT pg_notify('bench_bare_notify', ''); COMMIT")?;
+        committed.push(Instant::now());
+        next += Duration::from_millis(10);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    let heard = heard.join().map_err(|_| "the listener panicked")?;
+    if heard.len() != committed.len() {
+        return Err(format!("{} notifications heard of {}", heard.len(), committed.len()).into());
+    }
+    Ok(committed
+        .iter()
+        .zip(&heard)
+        .map(|(c, h)| match h.checked_duration_since(*c) {
+            Some(d) => d.as_secs_f64() * 1000.0,
+            None => -(c.duration_since(*h).as_secs_f64() * 1000.0),
+        })
+        .collect())
 }
 
 pub(crate) fn ensure_queue(url: &str) -> Res<()> {

@@ -79,6 +79,14 @@ struct Args {
     /// single-event pick-up (quick 10 and 5; full 300 and 60).
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     idle: Option<u64>,
+    /// Events in the pick-up's burst, one transaction (quick 2,000; full
+    /// 10,000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    burst: Option<u64>,
+    /// How many single events after an idle spell the pick-up times (quick
+    /// 2; full 10).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    idle_samples: Option<u64>,
     /// How long events arrive at 100/s for the pick-up latency (quick 3;
     /// full 30).
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
@@ -158,6 +166,8 @@ fn main() -> Res<()> {
         idle: args.idle.map_or(s.idle, Duration::from_secs),
         idle_single: args.idle.map_or(s.idle_single, Duration::from_secs),
         rate_secs: args.rate_secs.unwrap_or(s.rate_secs),
+        burst: n(args.burst).unwrap_or(s.burst),
+        idle_samples: n(args.idle_samples).unwrap_or(s.idle_samples),
         rounds: rounds.unwrap_or(s.rounds),
         trigger: args.trigger.clone(),
         ..s
