@@ -34,6 +34,7 @@ pub use memory::MemorySender;
 /// assert!(!SendError::new("unroutable").is_transient());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SendError {
     /// What the broker or client said.
     pub message: String,
@@ -43,6 +44,7 @@ pub struct SendError {
 
 /// Whether a failed send is the event's fault ([`SendError::kind`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SendErrorKind {
     /// The broker's verdict on this event: counts an attempt.
     Permanent,
@@ -84,6 +86,7 @@ impl std::error::Error for SendError {}
 
 /// What [`Sender::start`] did with a batch.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Started {
     /// The batch is finished: one result per event (a sender that does not
     /// pipeline sends and waits at once).

@@ -18,6 +18,7 @@ mod dead_letter;
 #[cfg(test)]
 pub(crate) mod memory;
 mod migration;
+pub use crate::status::TypeStatus;
 pub use crate::tables::Tables;
 pub use dead_letter::{BlockedKey, DeadLetter, DlqFilter, DlqStatus};
 #[cfg(any(
@@ -260,22 +261,44 @@ impl<'a> ClaimArgs<'a> {
 
 /// What [`ClaimStore::claim_held`] returns: the events, sorted by id, and the
 /// transaction that holds them (none when nothing was claimed).
-pub type HeldClaim = (Vec<Event>, Option<Box<dyn HeldBatch>>);
+///
+/// ```
+/// let nothing = txbox::store::HeldClaim::none();
+/// assert!(nothing.events.is_empty() && nothing.batch.is_none());
+/// ```
+#[non_exhaustive]
+pub struct HeldClaim {
+    /// The events claimed, sorted by id.
+    pub events: Vec<Event>,
+    /// The open transaction that holds their rows; `None` when nothing was
+    /// claimed.
+    pub batch: Option<Box<dyn HeldBatch>>,
+}
 
-/// Counts of outbox rows of one event type by status.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct TypeStatus {
-    /// The event type.
-    pub event_type: String,
-    /// Rows waiting to be sent (including those waiting for a retry).
-    pub pending: u64,
-    /// Rows claimed under a lease by a relay right now (rows of a held claim,
-    /// [`ClaimMode::Lock`](crate::ClaimMode::Lock), stay PENDING and count there).
-    pub in_process: u64,
-    /// Rows that used up their retries and wait for the move to the dead letters.
-    pub failed: u64,
-    /// Age of the oldest pending row: the relay's lag.
-    pub oldest_pending_age: Option<Duration>,
+impl HeldClaim {
+    /// `events`, held by `batch`.
+    pub fn new(events: Vec<Event>, batch: Option<Box<dyn HeldBatch>>) -> Self {
+        HeldClaim { events, batch }
+    }
+
+    /// Nothing claimed, nothing held.
+    pub fn none() -> Self {
+        HeldClaim::new(Vec::new(), None)
+    }
+
+    /// The events and the transaction that holds them.
+    pub fn into_parts(self) -> (Vec<Event>, Option<Box<dyn HeldBatch>>) {
+        (self.events, self.batch)
+    }
+}
+
+impl std::fmt::Debug for HeldClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldClaim")
+            .field("events", &self.events.len())
+            .field("held", &self.batch.is_some())
+            .finish()
+    }
 }
 
 /// What every part of txbox needs of a store: its schema, a health check, its

@@ -202,10 +202,13 @@ impl Pipeline {
         let after = self.resume.map(|(id, _)| id);
         let full_scan = after.is_none() && self.in_flight.is_empty() && self.stash.is_none();
         let claim = self.claim(run.store, after, token);
-        if let (crate::EventOrder::Key, Ok((events, _))) = (self.settings.ordering, &claim) {
-            self.key_cursor = next_cursor(events, self.settings.batch_size);
+        if let (crate::EventOrder::Key, Ok(claimed)) = (self.settings.ordering, &claim) {
+            self.key_cursor = next_cursor(&claimed.events, self.settings.batch_size);
         }
-        let (mut events, held) = match claim {
+        let HeldClaim {
+            mut events,
+            batch: held,
+        } = match claim {
             Ok(claimed) => claimed,
             Err(e) => {
                 self.resume = None;
@@ -303,7 +306,7 @@ impl Pipeline {
         match self.settings.claim {
             ClaimMode::Lease => store
                 .claim_after(&self.claim_args(after), token)
-                .map(|events| (events, None)),
+                .map(|events| HeldClaim::new(events, None)),
             ClaimMode::Lock => self.claim_held(store, after),
         }
     }

@@ -1,6 +1,5 @@
 //! The engine: [`SqlStore`], the [`Store`] every dialect shares.
 
-#![allow(clippy::wildcard_imports)]
 use super::HeldTx;
 use super::{
     claimed_events, dead_letter, finish_steps, id_vals, ids_of, insert_inbox_ids, is, ms,
@@ -370,7 +369,7 @@ impl<D: Dialect> SqlStore<D> {
             )?
             .is_empty()
         {
-            return Ok((Vec::new(), None));
+            return Ok(HeldClaim::none());
         }
         // the transaction, its idle timeout and the locking claim: one round trip
         let script = held.claim_script(args)?;

@@ -1,7 +1,6 @@
 //! Finishing a batch: the statements of a finish, and a held claim's open
 //! transaction.
 
-#![allow(clippy::wildcard_imports)]
 use crate::metrics::{Observed, StoreCall};
 use std::collections::HashMap;
 
@@ -115,7 +114,7 @@ impl HeldTx {
         let mut script: Vec<String> = steps
             .iter()
             .map(|(template, fixed, ids)| inline(template, fixed, ids, hold.literal))
-            .collect();
+            .collect::<Result<_>>()?;
         script.push("COMMIT".into());
         Ok(script)
     }
@@ -151,7 +150,7 @@ impl HeldTx {
                 &params,
                 &[],
                 hold.literal
-            )
+            )?
         ))
     }
 
@@ -165,7 +164,7 @@ impl HeldTx {
         if rows.is_empty() {
             self.conn.batch("COMMIT")?;
             self.open = false;
-            return Ok((Vec::new(), None));
+            return Ok(HeldClaim::none());
         }
         let events = claimed_events(&mut rows)?;
         // what a write-back needs beyond the events: the stored headers and the
@@ -184,7 +183,7 @@ impl HeldTx {
         } else {
             None
         };
-        Ok((events, Some(self)))
+        Ok(HeldClaim::new(events, Some(self)))
     }
 }
 

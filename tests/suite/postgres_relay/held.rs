@@ -213,7 +213,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
         events.iter().map(|e| (e.id, acked.clone())).collect()
     };
 
-    let (events, held) = store.claim_held(&claim_x).unwrap();
+    let (events, held) = store.claim_held(&claim_x).unwrap().into_parts();
     assert_eq!(events.iter().map(|e| e.id).collect::<Vec<_>>(), ids);
     assert_eq!(events[0].key.as_deref(), Some("k'0"));
     assert_eq!(
@@ -223,12 +223,12 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
     // the rows stay PENDING to others, locked: another relay gets none of them, in
     // either mode
     assert_eq!(count(&mut client, p, "PENDING"), 10);
-    let (none, no_tx) = other.claim_held(&claim_x).unwrap();
+    let (none, no_tx) = other.claim_held(&claim_x).unwrap().into_parts();
     assert!(none.is_empty() && no_tx.is_none());
     assert!(other.claim("x", 100, lease, token).unwrap().is_empty());
     // a claim dropped unfinished (a panicking poller) rolls back: the rows are free
     drop(held);
-    let (again, held) = other.claim_held(&claim_x).unwrap();
+    let (again, held) = other.claim_held(&claim_x).unwrap().into_parts();
     assert_eq!(again.len(), 10);
     // its connection dies before the finish: the late finish fails, nothing changes,
     // and the rows are free again at once, not after the lease
@@ -237,7 +237,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
     assert!(late.is_err(), "a finish on a dead connection fails");
     assert_eq!(count(&mut client, p, "PENDING"), 10);
     assert_eq!(snapshot(&mut client, p), before);
-    let (last, held) = store.claim_held(&claim_x).unwrap();
+    let (last, held) = store.claim_held(&claim_x).unwrap().into_parts();
     assert_eq!(last.len(), 10);
     // failed sends count an attempt: a retry waits, the last one fails
     let mut outcomes = sent(&last);
@@ -278,7 +278,7 @@ fn held_claim_semantics(p: &str, delete_acked: bool) {
         &before[..]
     };
     assert_eq!(after, kept);
-    let (later, none) = store.claim_held(&claim_x).unwrap();
+    let (later, none) = store.claim_held(&claim_x).unwrap().into_parts();
     assert!(later.is_empty() && none.is_none(), "the retry is not due");
 }
 
@@ -321,7 +321,7 @@ fn finish_and_claim(p: &str, delete: bool) {
     let lease = Duration::from_secs(60);
 
     let first = ClaimArgs::new("x", 4, lease).delete_acked(delete);
-    let (a, held) = store.claim_held(&first).unwrap();
+    let (a, held) = store.claim_held(&first).unwrap().into_parts();
     assert_eq!(of(&a), ids[..4]);
     let mut outcomes = all_acked(&a);
     outcomes[0].1 = Outcome::Retry {
@@ -334,7 +334,9 @@ fn finish_and_claim(p: &str, delete: bool) {
         .finish_and_claim(&a, &outcomes, &next)
         .unwrap();
     assert_eq!(n, 4);
-    let (b, held) = claim.expect("the store's batches claim the next one themselves");
+    let (b, held) = claim
+        .expect("the store's batches claim the next one themselves")
+        .into_parts();
     assert_eq!(of(&b), ids[4..8]);
     // the finish is committed: three acked, the retry counted and waiting
     assert_eq!(
@@ -350,7 +352,7 @@ fn finish_and_claim(p: &str, delete: bool) {
         .get(0);
     assert_eq!(attempts, 1);
     // the new batch is held: another relay gets only the rest
-    let (rest, other_held) = other.claim_held(&first.limit(10)).unwrap();
+    let (rest, other_held) = other.claim_held(&first.limit(10)).unwrap().into_parts();
     assert_eq!(of(&rest), ids[8..]);
     drop(other_held); // rolled back: free again
 
@@ -363,11 +365,11 @@ fn finish_and_claim(p: &str, delete: bool) {
     };
     let (n, claim) = step(held, &b);
     assert_eq!(n, 4);
-    let (c, held) = claim.unwrap();
+    let (c, held) = claim.unwrap().into_parts();
     assert_eq!(of(&c), ids[8..]);
     let (n, claim) = step(held, &c);
     assert_eq!(n, 2);
-    let (none, no_tx) = claim.unwrap();
+    let (none, no_tx) = claim.unwrap().into_parts();
     assert!(none.is_empty() && no_tx.is_none());
     // nothing left open on the store's connections
     assert_eq!(
@@ -395,7 +397,7 @@ fn an_idle_held_claim_sends_only_its_probe() {
     let store = txbox::PgStore::connect(&pg_url_as(app), &crate::common::prefix_config(p)).unwrap();
     for delete_acked in [false, true] {
         let args = ClaimArgs::new("x", 100, Duration::from_secs(60)).delete_acked(delete_acked);
-        let (events, held) = store.claim_held(&args).unwrap();
+        let (events, held) = store.claim_held(&args).unwrap().into_parts();
         assert!(events.is_empty() && held.is_none());
     }
     // each backend's last statement: the probe, and no transaction was opened
@@ -482,7 +484,8 @@ fn held_claims_write_odd_event_types_as_exact_literals() {
     for (t, ids) in odd.iter().zip(&published) {
         let (events, held) = store
             .claim_held(&ClaimArgs::new(t, 10, Duration::from_secs(60)))
-            .unwrap();
+            .unwrap()
+            .into_parts();
         assert_eq!(&events.iter().map(|e| e.id).collect::<Vec<_>>(), ids, "{t}");
         assert!(events.iter().all(|e| e.event_type == *t), "{t}");
         let acked: Vec<(EventId, Outcome)> = ids.iter().map(|id| (*id, Outcome::Sent)).collect();
@@ -625,11 +628,11 @@ impl ClaimStore for DefaultHeld {
     }
     fn claim_held(&self, args: &ClaimArgs<'_>) -> txbox::Result<txbox::store::HeldClaim> {
         self.claims.fetch_add(1, Ordering::SeqCst);
-        let (events, held) = self.pg.claim_held(args)?;
-        let held = held.map(|h| {
+        let claimed = self.pg.claim_held(args)?;
+        let held = claimed.batch.map(|h| {
             Box::new(FinishOnly(h, self.finishes.clone())) as Box<dyn txbox::store::HeldBatch>
         });
-        Ok((events, held))
+        Ok(txbox::store::HeldClaim::new(claimed.events, held))
     }
 }
 
