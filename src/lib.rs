@@ -95,7 +95,7 @@
 //! let stop = StopSignal::new();
 //! # stop.stop();
 //! consumer.run(&stop, |event| -> txbox::Result<()> {
-//!     let id = event.id.ok_or_else(|| txbox::Error::InvalidInput("no event id".into()))?;
+//!     let id = event.event_id()?;
 //!     inbox.handle_at_most_once(id, || -> txbox::Result<()> {
 //!         println!("bill order {}", String::from_utf8_lossy(&event.payload));
 //!         Ok(())
@@ -152,6 +152,7 @@ pub mod rabbitmq;
 mod redact;
 mod relay;
 pub mod sender;
+mod status;
 pub mod store;
 mod tables;
 #[cfg(any(feature = "postgres", feature = "rabbitmq", feature = "redis"))]

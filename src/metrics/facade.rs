@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{Count, Observer, StoreCall};
-use crate::store::TypeStatus;
+use crate::status::TypeStatus;
 
 /// An [`Observer`] that hands every metric to the `metrics` facade crate,
 /// under the names of the Prometheus text (feature `metrics`). Part of the

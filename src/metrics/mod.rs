@@ -36,7 +36,7 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use crate::store::TypeStatus;
+use crate::status::TypeStatus;
 
 #[cfg(feature = "metrics")]
 mod facade;

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::{index, Count, Observer, StoreCall, COUNTERS, STORE_CALLS};
-use crate::store::TypeStatus;
+use crate::status::TypeStatus;
 
 /// Histogram bucket bounds, in seconds.
 pub const BUCKETS: [f64; 14] = [
