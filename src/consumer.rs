@@ -128,8 +128,10 @@ impl ReceivedEvent {
 
     /// Deserializes the JSON payload.
     pub fn json<T: DeserializeOwned>(&self) -> Result<T> {
-        serde_json::from_slice(&self.payload)
-            .map_err(|e| Error::InvalidInput(format!("payload at {}: {e}", self.position)))
+        serde_json::from_slice(&self.payload).map_err(|source| Error::Deserialize {
+            position: self.position.to_string(),
+            source,
+        })
     }
 }
 

@@ -70,6 +70,17 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A received message's payload is not the JSON its handler asked for
+    /// ([`ReceivedEvent::json`](crate::ReceivedEvent::json)).
+    #[error("payload at {position} cannot be deserialized: {source}")]
+    Deserialize {
+        /// Where the message was read (topic, partition and offset; queue
+        /// and delivery tag).
+        position: String,
+        /// The deserializer's error.
+        source: serde_json::Error,
+    },
+
     /// The serialized payload is larger than `max_payload_bytes`.
     #[error(
         "payload of event type {event_type:?} is {size} bytes, more than max_payload_bytes = {max}"
