@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::backoff::RetryBackoff;
 use crate::config::{Polling, PollingStrategy};
 
 /// Longest wait after an error (lost database, no sender): a poller comes back
@@ -9,11 +10,12 @@ use crate::config::{Polling, PollingStrategy};
 pub(crate) const MAX_ERROR_DELAY: Duration = Duration::from_secs(5);
 
 /// How long a poller waits before its next poll.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct PollState {
     polling: Polling,
     current: Duration,
-    error_delay: Duration,
+    /// the waits after failed polls, started again by a poll that worked
+    errors: RetryBackoff,
 }
 
 impl PollState {
@@ -23,10 +25,15 @@ impl PollState {
             PollingStrategy::Adaptive => polling.min,
             PollingStrategy::Fixed => polling.delay,
         };
+        let cap = match polling.strategy {
+            PollingStrategy::Fixed => polling.delay,
+            PollingStrategy::Adaptive => polling.max,
+        }
+        .min(MAX_ERROR_DELAY);
         PollState {
             polling: polling.clone(),
             current,
-            error_delay: Duration::ZERO,
+            errors: RetryBackoff::doubling(polling.min.min(cap), cap),
         }
     }
 
@@ -34,7 +41,7 @@ impl PollState {
     /// none after a full batch; `min` after a partial one (adaptive), which
     /// resets the delay; after an empty poll the current delay, which then grows.
     pub fn after_batch(&mut self, claimed: usize, batch_size: usize) -> Duration {
-        self.error_delay = Duration::ZERO;
+        self.errors.reset();
         let p = &self.polling;
         if claimed >= batch_size {
             if p.strategy == PollingStrategy::Adaptive {
@@ -64,18 +71,7 @@ impl PollState {
     /// The wait after a failed poll: doubling from `min` up to [`MAX_ERROR_DELAY`]
     /// (or the poll delay, when that is shorter).
     pub fn after_error(&mut self) -> Duration {
-        let p = &self.polling;
-        let cap = match p.strategy {
-            PollingStrategy::Fixed => p.delay,
-            PollingStrategy::Adaptive => p.max,
-        }
-        .min(MAX_ERROR_DELAY);
-        self.error_delay = if self.error_delay.is_zero() {
-            p.min.min(cap)
-        } else {
-            (self.error_delay * 2).min(cap)
-        };
-        self.error_delay
+        self.errors.wait()
     }
 }
 
