@@ -1,7 +1,6 @@
 //! Migrations: which schema files a database still needs, and applying them
 //! without stalling the writers of a live database.
 
-#![allow(clippy::wildcard_imports)]
 use super::{
     run_query, split_statements, transaction, Conn, Dialect, MigrateLock, OnlineIndex, SqlStore,
 };

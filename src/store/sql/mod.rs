@@ -114,6 +114,7 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
     use crate::store::Tables;
 
     /// The statement the database runs when the driver binds `bound` to `sql`,
@@ -181,8 +182,8 @@ mod tests {
             for (what, template) in d.statements() {
                 let template = template.replace("{from}", "'DEAD'");
                 let n_ids = if template.contains("{ids}") { 2 } else { 0 };
-                let want = inline(&template, &fixed, &ids[..n_ids], show);
-                let (sql, params) = prepare(d, &template, &fixed, &ids[..n_ids]);
+                let want = inline(&template, &fixed, &ids[..n_ids], show).unwrap();
+                let (sql, params) = prepare(d, &template, &fixed, &ids[..n_ids]).unwrap();
                 let bound: Vec<&Val> = params.iter().collect();
                 assert_eq!(
                     as_the_database_binds(&sql, d.style, &bound),
@@ -329,12 +330,29 @@ mod tests {
             Val::Int(n) => format!("<{n}>"),
             _ => "<?>".into(),
         };
-        let t = "UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids}) AND c = $7";
         let fixed = [Val::Int(1), Val::Int(2)];
-        let sql = inline(t, &fixed, &[Val::Int(3), Val::Int(4)], literal);
+        let t = "UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids})";
+        let sql = inline(t, &fixed, &[Val::Int(3), Val::Int(4)], literal).unwrap();
         assert_eq!(
             sql,
-            "UPDATE t SET a = <2> WHERE b = <1> AND id IN (<3>, <4>) AND c = NULL"
+            "UPDATE t SET a = <2> WHERE b = <1> AND id IN (<3>, <4>)"
+        );
+    }
+
+    #[test]
+    fn a_placeholder_without_a_value_is_an_error_not_a_null() {
+        let literal = |_: &Val| "<v>".to_string();
+        let t = "UPDATE t SET a = $1 WHERE c = $7";
+        let err = inline(t, &[Val::Int(1)], &[], literal).unwrap_err();
+        assert!(
+            matches!(&err, Error::Internal(m) if m.contains("$7")),
+            "{err}"
+        );
+        let d = catalogs(&Tables::new("p_").unwrap()).remove(0).1;
+        let err = prepare(&d, t, &[Val::Int(1)], &[]).unwrap_err();
+        assert!(
+            matches!(&err, Error::Internal(m) if m.contains("$7")),
+            "{err}"
         );
     }
 }

@@ -1,6 +1,5 @@
 //! Placeholders rendered per driver, statements run, transactions.
 
-#![allow(clippy::wildcard_imports)]
 use super::{Catalog, Conn, Row, Style, Val};
 use crate::error::Error;
 use crate::error::Result;
@@ -45,7 +44,8 @@ pub(crate) fn render(
 ) -> (String, Vec<usize>) {
     let mut order = Vec::new();
     let out = placeholders(&expand_ids(template, fixed, ids), |n| {
-        order.push(n - 1);
+        // `$0` is no placeholder of txbox's: an index no value has
+        order.push(n.wrapping_sub(1));
         match style {
             Style::Dollar => format!("${n}"),
             Style::Question => "?".into(),
@@ -73,17 +73,34 @@ pub(crate) fn ago(plus: fn(&str) -> String, ms_param: &str) -> String {
     plus(&format!("-{ms_param}"))
 }
 
-/// `template` with `{ids}` and every `$n` written out as literals of `fixed ++ ids`.
+/// `template` with `{ids}` and every `$n` written out as literals of `fixed ++ ids`;
+/// an error for a placeholder without a value (never a NULL in its place).
 pub(crate) fn inline(
     template: &str,
     fixed: &[Val],
     ids: &[Val],
     literal: fn(&Val) -> String,
-) -> String {
+) -> Result<String> {
     let all: Vec<&Val> = fixed.iter().chain(ids).collect();
-    placeholders(&expand_ids(template, fixed.len(), ids.len()), |n| {
-        all.get(n - 1).map_or("NULL".into(), |v| literal(v))
-    })
+    let mut unbound = None;
+    let sql = placeholders(&expand_ids(template, fixed.len(), ids.len()), |n| match all
+        .get(n.wrapping_sub(1))
+    {
+        Some(v) => literal(v),
+        None => {
+            unbound.get_or_insert(n);
+            String::new()
+        }
+    });
+    match unbound {
+        Some(n) => Err(no_value(n, template)),
+        None => Ok(sql),
+    }
+}
+
+/// A statement of txbox's own with a placeholder it passes no value for: a bug.
+fn no_value(n: usize, template: &str) -> Error {
+    Error::Internal(format!("placeholder ${n} has no value in: {template}"))
 }
 
 /// A statement rendered for one call.
@@ -94,7 +111,7 @@ pub(crate) fn run_query(
     fixed: &[Val],
     ids: &[Val],
 ) -> Result<Vec<Row>> {
-    let (sql, params) = prepare(d, template, fixed, ids);
+    let (sql, params) = prepare(d, template, fixed, ids)?;
     conn.query(&sql, &params)
 }
 
@@ -105,7 +122,7 @@ pub(crate) fn run_query_max(
     fixed: &[Val],
     max: usize,
 ) -> Result<Vec<Row>> {
-    let (sql, params) = prepare(d, template, fixed, &[]);
+    let (sql, params) = prepare(d, template, fixed, &[])?;
     conn.query_max(&sql, &params, max)
 }
 
@@ -116,23 +133,29 @@ pub(crate) fn run_execute(
     fixed: &[Val],
     ids: &[Val],
 ) -> Result<u64> {
-    let (sql, params) = prepare(d, template, fixed, ids);
+    let (sql, params) = prepare(d, template, fixed, ids)?;
     conn.execute(&sql, &params)
 }
 
+/// The statement in the driver's placeholder style and its values in bind
+/// order; an error for a placeholder without a value (never dropped).
 pub(crate) fn prepare(
     d: &Catalog,
     template: &str,
     fixed: &[Val],
     ids: &[Val],
-) -> (String, Vec<Val>) {
+) -> Result<(String, Vec<Val>)> {
     let (sql, order) = render(template, d.style, fixed.len(), ids.len());
     let all: Vec<&Val> = fixed.iter().chain(ids).collect();
     let params = order
         .iter()
-        .filter_map(|i| all.get(*i).map(|v| (*v).clone()))
-        .collect();
-    (sql, params)
+        .map(|&i| {
+            all.get(i)
+                .map(|v| (*v).clone())
+                .ok_or_else(|| no_value(i.wrapping_add(1), template))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((sql, params))
 }
 
 /// Runs `f` in a transaction: commits on `Ok`, rolls back on `Err`.

@@ -1,6 +1,5 @@
 //! Rows to events and dead letters, events to rows.
 
-#![allow(clippy::wildcard_imports)]
 use super::{is, missing, run_execute, run_query, shift, unexpected, Catalog, Conn, Row, Val};
 use crate::error::{Error, Result};
 use crate::event::{Body, Event, EventId, NewEvent};

@@ -1,7 +1,6 @@
 //! The statement catalog: what a dialect supplies, and the statements every
 //! dialect writes alike.
 
-#![allow(clippy::wildcard_imports)]
 use super::{ago, Style, Val};
 use crate::error::Error;
 use crate::store::{ClaimArgs, Tables};

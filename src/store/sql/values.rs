@@ -1,6 +1,5 @@
 //! Values, rows, connections and pools: what the drivers adapt to.
 
-#![allow(clippy::wildcard_imports)]
 use super::Catalog;
 use crate::error::{Error, Result};
 use crate::event::EventId;
