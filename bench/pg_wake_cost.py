@@ -9,7 +9,10 @@ import os, statistics, subprocess, sys, tempfile, glob
 
 SECS = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-CLIENTS = [1, 8, 32, 64]
+# optional: the client counts ("8,32") and the variants whose names start with
+# one of the words given ("no trigger,schema 6 as shipped,a deferred")
+CLIENTS = [int(c) for c in sys.argv[3].split(",")] if len(sys.argv) > 3 else [1, 8, 32, 64]
+ONLY = sys.argv[4].split(",") if len(sys.argv) > 4 else None
 DB = "txbox_wake_cost"
 PG = ["-h", "127.0.0.1", "-U", "postgres"]
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -40,6 +43,12 @@ VARIANTS = [
      OFF + "; CREATE FUNCTION nop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;"
      " CREATE CONSTRAINT TRIGGER nop AFTER INSERT ON outbox_events DEFERRABLE INITIALLY DEFERRED"
      " FOR EACH ROW EXECUTE FUNCTION nop()", INSERT),
+    ("a deferred row trigger: try-lock, notify (no shared lock, no bookkeeping)",
+     OFF + "; CREATE FUNCTION dtry() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+     " IF pg_try_advisory_xact_lock(hashtext(TG_TABLE_NAME), hashtext(NEW.event_type)) THEN"
+     " PERFORM pg_notify(TG_TABLE_NAME, NEW.event_type); END IF; RETURN NULL; END $$;"
+     " CREATE CONSTRAINT TRIGGER dtry AFTER INSERT ON outbox_events DEFERRABLE INITIALLY DEFERRED"
+     " FOR EACH ROW EXECUTE FUNCTION dtry()", INSERT),
     ("an immediate row trigger: try-lock, notify (the issue's experiment)",
      OFF + "; CREATE FUNCTION try_notify() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
      " IF pg_try_advisory_xact_lock(hashtext(TG_TABLE_NAME), hashtext(NEW.event_type)) THEN"
@@ -55,6 +64,10 @@ VARIANTS = [
      " CREATE TRIGGER every AFTER INSERT ON outbox_events FOR EACH STATEMENT EXECUTE FUNCTION every()",
      INSERT),
 ]
+
+
+if ONLY:
+    VARIANTS = [v for v in VARIANTS if any(v[0].startswith(w) for w in ONLY)]
 
 
 def schema():

@@ -457,10 +457,14 @@ pub(crate) const PARTS: [&str; 12] = [
     "instances",
 ];
 
+/// Per thread id: its name, its nanoseconds waited on a run queue, how often
+/// it was scheduled.
+pub(crate) type ThreadWaits = HashMap<u64, (String, u64, u64)>;
+
 /// How long this process's threads named `txbox-...` (the relay's) waited on a
 /// run queue for a core, and how often they were scheduled, per thread id
 /// (`/proc/self/task/*/schedstat`; empty where the kernel keeps none).
-pub(crate) fn relay_thread_waits() -> HashMap<u64, (String, u64, u64)> {
+pub(crate) fn relay_thread_waits() -> ThreadWaits {
     let mut out = HashMap::new();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return out;
@@ -493,11 +497,7 @@ pub(crate) fn relay_thread_waits() -> HashMap<u64, (String, u64, u64)> {
 
 /// The mean run-queue wait (ms) per scheduling of the threads whose name
 /// starts with `prefix`, between two [`relay_thread_waits`] readings.
-pub(crate) fn mean_wait(
-    before: &HashMap<u64, (String, u64, u64)>,
-    after: &HashMap<u64, (String, u64, u64)>,
-    prefix: &str,
-) -> Option<f64> {
+pub(crate) fn mean_wait(before: &ThreadWaits, after: &ThreadWaits, prefix: &str) -> Option<f64> {
     let (mut waited, mut slices) = (0u64, 0u64);
     for (tid, (name, w, n)) in after {
         if !name.starts_with(prefix) {

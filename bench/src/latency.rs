@@ -305,10 +305,7 @@ fn parts(
     out: &mut Vec<Row>,
     phase: &str,
     claims: Vec<(Instant, f64)>,
-    (before, after): (
-        &HashMap<u64, (String, u64, u64)>,
-        &HashMap<u64, (String, u64, u64)>,
-    ),
+    (before, after): (&ThreadWaits, &ThreadWaits),
 ) {
     let mut claims: Vec<f64> = claims.into_iter().map(|c| c.1).collect();
     if !claims.is_empty() {

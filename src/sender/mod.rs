@@ -44,7 +44,6 @@ pub struct SendError {
 
 /// Whether a failed send is the event's fault ([`SendError::kind`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum SendErrorKind {
     /// The broker's verdict on this event: counts an attempt.
     Permanent,
@@ -86,7 +85,6 @@ impl std::error::Error for SendError {}
 
 /// What [`Sender::start`] did with a batch.
 #[derive(Debug)]
-#[non_exhaustive]
 pub enum Started {
     /// The batch is finished: one result per event (a sender that does not
     /// pipeline sends and waits at once).

@@ -441,8 +441,7 @@ fn held_claims_need_a_store_that_can_hold_them() {
     assert!(err.to_string().contains("PostgreSQL"), "{err}");
     let err = store
         .claim_held(&ClaimArgs::new("y", 10, Duration::from_secs(1)))
-        .err()
-        .expect("SQLite cannot hold a claim open");
+        .expect_err("SQLite cannot hold a claim open");
     assert!(
         matches!(&err, txbox::Error::Unsupported { what, .. } if what.contains("lock")),
         "{err}"
