@@ -137,6 +137,15 @@ pub(crate) fn config(prefix: &str, options: EventSettings) -> Config {
 }
 
 /// The middle value (the mean of the middle two of an even count).
+/// The median of `v`; NaN when it is empty (a row that says nothing was
+/// measured, not a panic).
+pub(crate) fn p50(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    median(&mut v.to_vec())
+}
+
 pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
@@ -258,9 +267,20 @@ pub(crate) struct Claims {
     count: AtomicU64,
     /// when each claim ended, and how long it took (ms)
     took_ms: Mutex<Vec<(Instant, f64)>>,
+    /// only the claims made on the thread of this name are timed (a poller
+    /// is `txbox-poll-<type>`); all when `None`
+    timed: Option<String>,
 }
 
 impl Claims {
+    /// Counts every claim; times only those of the poller of `event_type`.
+    pub(crate) fn timing(event_type: &str) -> Self {
+        Claims {
+            timed: Some(format!("txbox-poll-{event_type}")),
+            ..Claims::default()
+        }
+    }
+
     pub(crate) fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
     }
@@ -276,6 +296,14 @@ impl txbox::metrics::Observer for Claims {
     fn store_call(&self, call: txbox::metrics::StoreCall, took: Duration, _: bool) {
         if call == txbox::metrics::StoreCall::Claim {
             self.count.fetch_add(1, Ordering::Relaxed);
+            let thread = std::thread::current();
+            if self
+                .timed
+                .as_deref()
+                .is_some_and(|t| thread.name() != Some(t))
+            {
+                return;
+            }
             self.took_ms
                 .lock()
                 .unwrap()
@@ -287,7 +315,12 @@ impl txbox::metrics::Observer for Claims {
 /// A store on the tables of `cfg` whose claims are counted (the relay's
 /// other metrics go where `cfg` says).
 pub(crate) fn counted(cfg: &Config) -> Res<(Arc<PgStore>, Arc<Claims>)> {
-    let claims = Arc::new(Claims::default());
+    counted_by(cfg, Claims::default())
+}
+
+/// A store on the tables of `cfg` that reports its claims to `claims`.
+pub(crate) fn counted_by(cfg: &Config, claims: Claims) -> Res<(Arc<PgStore>, Arc<Claims>)> {
+    let claims = Arc::new(claims);
     let observed = cfg.clone().observed(claims.clone());
     Ok((Arc::new(PgStore::connect(&pg_url(), &observed)?), claims))
 }
@@ -495,12 +528,13 @@ pub(crate) fn relay_thread_waits() -> ThreadWaits {
     out
 }
 
-/// The mean run-queue wait (ms) per scheduling of the threads whose name
-/// starts with `prefix`, between two [`relay_thread_waits`] readings.
-pub(crate) fn mean_wait(before: &ThreadWaits, after: &ThreadWaits, prefix: &str) -> Option<f64> {
+/// The mean run-queue wait (ms) per scheduling of the threads named `thread`
+/// (as the kernel keeps it: 15 bytes at most), between two
+/// [`relay_thread_waits`] readings.
+pub(crate) fn mean_wait(before: &ThreadWaits, after: &ThreadWaits, thread: &str) -> Option<f64> {
     let (mut waited, mut slices) = (0u64, 0u64);
     for (tid, (name, w, n)) in after {
-        if !name.starts_with(prefix) {
+        if name != thread {
             continue;
         }
         let (w0, n0) = before.get(tid).map_or((0, 0), |b| (b.1, b.2));

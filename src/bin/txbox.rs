@@ -278,12 +278,9 @@ fn run(cli: Cli) -> Result<String, Fail> {
             offset,
             limit,
         }) => {
-            let filter = DlqFilter {
-                event_type,
-                status,
-                offset,
-                limit,
-            };
+            let mut filter = DlqFilter::default().offset(offset).limit(limit);
+            filter.event_type = event_type;
+            filter.status = status;
             let rows = dlq.list(&filter)?;
             listing(
                 as_json,

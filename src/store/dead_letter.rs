@@ -120,8 +120,20 @@ impl serde::Serialize for DeadLetter {
     }
 }
 
-/// Filters and paging for [`Dlq::list`](crate::Dlq::list).
+/// Filters and paging for [`Dlq::list`](crate::Dlq::list): the default (every
+/// type and status, the first 50) narrowed by its setters.
+///
+/// ```
+/// use txbox::{DlqFilter, DlqStatus};
+/// let filter = DlqFilter::default()
+///     .event_type("order-created")
+///     .status(DlqStatus::Dead)
+///     .offset(50)
+///     .limit(50);
+/// assert_eq!(filter.event_type.as_deref(), Some("order-created"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DlqFilter {
     /// Only this event type.
     pub event_type: Option<String>,
@@ -131,6 +143,36 @@ pub struct DlqFilter {
     pub offset: u64,
     /// Rows to return at most (default 50, capped at 1000).
     pub limit: u64,
+}
+
+impl DlqFilter {
+    /// Only events of `event_type`.
+    #[must_use]
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// Only dead letters in `status`.
+    #[must_use]
+    pub fn status(mut self, status: DlqStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Skips the first `offset` rows.
+    #[must_use]
+    pub fn offset(mut self, offset: u64) -> Self {
+        self.offset = offset;
+        self
+    }
+
+    /// Returns at most `limit` rows (capped at 1000).
+    #[must_use]
+    pub fn limit(mut self, limit: u64) -> Self {
+        self.limit = limit;
+        self
+    }
 }
 
 impl Default for DlqFilter {

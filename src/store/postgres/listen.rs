@@ -191,9 +191,10 @@ impl<T: PgConnector> crate::store::Notifications for Listening<T> {
             ));
         }
         use postgres::fallible_iterator::FallibleIterator;
-        // no wait: what has arrived, read without a timer (the driver's hidden
-        // runtime rounds a timer up to its next 1 ms tick, so a zero
-        // `timeout_iter` cost each notification about a millisecond)
+        // no wait: what the driver has read already, without a timer (its
+        // hidden runtime rounds a timer up to its next 1 ms tick, so a zero
+        // `timeout_iter` cost each notification about a millisecond). A
+        // notification still in the socket is read by the next wait.
         let got = if timeout.is_zero() {
             conn.notifications().iter().next()
         } else {

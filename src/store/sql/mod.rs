@@ -342,17 +342,19 @@ mod tests {
     #[test]
     fn a_placeholder_without_a_value_is_an_error_not_a_null() {
         let literal = |_: &Val| "<v>".to_string();
-        let t = "UPDATE t SET a = $1 WHERE c = $7";
-        let err = inline(t, &[Val::Int(1)], &[], literal).unwrap_err();
-        assert!(
-            matches!(&err, Error::Internal(m) if m.contains("$7")),
-            "{err}"
-        );
-        let d = catalogs(&Tables::new("p_").unwrap()).remove(0).1;
-        let err = prepare(&d, t, &[Val::Int(1)], &[]).unwrap_err();
-        assert!(
-            matches!(&err, Error::Internal(m) if m.contains("$7")),
-            "{err}"
-        );
+        for (t, n) in [
+            ("UPDATE t SET a = $1 WHERE c = $7", "$7"),
+            ("UPDATE t SET a = $1 WHERE c = $0", "$0"),
+        ] {
+            let err = inline(t, &[Val::Int(1)], &[], literal).unwrap_err();
+            assert!(matches!(&err, Error::Internal(m) if m.contains(n)), "{err}");
+            for (name, d) in catalogs(&Tables::new("p_").unwrap()) {
+                let err = prepare(&d, t, &[Val::Int(1)], &[]).unwrap_err();
+                assert!(
+                    matches!(&err, Error::Internal(m) if m.contains(n)),
+                    "{name}: {err}"
+                );
+            }
+        }
     }
 }

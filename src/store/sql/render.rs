@@ -56,9 +56,18 @@ pub(crate) fn render(
         }
     });
     if matches!(style, Style::Dollar | Style::QuestionNumbered) {
-        // numbered styles bind every index up to the highest one used
-        let highest = order.iter().max().map_or(0, |m| m + 1);
+        // numbered styles bind every index up to the highest one used (a
+        // `$0` stays in the order: no value has its index)
+        let zero = order.contains(&usize::MAX);
+        let highest = order
+            .iter()
+            .filter(|&&i| i != usize::MAX)
+            .max()
+            .map_or(0, |m| m + 1);
         order = (0..highest).collect();
+        if zero {
+            order.push(usize::MAX);
+        }
     }
     (out, order)
 }

@@ -55,18 +55,9 @@ pub(super) fn dead_letters_move_list_retry_resolve_and_clean(b: Backend, p: &str
         d0.created_at,
         d0.moved_at
     );
-    let page = dlq
-        .list(&DlqFilter {
-            offset: 1,
-            limit: 1,
-            ..Default::default()
-        })
-        .unwrap();
+    let page = dlq.list(&DlqFilter::default().offset(1).limit(1)).unwrap();
     assert_eq!(page.iter().map(|d| d.id).collect::<Vec<_>>(), vec![ids[1]]);
-    let other_type = DlqFilter {
-        event_type: Some("f".into()),
-        ..Default::default()
-    };
+    let other_type = DlqFilter::default().event_type("f");
     assert_eq!(dlq.count(&other_type).unwrap(), 0);
 
     dlq.resolve(ids[0]).unwrap();
@@ -92,10 +83,7 @@ pub(super) fn dead_letters_move_list_retry_resolve_and_clean(b: Backend, p: &str
         "fresh retry budget"
     );
 
-    let resolved = DlqFilter {
-        status: Some(DlqStatus::Resolved),
-        ..Default::default()
-    };
+    let resolved = DlqFilter::default().status(DlqStatus::Resolved);
     assert_eq!(dlq.count(&resolved).unwrap(), 1);
     assert_eq!(
         fx.store
