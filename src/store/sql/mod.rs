@@ -300,27 +300,27 @@ mod tests {
     #[test]
     fn renders_placeholders_per_style() {
         let t = "UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids}) AND c = $1";
-        let (sql, order) = render(t, Style::Question, 2, 2);
+        let (sql, order) = render(t, Style::Question, 2, 2).unwrap();
         assert_eq!(
             sql,
             "UPDATE t SET a = ? WHERE b = ? AND id IN (?, ?) AND c = ?"
         );
         assert_eq!(order, vec![1, 0, 2, 3, 0]);
         // Oracle: one bind per occurrence, in the order they appear
-        let (sql, order) = render(t, Style::Colon, 2, 1);
+        let (sql, order) = render(t, Style::Colon, 2, 1).unwrap();
         assert_eq!(
             sql,
             "UPDATE t SET a = :1 WHERE b = :2 AND id IN (:3) AND c = :4"
         );
         assert_eq!(order, vec![1, 0, 2, 0]);
-        let (_, order) = render("VALUES ($1, $2)", Style::QuestionNumbered, 3, 0);
+        let (_, order) = render("VALUES ($1, $2)", Style::QuestionNumbered, 3, 0).unwrap();
         assert_eq!(order, vec![0, 1], "an unused last parameter is not bound");
-        let (sql, _) = render(t, Style::QuestionNumbered, 2, 1);
+        let (sql, _) = render(t, Style::QuestionNumbered, 2, 1).unwrap();
         assert_eq!(
             sql,
             "UPDATE t SET a = ?2 WHERE b = ?1 AND id IN (?3) AND c = ?1"
         );
-        let (sql, _) = render("SELECT '$x', $10", Style::Dollar, 10, 0);
+        let (sql, _) = render("SELECT '$x', $10", Style::Dollar, 10, 0).unwrap();
         assert_eq!(sql, "SELECT '$x', $10");
     }
 

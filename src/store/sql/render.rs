@@ -35,17 +35,19 @@ pub(crate) fn expand_ids(template: &str, fixed: usize, ids: usize) -> String {
 }
 
 /// Renders `$n` / `{ids}` into `style`; returns the SQL and the order in which the
-/// parameters must be passed (indexes into fixed ++ ids).
+/// parameters must be passed (indexes into fixed ++ ids). `$0` is an error: no
+/// value has that number.
 pub(crate) fn render(
     template: &str,
     style: Style,
     fixed: usize,
     ids: usize,
-) -> (String, Vec<usize>) {
+) -> Result<(String, Vec<usize>)> {
     let mut order = Vec::new();
+    let mut zero = false;
     let out = placeholders(&expand_ids(template, fixed, ids), |n| {
-        // `$0` is no placeholder of txbox's: an index no value has
-        order.push(n.wrapping_sub(1));
+        zero |= n == 0;
+        order.push(n.saturating_sub(1));
         match style {
             Style::Dollar => format!("${n}"),
             Style::Question => "?".into(),
@@ -55,21 +57,15 @@ pub(crate) fn render(
             Style::Colon => format!(":{}", order.len()),
         }
     });
-    if matches!(style, Style::Dollar | Style::QuestionNumbered) {
-        // numbered styles bind every index up to the highest one used (a
-        // `$0` stays in the order: no value has its index)
-        let zero = order.contains(&usize::MAX);
-        let highest = order
-            .iter()
-            .filter(|&&i| i != usize::MAX)
-            .max()
-            .map_or(0, |m| m + 1);
-        order = (0..highest).collect();
-        if zero {
-            order.push(usize::MAX);
-        }
+    if zero {
+        return Err(no_value(0, template));
     }
-    (out, order)
+    if matches!(style, Style::Dollar | Style::QuestionNumbered) {
+        // numbered styles bind every index up to the highest one used
+        let highest = order.iter().max().map_or(0, |m| m + 1);
+        order = (0..highest).collect();
+    }
+    Ok((out, order))
 }
 
 /// Adds `by` to every `$n` placeholder of `template`.
@@ -92,13 +88,13 @@ pub(crate) fn inline(
 ) -> Result<String> {
     let all: Vec<&Val> = fixed.iter().chain(ids).collect();
     let mut unbound = None;
-    let sql = placeholders(&expand_ids(template, fixed.len(), ids.len()), |n| match all
-        .get(n.wrapping_sub(1))
-    {
-        Some(v) => literal(v),
-        None => {
-            unbound.get_or_insert(n);
-            String::new()
+    let sql = placeholders(&expand_ids(template, fixed.len(), ids.len()), |n| {
+        match n.checked_sub(1).and_then(|i| all.get(i)) {
+            Some(v) => literal(v),
+            None => {
+                unbound.get_or_insert(n);
+                String::new()
+            }
         }
     });
     match unbound {
@@ -154,14 +150,14 @@ pub(crate) fn prepare(
     fixed: &[Val],
     ids: &[Val],
 ) -> Result<(String, Vec<Val>)> {
-    let (sql, order) = render(template, d.style, fixed.len(), ids.len());
+    let (sql, order) = render(template, d.style, fixed.len(), ids.len())?;
     let all: Vec<&Val> = fixed.iter().chain(ids).collect();
     let params = order
         .iter()
         .map(|&i| {
             all.get(i)
                 .map(|v| (*v).clone())
-                .ok_or_else(|| no_value(i.wrapping_add(1), template))
+                .ok_or_else(|| no_value(i + 1, template))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((sql, params))
