@@ -126,7 +126,20 @@ impl ReceivedEvent {
             .ok_or_else(|| Error::MissingEventId(self.position.to_string()))
     }
 
-    /// Deserializes the JSON payload.
+    /// Deserializes the JSON payload; [`Error::Deserialize`], naming where the
+    /// message was read, when it is not the JSON of a `T`.
+    ///
+    /// ```
+    /// use txbox::{Error, Position, ReceivedEvent};
+    /// let position = Position::Kafka { topic: "orders".into(), partition: 0, offset: 7 };
+    /// let e = ReceivedEvent::from_parts([], None, b"{\"n\": 3}".to_vec(), position);
+    /// assert_eq!(e.json::<serde_json::Value>().unwrap()["n"], 3);
+    /// let err = e.json::<u32>().unwrap_err();
+    /// assert!(
+    ///     matches!(&err, Error::Deserialize { position, .. } if position == "kafka orders/0@7"),
+    ///     "{err}"
+    /// );
+    /// ```
     pub fn json<T: DeserializeOwned>(&self) -> Result<T> {
         serde_json::from_slice(&self.payload).map_err(|source| Error::Deserialize {
             position: self.position.to_string(),
