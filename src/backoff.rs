@@ -16,6 +16,8 @@ pub(crate) struct RetryBackoff {
     policy: ExponentialBuilder,
     max: Duration,
     waits: ExponentialBackoff,
+    /// a wait was taken since the waits were (re)built: a reset has work
+    used: bool,
 }
 
 impl RetryBackoff {
@@ -30,6 +32,7 @@ impl RetryBackoff {
             policy,
             max,
             waits: policy.build(),
+            used: false,
         }
     }
 
@@ -53,12 +56,16 @@ impl RetryBackoff {
 
     /// The next wait of a loop without a bound on its tries.
     pub(crate) fn wait(&mut self) -> Duration {
+        self.used = true;
         self.waits.next().unwrap_or(self.max)
     }
 
-    /// The next wait is the first one again.
+    /// The next wait is the first one again. Free when no wait was taken
+    /// since (a poller resets after every poll that worked).
     pub(crate) fn reset(&mut self) {
-        self.waits = self.policy.build();
+        if std::mem::take(&mut self.used) {
+            self.waits = self.policy.build();
+        }
     }
 }
 
@@ -84,6 +91,14 @@ mod tests {
         // backon multiplies by an f32: 200 ms is 200.000003 ms
         let waits: Vec<u128> = (0..5).map(|_| b.wait().as_millis()).collect();
         assert_eq!(waits, [100, 200, 400, 500, 500]);
+        b.reset();
+        assert_eq!(b.wait(), 100 * MS);
+        // resets with no wait between them change nothing; one after a wait
+        // starts again
+        b.reset();
+        b.reset();
+        assert_eq!(b.wait(), 100 * MS);
+        assert_eq!(b.wait().as_millis(), 200);
         b.reset();
         assert_eq!(b.wait(), 100 * MS);
     }
