@@ -156,7 +156,7 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
         assert!(took < Duration::from_secs(3), "gave up after {took:?}");
         let text = err.to_string();
         assert!(
-            text.contains("schema version 7")
+            text.contains("schema version 8")
                 && text.contains("gave up waiting for a lock")
                 && text.contains("migrate_lock_timeout"),
             "{text}"
@@ -170,7 +170,70 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
         )
         .unwrap()
         .get(0);
-    assert_eq!(latest, 7);
+    assert_eq!(latest, 8);
+}
+
+/// A wake-up trigger disabled by hand stays disabled through schema 8, which
+/// makes it anew (without its WHEN clause): `migrate` never turns the
+/// notifications on again, and its commits send none.
+#[test]
+fn postgres_schema_8_keeps_a_disabled_wake_up_disabled() {
+    let _serial = serial();
+    let p = "mig_wake8_pg_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let trigger = |c: &mut postgres::Client| -> (String, bool) {
+        let row = c
+            .query_one(
+                "SELECT tgenabled::text, tgqual IS NULL FROM pg_trigger \
+                 WHERE tgname = $1 AND tgrelid = to_regclass($2)",
+                &[
+                    &format!("{p}outbox_events_wake"),
+                    &format!("{p}outbox_events"),
+                ],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    let mut c = crate::common::client().unwrap();
+    c.batch_execute(&format!(
+        "ALTER TABLE {p}outbox_events DISABLE TRIGGER {p}outbox_events_wake; \
+         DELETE FROM {p}txbox_schema_version WHERE version = 8"
+    ))
+    .unwrap();
+    let pending: Vec<i64> = fx
+        .store
+        .pending_migrations()
+        .unwrap()
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(pending, [8]);
+    fx.store.migrate().unwrap();
+    assert!(fx.store.pending_migrations().unwrap().is_empty());
+    assert_eq!(
+        trigger(&mut c),
+        ("D".to_string(), true),
+        "made anew without WHEN, and still disabled"
+    );
+    let mut listening = crate::common::listening(p);
+    fx.publish(&config, "e", 1, true);
+    let got = crate::common::heard(&mut listening, Duration::from_millis(500));
+    assert!(got.is_empty(), "a disabled wake-up notified: {got:?}");
+    // enabled again by hand, the new trigger notifies
+    c.batch_execute(&format!(
+        "ALTER TABLE {p}outbox_events ENABLE TRIGGER {p}outbox_events_wake"
+    ))
+    .unwrap();
+    fx.publish(&config, "e", 1, true);
+    let got = crate::common::heard(&mut listening, Duration::from_millis(1000));
+    assert_eq!(got, ["e"]);
 }
 
 /// A version that cannot be read (here a role without the grant) is an
@@ -252,10 +315,11 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
         .build()
         .unwrap();
     let mut c = crate::common::client().unwrap();
-    // schema 7 without its last index and unrecorded: its upgrade builds it
+    // schema 7 without its last index and unrecorded (and the versions
+    // after it): its upgrade builds it
     c.batch_execute(&format!(
         "DROP INDEX {p}outbox_key_seq_idx; \
-         DELETE FROM {p}txbox_schema_version WHERE version = 7"
+         DELETE FROM {p}txbox_schema_version WHERE version >= 7"
     ))
     .unwrap();
     let valid = |c: &mut postgres::Client| -> Option<bool> {
@@ -287,7 +351,8 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
         Some(false),
         "the stopped build left it INVALID"
     );
-    assert_eq!(fx.store.pending_migrations().unwrap().len(), 1);
+    let pending = fx.store.pending_migrations().unwrap();
+    assert_eq!(pending.first().map(|m| m.version), Some(7), "7 is still to run");
     old.batch_execute("COMMIT").unwrap();
     txbox::Store::migrate(&store).unwrap();
     assert_eq!(valid(&mut c), Some(true), "built again");

@@ -35,7 +35,11 @@ pub(crate) const SCHEMA_5: &str = include_str!("../../sql/postgres/005_binary_pa
 /// Schema version 6: the wake-up on commit rationed (one notifying commit per
 /// event type in flight), per type, and off for a session (`txbox.wake`).
 pub(crate) const SCHEMA_6: &str = include_str!("../../sql/postgres/006_rationed_wake.sql");
+/// Schema version 7: the database numbers the events at insert (`seq`).
 pub(crate) const SCHEMA_7: &str = include_str!("../../sql/postgres/007_insert_order.sql");
+/// Schema version 8: the wake-up's trigger asks whether a row is due in its
+/// function, not in a WHEN clause built at every INSERT.
+pub(crate) const SCHEMA_8: &str = include_str!("../../sql/postgres/008_lean_wake.sql");
 
 /// A connection pool of the `postgres` crate, as [`PgStore`] uses it: TLS
 /// through `T`, txbox's own ([`PgTls`], what [`PgStore::connect`] makes) unless
@@ -96,7 +100,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         style: Style::Dollar,
         begin: "BEGIN",
         schema: &[
-            SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7,
+            SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8,
         ],
         transactional_ddl: true,
         online_index: Some(sql::OnlineIndex {

@@ -1043,26 +1043,26 @@ fn migrate_dry_run_lists_what_would_run_and_changes_nothing() {
     );
     let mut c = crate::common::client().unwrap();
     c.batch_execute(&format!(
-        "DELETE FROM {p}txbox_schema_version WHERE version = 7"
+        "DELETE FROM {p}txbox_schema_version WHERE version = 8"
     ))
     .unwrap();
     let pending = fx.store.pending_migrations().unwrap();
     let versions: Vec<i64> = pending.iter().map(|m| m.version).collect();
-    assert_eq!(versions, vec![7]);
+    assert_eq!(versions, vec![8]);
     assert!(pending[0]
         .title
-        .starts_with("txbox schema 7 for PostgreSQL"));
-    assert!(pending[0].sql.contains(&format!("{p}outbox_events_seq")));
+        .starts_with("txbox schema 8 for PostgreSQL"));
+    assert!(pending[0].sql.contains(&format!("{p}outbox_events_wake")));
     let (code, out, _) = cli(p, &["migrate", "--dry-run"]);
     assert_eq!(code, 0);
-    assert!(out.contains("-- version 7: txbox schema 7"), "{out}");
+    assert!(out.contains("-- version 8: txbox schema 8"), "{out}");
     assert!(!out.contains("{prefix}"), "the prefix is filled in");
     // nothing changed
     assert_eq!(fx.store.pending_migrations().unwrap().len(), 1);
     let (code, out, _) = cli(p, &["--json", "migrate", "--dry-run"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["pending"][0]["version"], 7);
+    assert_eq!(v["pending"][0]["version"], 8);
     fx.store.migrate().unwrap();
     assert!(fx.store.pending_migrations().unwrap().is_empty());
     // a database without the tables: every file

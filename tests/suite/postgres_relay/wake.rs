@@ -140,6 +140,38 @@ fn a_rollback_notifies_nobody_and_a_commit_once_per_type() {
     assert_eq!(got, ["a", "b"], "one notification per type and commit");
 }
 
+/// Only a row due now notifies: a FAILED row or one due later (what a held
+/// claim writes back for a failed event) commits without a notification,
+/// and a due PENDING row of the same table still notifies. (Schema 8 asks
+/// this in the trigger's function; schema 6 asked it in a WHEN clause.)
+#[test]
+fn a_row_that_is_not_due_notifies_nobody() {
+    let p = "t_rel_notify_due_";
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
+    let mut listening = crate::common::listening(p);
+    let insert = |status: &str, due: &str| {
+        format!(
+            "INSERT INTO {p}outbox_events (id, event_type, payload, status, next_attempt_at) \
+             VALUES (gen_random_uuid(), '{status}', '1', '{status}', {due})"
+        )
+    };
+    client
+        .batch_execute(&format!(
+            "BEGIN; {}; {}; COMMIT",
+            insert("FAILED", "now()"),
+            insert("PENDING", "now() + interval '1 hour'")
+        ))
+        .unwrap();
+    let got = heard(&mut listening, ms(500));
+    assert!(got.is_empty(), "rows not due notified: {got:?}");
+    client
+        .batch_execute(&format!("BEGIN; {}; COMMIT", insert("PENDING", "now()")))
+        .unwrap();
+    assert_eq!(heard(&mut listening, ms(1000)), ["PENDING"]);
+}
+
 /// `wake = "poll"` turns the wake-up off for its type: of two types sleeping in
 /// a 30 s delay, the one that listens is sent on commit, the other waits.
 #[test]
