@@ -80,6 +80,10 @@ VARIANTS = [
      trigger("nopw", "BEGIN RETURN NULL; END", WHEN6), INSERT, False),
     ("a deferred row trigger: shared lock, try-lock, notify (what no commit left behind needs) (held)",
      trigger("dst", "BEGIN " + SHARED + " " + TRY + " RETURN NULL; END"), INSERT, True),
+    ("a deferred row trigger: the same two lock calls on keys of its own session (no two sessions share a lock)",
+     trigger("dmine", "BEGIN PERFORM pg_advisory_xact_lock_shared(pg_backend_pid()::int8);"
+             " IF pg_try_advisory_xact_lock(pg_backend_pid(), 0) THEN RETURN NULL; END IF; RETURN NULL; END"),
+     INSERT, False),
     ("a deferred row trigger: try-lock, notify (held)",
      trigger("dtry", "BEGIN " + TRY + " RETURN NULL; END"), INSERT, True),
     ("an immediate row trigger: try-lock, notify (the issue's experiment)",

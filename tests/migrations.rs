@@ -352,7 +352,11 @@ fn postgres_an_index_build_blocks_no_writer_and_an_invalid_one_is_built_again() 
         "the stopped build left it INVALID"
     );
     let pending = fx.store.pending_migrations().unwrap();
-    assert_eq!(pending.first().map(|m| m.version), Some(7), "7 is still to run");
+    assert_eq!(
+        pending.first().map(|m| m.version),
+        Some(7),
+        "7 is still to run"
+    );
     old.batch_execute("COMMIT").unwrap();
     txbox::Store::migrate(&store).unwrap();
     assert_eq!(valid(&mut c), Some(true), "built again");

@@ -33,6 +33,8 @@ pub(crate) struct Size {
     pub(crate) plan_rows: usize,
     /// how long each run of the concurrent publishers lasts
     pub(crate) writers_secs: u64,
+    /// `--writers N,N`: the numbers of concurrent publishers (1, 8, 32, 64)
+    pub(crate) writers: Vec<usize>,
     /// `--trigger on|off|empty`: the publish overhead with the commit
     /// notification as shipped, its trigger disabled, or its function emptied
     /// (the trigger fires and sends nothing): what NOTIFY itself costs

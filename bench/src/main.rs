@@ -101,6 +101,10 @@ struct Args {
     /// its function sends nothing).
     #[arg(long, default_value = "on", value_parser = ["on", "off", "empty"])]
     trigger: String,
+    /// The numbers of concurrent publishers of part `writers`.
+    #[arg(long, value_name = "N,N...", value_delimiter = ',', default_value = "1,8,32,64",
+          value_parser = clap::value_parser!(u64).range(1..=256))]
+    writers: Vec<u64>,
 }
 
 fn main() -> Res<()> {
@@ -130,6 +134,7 @@ fn main() -> Res<()> {
             instances: 100_000,
             plan_rows: 1_000_000,
             writers_secs: 8,
+            writers: vec![],
             trigger: String::new(),
             rounds: 3,
             in_flight,
@@ -150,6 +155,7 @@ fn main() -> Res<()> {
             instances: 20_000,
             plan_rows: 100_000,
             writers_secs: 3,
+            writers: vec![],
             trigger: String::new(),
             rounds: 1,
             in_flight,
@@ -170,6 +176,7 @@ fn main() -> Res<()> {
         idle_samples: n(args.idle_samples).unwrap_or(s.idle_samples),
         rounds: rounds.unwrap_or(s.rounds),
         trigger: args.trigger.clone(),
+        writers: args.writers.iter().map(|&n| n as usize).collect(),
         ..s
     };
     let _ = env_logger::builder()

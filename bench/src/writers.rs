@@ -20,6 +20,9 @@ pub(crate) enum WakeUp {
     /// the trigger fires and its function returns at once: what the deferred
     /// trigger itself costs (the relay polls)
     Empty,
+    /// the type's wake-up is `poll`: the trigger does all its work (its locks,
+    /// its checks) and sends nothing; the relay polls and nobody listens
+    Poll,
 }
 
 /// N concurrent publishers through `Outbox::publish` with the wake-up on commit
@@ -30,6 +33,7 @@ pub(crate) enum WakeUp {
 pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     let p = "bench_writers_";
     let cfg = config_with(p, EventSettings::default(), true);
+    let polling = config_with(p, EventSettings::default().wake(txbox::Wake::Poll), true);
     let every_commit = include_str!("../../sql/postgres/003_notify_on_commit.sql")
         .lines()
         .filter(|l| l.starts_with("CREATE "))
@@ -40,12 +44,18 @@ pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
         "CREATE OR REPLACE FUNCTION {p}txbox_wake() RETURNS trigger LANGUAGE plpgsql AS \
          $$ BEGIN RETURN NULL; END $$"
     );
-    let modes = [WakeUp::On, WakeUp::Off, WakeUp::EveryCommit, WakeUp::Empty];
-    for n in [1usize, 8, 32, 64] {
-        let mut tps: [Vec<f64>; 4] = Default::default();
-        let mut cpu: [Vec<f64>; 4] = Default::default();
-        let mut xids: [Vec<f64>; 4] = Default::default();
-        let mut claims: [Vec<f64>; 4] = Default::default();
+    let modes = [
+        WakeUp::On,
+        WakeUp::Off,
+        WakeUp::EveryCommit,
+        WakeUp::Empty,
+        WakeUp::Poll,
+    ];
+    for &n in &s.writers {
+        let mut tps: [Vec<f64>; 5] = Default::default();
+        let mut cpu: [Vec<f64>; 5] = Default::default();
+        let mut xids: [Vec<f64>; 5] = Default::default();
+        let mut claims: [Vec<f64>; 5] = Default::default();
         for r in 0..s.rounds.max(2) {
             // each round in another order: none always goes first
             for k in 0..modes.len() {
@@ -70,11 +80,11 @@ pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
                 c.batch_execute("CHECKPOINT")?;
                 let acks = Acks::default();
                 let count = acks.count.clone();
-                let (store, claimed) = counted(&cfg)?;
-                let relay =
-                    Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
-                        Ok(Box::new(Timed::new(Discard, acks.clone())))
-                    })?;
+                let cfg = if mode == WakeUp::Poll { &polling } else { &cfg };
+                let (store, claimed) = counted(cfg)?;
+                let relay = Relay::start(store, cfg, move || -> txbox::Result<Box<dyn Sender>> {
+                    Ok(Box::new(Timed::new(Discard, acks.clone())))
+                })?;
                 // the machine's CPU from the first commit until the relay sent
                 // the last event: the publishers, the database and the relay
                 let xid = |c: &mut postgres::Client| -> Res<i64> {
@@ -82,7 +92,7 @@ pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
                 };
                 let first = xid(&mut c)?;
                 let (commits, busy) = with_cpu(|| {
-                    let commits = publish_flat_out(&cfg, "bench", n, s.writers_secs)?;
+                    let commits = publish_flat_out(cfg, "bench", n, s.writers_secs)?;
                     // the relay keeps up (or the run says so)
                     let deadline = Instant::now() + Duration::from_secs(60);
                     while count.load(Ordering::Relaxed) < commits && Instant::now() < deadline {
@@ -106,7 +116,7 @@ pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
                 relay.shutdown(Duration::from_secs(10))?;
             }
         }
-        let [on, off, every, _] = &mut tps;
+        let [on, off, every, _, _] = &mut tps;
         let (on, off, every) = (median(on), median(off), median(every));
         let target = match n {
             1 => ">= 0.93",
@@ -128,8 +138,8 @@ pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
             "-",
         ));
         if cpu.iter().all(|c| !c.is_empty()) {
-            let [on, off, _, empty] = &mut cpu;
-            let (on, off, empty) = (median(on), median(off), median(empty));
+            let [on, off, _, empty, poll] = &mut cpu;
+            let (on, off, empty, poll) = (median(on), median(off), median(empty), median(poll));
             // on a machine the publishers keep busy, the commit rate is
             // the inverse of this: the steadier figure of the two
             out.push(row(
@@ -146,8 +156,15 @@ pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
                 off / empty,
                 "-",
             ));
+            out.push(row(
+                format!("  {n} publishers, machine CPU per commit, wake = \"poll\" (the trigger's locks, no notification) vs off"),
+                format!("{poll:.0} us"),
+                format!("{off:.0} us"),
+                off / poll,
+                "-",
+            ));
         }
-        let [on, off, _, _] = &mut claims;
+        let [on, off, _, _, _] = &mut claims;
         out.push(row(
             format!("  {n} publishers, the relay's claims per 1,000 commits"),
             format!("{:.1}", median(on)),
@@ -155,7 +172,7 @@ pub(crate) fn concurrent_publishers(s: &Size, out: &mut Vec<Row>) -> Res<()> {
             median(on) / median(off),
             "-",
         ));
-        let [on, off, _, _] = &mut xids;
+        let [on, off, _, _, _] = &mut xids;
         out.push(row(
             format!("  {n} publishers, writing transactions per commit (the publisher's and the relay's)"),
             format!("{:.3}", median(on)),

@@ -5,7 +5,7 @@
 //! net.
 //!
 //! Commits are rationed: while one commit of a type notifies, the others of
-//! that type commit without a notification (see `sql/postgres/006_*.sql`), and
+//! that type commit without a notification (see `sql/postgres/006_*.sql` and `008_*.sql`), and
 //! from a notification until the type's poller starts its next claim the
 //! listener holds the type's notifications back ([`Notifications::hold`]):
 //! commits meanwhile skip theirs too. After waking a poller, and when a hold

@@ -1,5 +1,5 @@
 //! The PostgreSQL connection that listens for the relay: `LISTEN`, and the
-//! advisory locks of the rationed wake-up on commit (`sql/postgres/006_*.sql`).
+//! advisory locks of the rationed wake-up on commit (`sql/postgres/006_*.sql`, `008_*.sql`).
 //!
 //! The lock queries run on a helper thread and are given up after
 //! [`ANSWER_WITHIN`]: the driver has no deadline for a query, and a connection
