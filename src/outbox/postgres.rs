@@ -80,7 +80,7 @@ impl crate::Outbox {
     /// Prepares this outbox's one-event `INSERT` on `client` (one round trip):
     /// see [`PgPrepared`].
     pub fn prepare_pg(&self, client: &mut impl GenericClient) -> Result<PgPrepared> {
-        let sql = self.insert_one();
+        let sql = self.insert_one()?;
         Ok(PgPrepared {
             table: self.tables().outbox.clone(),
             insert: Kept::new(client.prepare_typed(&sql, &INSERT_ONE_TYPES)?),
@@ -121,7 +121,7 @@ impl crate::Outbox {
         let insert = match kept {
             Some(insert) => insert,
             None => {
-                let insert = Kept::new(conn.prepare_typed(&self.insert_one(), &INSERT_ONE_TYPES)?);
+                let insert = Kept::new(conn.prepare_typed(&self.insert_one()?, &INSERT_ONE_TYPES)?);
                 let extensions = r2d2::PooledConnection::extensions_mut(conn);
                 let mut prepared = extensions.remove::<PreparedInserts>().unwrap_or_default();
                 prepared.0.insert(table.to_owned(), insert.clone());
@@ -136,8 +136,9 @@ impl crate::Outbox {
     }
 
     /// The dialect's `INSERT` of one event into this outbox's table.
-    fn insert_one(&self) -> String {
-        sql::insert_events_sql(<PgDialect as sql::Backend>::cached(self.tables()), 1, false)
+    fn insert_one(&self) -> Result<String> {
+        let d = <PgDialect as sql::Backend>::cached(self.tables())?;
+        Ok(sql::insert_events_sql(&d, 1, false))
     }
 }
 

@@ -38,7 +38,7 @@ impl<D: Dialect> SqlStore<D> {
     /// A store on `pool` for the tables of `config`.
     pub(crate) fn with_pool(pool: D, config: &crate::Config) -> Result<Self> {
         let tables = Tables::new(config.table_prefix())?;
-        let d = D::cached(&tables).clone();
+        let d = D::cached(&tables)?;
         Ok(SqlStore {
             pool,
             tables,
@@ -650,7 +650,8 @@ macro_rules! transaction_impls {
         impl crate::transaction::Transaction for $tx {
             fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
                 $($check(self)?;)?
-                sql::insert_events(self, <$dialect as sql::Backend>::cached(tables), events)
+                let d = <$dialect as sql::Backend>::cached(tables)?;
+                sql::insert_events(self, &d, events)
             }
 
             fn insert_new_ids(
@@ -660,9 +661,10 @@ macro_rules! transaction_impls {
                 ids: &[EventId],
             ) -> Result<Vec<EventId>> {
                 $($check(self)?;)?
+                let d = <$dialect as sql::Backend>::cached(tables)?;
                 sql::insert_inbox_ids(
                     self,
-                    <$dialect as sql::Backend>::cached(tables),
+                    &d,
                     consumer,
                     ids,
                 )

@@ -268,16 +268,16 @@ where
 /// private module only, so that no type outside txbox can implement it.
 pub trait Backend: Send + Sync + 'static {
     /// Where the dialect's statements are kept with a [`Tables`]: `0` to
-    /// [`DIALECTS`](super::DIALECTS)` - 1`, one per dialect.
+    /// `Shared::SLOTS - 1`, one per dialect.
     const SLOT: usize;
     /// The dialect's statements for `tables`.
     fn catalog(tables: &Tables) -> Catalog;
     /// The statements for `tables`, built the first time and kept with them.
-    fn cached(tables: &Tables) -> &std::sync::Arc<Catalog>
+    fn cached(tables: &Tables) -> Result<std::sync::Arc<Catalog>>
     where
         Self: Sized,
     {
-        tables.compiled.get(Self::SLOT, || Self::catalog(tables))
+        tables.shared.get(Self::SLOT, || Self::catalog(tables))
     }
     fn get(&self) -> Result<Box<dyn Conn + '_>>;
     /// A connection that may outlive the call (a held claim keeps one). Pools of
