@@ -148,7 +148,7 @@ pub(crate) struct Shared([std::sync::OnceLock<SharedValue>; Shared::SLOTS]);
     feature = "sqlite",
     feature = "oracle"
 ))]
-type SharedValue = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+type SharedValue = Box<dyn std::any::Any + Send + Sync>;
 
 #[cfg(any(
     feature = "postgres",
@@ -183,18 +183,19 @@ impl Shared {
         &self,
         slot: usize,
         build: impl FnOnce() -> T,
-    ) -> Result<std::sync::Arc<T>> {
+    ) -> Result<&T> {
         let cell = self
             .0
             .get(slot)
             .ok_or_else(|| Error::Internal(format!("no shared slot {slot}")))?;
-        let value = cell.get_or_init(|| std::sync::Arc::new(build())).clone();
-        value.downcast::<T>().map_err(|_| {
-            Error::Internal(format!(
-                "shared slot {slot} holds another type than {}",
-                std::any::type_name::<T>()
-            ))
-        })
+        cell.get_or_init(|| Box::new(build()))
+            .downcast_ref::<T>()
+            .ok_or_else(|| {
+                Error::Internal(format!(
+                    "shared slot {slot} holds another type than {}",
+                    std::any::type_name::<T>()
+                ))
+            })
     }
 }
 
@@ -239,7 +240,7 @@ mod tests {
         });
         assert_eq!(built, 1);
         let (first, again) = (first.unwrap(), again.unwrap());
-        assert!(std::sync::Arc::ptr_eq(&first, &again));
+        assert!(std::ptr::eq(first, again));
         // another prefix builds its own
         let other = Tables::new("t_shared_other_").unwrap();
         assert_eq!(*other.shared.get(0, || String::from("x")).unwrap(), "x");

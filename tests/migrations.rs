@@ -175,9 +175,10 @@ fn postgres_an_upgrade_behind_an_open_transaction_gives_up_in_time() {
 
 /// A wake-up trigger disabled by hand stays disabled through schema 8, which
 /// makes it anew (without its WHEN clause): `migrate` never turns the
-/// notifications on again, and its commits send none.
+/// notifications on again, and its commits send none. One enabled for
+/// replicas comes back so, and one dropped by hand stays dropped.
 #[test]
-fn postgres_schema_8_keeps_a_disabled_wake_up_disabled() {
+fn postgres_schema_8_keeps_the_wake_ups_state() {
     let _serial = serial();
     let p = "mig_wake8_pg_";
     let Some(fx) = Fixture::new(Backend::Postgres, p) else {
@@ -234,6 +235,30 @@ fn postgres_schema_8_keeps_a_disabled_wake_up_disabled() {
     fx.publish(&config, "e", 1, true);
     let got = crate::common::heard(&mut listening, Duration::from_millis(1000));
     assert_eq!(got, ["e"]);
+    // enabled for replicas only, it comes back so
+    c.batch_execute(&format!(
+        "ALTER TABLE {p}outbox_events ENABLE REPLICA TRIGGER {p}outbox_events_wake; \
+         DELETE FROM {p}txbox_schema_version WHERE version = 8"
+    ))
+    .unwrap();
+    fx.store.migrate().unwrap();
+    assert_eq!(trigger(&mut c), ("R".to_string(), true));
+    // dropped by hand, it stays dropped
+    c.batch_execute(&format!(
+        "DROP TRIGGER {p}outbox_events_wake ON {p}outbox_events; \
+         DELETE FROM {p}txbox_schema_version WHERE version = 8"
+    ))
+    .unwrap();
+    fx.store.migrate().unwrap();
+    assert!(fx.store.pending_migrations().unwrap().is_empty());
+    let left: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1) AND NOT tgisinternal",
+            &[&format!("{p}outbox_events")],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "a dropped wake-up was made again");
 }
 
 /// A version that cannot be read (here a role without the grant) is an

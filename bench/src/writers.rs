@@ -1,5 +1,6 @@
 //! Part `writers`: concurrent publishers with the wake-up on commit on, off,
-//! as schema 3 had it, and firing an empty function.
+//! as schema 3 had it, firing an empty function, and with the type's wake-up
+//! `poll`.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -11,7 +12,7 @@ use crate::common::*;
 /// How the concurrent publishers' commits wake the relay.
 #[derive(Clone, Copy, PartialEq)]
 pub(crate) enum WakeUp {
-    /// the rationed trigger as shipped (schema 6)
+    /// the rationed trigger as shipped (schemas 6 and 8)
     On,
     /// the trigger disabled: the relay polls
     Off,

@@ -1081,5 +1081,5 @@ fn migrate_dry_run_lists_what_would_run_and_changes_nothing() {
     let (code, out, _) = cli(fresh, &["--json", "migrate", "--dry-run"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["pending"].as_array().unwrap().len(), 7);
+    assert_eq!(v["pending"].as_array().unwrap().len(), 8);
 }

@@ -38,7 +38,7 @@ impl<D: Dialect> SqlStore<D> {
     /// A store on `pool` for the tables of `config`.
     pub(crate) fn with_pool(pool: D, config: &crate::Config) -> Result<Self> {
         let tables = Tables::new(config.table_prefix())?;
-        let d = D::cached(&tables)?;
+        let d = D::cached(&tables)?.clone();
         Ok(SqlStore {
             pool,
             tables,
@@ -650,8 +650,7 @@ macro_rules! transaction_impls {
         impl crate::transaction::Transaction for $tx {
             fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
                 $($check(self)?;)?
-                let d = <$dialect as sql::Backend>::cached(tables)?;
-                sql::insert_events(self, &d, events)
+                sql::insert_events(self, <$dialect as sql::Backend>::cached(tables)?, events)
             }
 
             fn insert_new_ids(
@@ -661,10 +660,9 @@ macro_rules! transaction_impls {
                 ids: &[EventId],
             ) -> Result<Vec<EventId>> {
                 $($check(self)?;)?
-                let d = <$dialect as sql::Backend>::cached(tables)?;
                 sql::insert_inbox_ids(
                     self,
-                    &d,
+                    <$dialect as sql::Backend>::cached(tables)?,
                     consumer,
                     ids,
                 )

@@ -273,11 +273,13 @@ pub trait Backend: Send + Sync + 'static {
     /// The dialect's statements for `tables`.
     fn catalog(tables: &Tables) -> Catalog;
     /// The statements for `tables`, built the first time and kept with them.
-    fn cached(tables: &Tables) -> Result<std::sync::Arc<Catalog>>
+    fn cached(tables: &Tables) -> Result<&std::sync::Arc<Catalog>>
     where
         Self: Sized,
     {
-        tables.shared.get(Self::SLOT, || Self::catalog(tables))
+        tables
+            .shared
+            .get(Self::SLOT, || std::sync::Arc::new(Self::catalog(tables)))
     }
     fn get(&self) -> Result<Box<dyn Conn + '_>>;
     /// A connection that may outlive the call (a held claim keeps one). Pools of
