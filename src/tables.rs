@@ -20,7 +20,7 @@ pub struct Tables {
         feature = "sqlite",
         feature = "oracle"
     ))]
-    pub(crate) shared: std::sync::Arc<Shared>,
+    pub(crate) shared: std::sync::Arc<shared::Shared>,
 }
 
 /// Tables are equal when their names are: they have the same prefix.
@@ -49,7 +49,7 @@ impl Tables {
                 feature = "sqlite",
                 feature = "oracle"
             ))]
-            shared: Shared::for_prefix(prefix),
+            shared: shared::Shared::for_prefix(prefix),
         })
     }
 
@@ -130,132 +130,111 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     }
 }
 
-/// What is built once per table prefix and kept with every [`Tables`] of it:
-/// each SQL dialect's statements, in a slot of its own. The values' types are
-/// erased, so that the table names depend on none of the stores that use them.
 #[cfg(any(
     feature = "postgres",
     feature = "mysql",
     feature = "sqlite",
     feature = "oracle"
 ))]
-#[derive(Default)]
-pub(crate) struct Shared([std::sync::OnceLock<SharedValue>; Shared::SLOTS]);
+pub(crate) mod shared {
+    use crate::error::{Error, Result};
 
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
-type SharedValue = Box<dyn std::any::Any + Send + Sync>;
+    /// What is built once per table prefix and kept with every [`Tables`](super::Tables) of it:
+    /// each SQL dialect's statements, in a slot of its own. The values' types are
+    /// erased, so that the table names depend on none of the stores that use them.
+    #[derive(Default)]
+    pub(crate) struct Shared([std::sync::OnceLock<SharedValue>; Shared::SLOTS]);
 
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
-impl Shared {
-    /// How many slots there are: one per SQL dialect.
-    pub(crate) const SLOTS: usize = 4;
+    type SharedValue = Box<dyn std::any::Any + Send + Sync>;
 
-    /// The values of the tables of `prefix`: those of every `Tables` of that
-    /// prefix made before, shared (a service that makes an `Outbox` per
-    /// request looks them up once per `Outbox`, under a lock, and builds them
-    /// once per process; a publish then reads them without either).
-    fn for_prefix(prefix: &str) -> std::sync::Arc<Shared> {
-        use std::collections::HashMap;
-        use std::sync::{Arc, LazyLock, Mutex};
-        static BY_PREFIX: LazyLock<Mutex<HashMap<String, Arc<Shared>>>> =
-            LazyLock::new(Default::default);
-        let mut all = BY_PREFIX.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = all.get(prefix) {
-            return c.clone();
+    impl Shared {
+        /// How many slots there are: one per SQL dialect.
+        pub(crate) const SLOTS: usize = 4;
+
+        /// The values of the tables of `prefix`: those of every `Tables` of that
+        /// prefix made before, shared (a service that makes an `Outbox` per
+        /// request looks them up once per `Outbox`, under a lock, and builds them
+        /// once per process; a publish then reads them without either).
+        pub(super) fn for_prefix(prefix: &str) -> std::sync::Arc<Shared> {
+            use std::collections::HashMap;
+            use std::sync::{Arc, LazyLock, Mutex};
+            static BY_PREFIX: LazyLock<Mutex<HashMap<String, Arc<Shared>>>> =
+                LazyLock::new(Default::default);
+            let mut all = BY_PREFIX.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = all.get(prefix) {
+                return c.clone();
+            }
+            all.entry(prefix.to_owned()).or_default().clone()
         }
-        all.entry(prefix.to_owned()).or_default().clone()
+
+        /// The value in `slot`, built by `build` the first time. An
+        /// [`Error::Internal`] for a slot that does not exist or holds a value of
+        /// another type (a bug: each dialect has a slot of its own).
+        pub(crate) fn get<T: std::any::Any + Send + Sync>(
+            &self,
+            slot: usize,
+            build: impl FnOnce() -> T,
+        ) -> Result<&T> {
+            let cell = self
+                .0
+                .get(slot)
+                .ok_or_else(|| Error::Internal(format!("no shared slot {slot}")))?;
+            cell.get_or_init(|| Box::new(build()))
+                .downcast_ref::<T>()
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "shared slot {slot} holds another type than {}",
+                        std::any::type_name::<T>()
+                    ))
+                })
+        }
     }
 
-    /// The value in `slot`, built by `build` the first time. An
-    /// [`Error::Internal`] for a slot that does not exist or holds a value of
-    /// another type (a bug: each dialect has a slot of its own).
-    pub(crate) fn get<T: std::any::Any + Send + Sync>(
-        &self,
-        slot: usize,
-        build: impl FnOnce() -> T,
-    ) -> Result<&T> {
-        let cell = self
-            .0
-            .get(slot)
-            .ok_or_else(|| Error::Internal(format!("no shared slot {slot}")))?;
-        cell.get_or_init(|| Box::new(build()))
-            .downcast_ref::<T>()
-            .ok_or_else(|| {
-                Error::Internal(format!(
-                    "shared slot {slot} holds another type than {}",
-                    std::any::type_name::<T>()
-                ))
-            })
-    }
-}
-
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Shared")
-    }
-}
-
-#[cfg(all(
-    test,
-    any(
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "oracle"
-    )
-))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tables_of_one_prefix_build_a_slot_once_and_share_it() {
-        let (a, b) = (
-            Tables::new("t_shared_once_").unwrap(),
-            Tables::new("t_shared_once_").unwrap(),
-        );
-        let mut built = 0;
-        let first = a.shared.get(0, || {
-            built += 1;
-            String::from("statements")
-        });
-        let again = b.shared.get(0, || {
-            built += 1;
-            String::from("other")
-        });
-        assert_eq!(built, 1);
-        let (first, again) = (first.unwrap(), again.unwrap());
-        assert!(std::ptr::eq(first, again));
-        // another prefix builds its own
-        let other = Tables::new("t_shared_other_").unwrap();
-        assert_eq!(*other.shared.get(0, || String::from("x")).unwrap(), "x");
+    impl std::fmt::Debug for Shared {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Shared")
+        }
     }
 
-    #[test]
-    fn a_slot_of_another_type_or_past_the_end_is_an_internal_error() {
-        let t = Tables::new("t_shared_types_").unwrap();
-        t.shared.get(1, || 7_u32).unwrap();
-        let e = t.shared.get(1, String::new).unwrap_err();
-        assert!(
-            matches!(&e, Error::Internal(m) if m.contains("slot 1") && m.contains("String")),
-            "{e}"
-        );
-        let e = t.shared.get(Shared::SLOTS, || 1_u8).unwrap_err();
-        assert!(matches!(e, Error::Internal(_)), "{e}");
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::tables::Tables;
+
+        #[test]
+        fn tables_of_one_prefix_build_a_slot_once_and_share_it() {
+            let (a, b) = (
+                Tables::new("t_shared_once_").unwrap(),
+                Tables::new("t_shared_once_").unwrap(),
+            );
+            let mut built = 0;
+            let first = a.shared.get(0, || {
+                built += 1;
+                String::from("statements")
+            });
+            let again = b.shared.get(0, || {
+                built += 1;
+                String::from("other")
+            });
+            assert_eq!(built, 1);
+            let (first, again) = (first.unwrap(), again.unwrap());
+            assert!(std::ptr::eq(first, again));
+            // another prefix builds its own
+            let other = Tables::new("t_shared_other_").unwrap();
+            assert_eq!(*other.shared.get(0, || String::from("x")).unwrap(), "x");
+        }
+
+        #[test]
+        fn a_slot_of_another_type_or_past_the_end_is_an_internal_error() {
+            let t = Tables::new("t_shared_types_").unwrap();
+            t.shared.get(1, || 7_u32).unwrap();
+            let e = t.shared.get(1, String::new).unwrap_err();
+            assert!(
+                matches!(&e, Error::Internal(m) if m.contains("slot 1") && m.contains("String")),
+                "{e}"
+            );
+            let e = t.shared.get(Shared::SLOTS, || 1_u8).unwrap_err();
+            assert!(matches!(e, Error::Internal(_)), "{e}");
+        }
     }
 }
