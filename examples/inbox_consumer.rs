@@ -89,7 +89,6 @@ fn run() -> Result<bool, Box<dyn std::error::Error>> {
             id: *id,
             event_type: "order-created".into(),
             destination: topic.clone(),
-            routing_key: "order-created".into(),
             key: None,
             headers: Default::default(),
             payload: serde_json::json!({"amount_cents": 100 + i})

@@ -118,7 +118,13 @@ fn start(
             FieldTable::new(),
         )?;
         conn.close()?;
-        let relay = Relay::start(store, config, RabbitSender::builder(&url).build())?;
+        let relay = Relay::start(
+            store,
+            config,
+            RabbitSender::builder(&url)
+                .routing_key("order-created", "order.created")
+                .build()?,
+        )?;
         let consumer = RabbitConsumer::builder(&url, &queue).build();
         let h = std::thread::spawn(move || {
             if let Err(e) = consumer.run(&s, record) {
@@ -137,9 +143,7 @@ fn run(broker: &str) -> Result<bool, Box<dyn std::error::Error>> {
     let config = Config::builder()
         .table_prefix("order_service_")
         .defaults(|e| e.adaptive_polling(Duration::from_millis(20), Duration::from_secs(1), 1.5))
-        .event("order-created", |e| {
-            e.destination(DESTINATION).routing_key("order.created")
-        })
+        .event("order-created", |e| e.destination(DESTINATION))
         .dlq(|d| d.enabled(true))
         .build()?;
     let store = Arc::new(PgStore::connect(&url, &config)?);

@@ -109,7 +109,7 @@ fn sender(broker: Broker) -> Result<Arc<dyn SenderFactory>, Failure> {
             ch.queue_declare(DESTINATION, queue)?;
             ch.queue_bind(DESTINATION, DESTINATION, EVENT, FieldTable::new())?;
             conn.close()?;
-            Arc::new(txbox::rabbitmq::RabbitSender::builder(&rabbit_url()).build())
+            Arc::new(txbox::rabbitmq::RabbitSender::builder(&rabbit_url()).build()?)
         }
         Broker::Kafka => {
             txbox::kafka::ensure_topic(&kafka_brokers(), DESTINATION, 1)?;
@@ -123,7 +123,7 @@ fn sender(broker: Broker) -> Result<Arc<dyn SenderFactory>, Failure> {
 pub fn start(database_url: &str, broker: Broker, addr: &str) -> Result<Service, Failure> {
     let config = Config::builder()
         .table_prefix("web_")
-        .event(EVENT, |e| e.destination(DESTINATION).routing_key(EVENT))
+        .event(EVENT, |e| e.destination(DESTINATION))
         .build()?;
     let store = Arc::new(PgStore::connect(database_url, &config)?);
     store.migrate()?;

@@ -43,8 +43,6 @@ pub struct Event {
     /// Where it goes: the topic (Kafka) or exchange (RabbitMQ) configured for its type;
     /// the event type itself when none is configured.
     pub destination: String,
-    /// The RabbitMQ routing key configured for its type; the event type when none is.
-    pub routing_key: String,
     /// The optional key (Kafka record key).
     pub key: Option<String>,
     /// The user's headers.

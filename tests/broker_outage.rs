@@ -246,7 +246,8 @@ fn rabbitmq_outage(p: &str, claim: ClaimMode) {
         &config,
         RabbitSender::builder(&rabbit_url())
             .confirm_timeout(ms(2000))
-            .build(),
+            .build()
+            .unwrap(),
     )
     .unwrap();
 

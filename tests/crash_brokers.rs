@@ -49,7 +49,7 @@ fn config_ordered(prefix: &str, destination: &str, held: bool, ordered: bool) ->
     };
     mode_config(prefix, defaults, claim, held)
         .event("order-placed", |e| {
-            let e = e.destination(destination).routing_key("order-placed");
+            let e = e.destination(destination);
             if ordered {
                 e.ordering(txbox::EventOrder::Key)
             } else {
@@ -85,7 +85,8 @@ fn relay_worker_process() {
     let _relay = if broker == "rabbitmq" {
         let factory = RabbitSender::builder(&rabbit_url())
             .confirm_timeout(ms(2000))
-            .build();
+            .build()
+            .unwrap();
         Relay::start(store, &config, factory).unwrap()
     } else {
         let sender = KafkaSender::builder(&kafka_brokers())

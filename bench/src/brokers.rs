@@ -24,7 +24,6 @@ pub(crate) fn broker_throughput(
         p,
         EventSettings::default()
             .destination(destination)
-            .routing_key("txbox-bench")
             .batch_size(200)
             .in_flight(s.in_flight.unwrap_or(EventSettings::default().in_flight)),
     );
@@ -35,7 +34,6 @@ pub(crate) fn broker_throughput(
         id: EventId::new(),
         event_type: "bench".into(),
         destination: destination.into(),
-        routing_key: "txbox-bench".into(),
         key: None,
         headers: Default::default(),
         payload: payload.into_bytes(),

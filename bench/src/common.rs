@@ -468,6 +468,16 @@ impl<S: Sender> Sender for Timed<S> {
     }
 }
 
+/// The bench's RabbitMQ sender: its event types go to the queue bound with
+/// the routing key `txbox-bench`.
+pub(crate) fn rabbit_sender(url: &str) -> Res<txbox::rabbitmq::RabbitSender> {
+    let mut b = txbox::rabbitmq::RabbitSender::builder(url);
+    for event_type in ["bench", "load"] {
+        b = b.routing_key(event_type, "txbox-bench");
+    }
+    Ok(b.build()?)
+}
+
 pub(crate) fn rabbit_url() -> String {
     std::env::var("TXBOX_RABBITMQ_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into())

@@ -216,7 +216,6 @@ impl HandLoop {
                 id: EventId::from_uuid(id),
                 event_type,
                 destination: "bench".into(),
-                routing_key: "bench".into(),
                 key,
                 headers: Default::default(),
                 payload: payload.into_bytes(),

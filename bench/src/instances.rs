@@ -51,12 +51,7 @@ pub(crate) fn worker(prefix: &str, file: &str, broker: &str) -> Res<()> {
         }
         _ => {
             let b = pickup_broker(broker)?;
-            let cfg = config(
-                prefix,
-                EventSettings::default()
-                    .destination(b.destination)
-                    .routing_key(b.routing_key),
-            );
+            let cfg = config(prefix, EventSettings::default().destination(b.destination));
             let factory = b.factory;
             Relay::start(store, &cfg, move || -> txbox::Result<Box<dyn Sender>> {
                 Ok(Box::new(Timed::new(factory.create()?, acks.clone())))

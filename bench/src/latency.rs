@@ -15,7 +15,6 @@ pub(crate) struct PickUpBroker {
     pub(crate) name: &'static str,
     pub(crate) factory: Arc<dyn txbox::SenderFactory>,
     pub(crate) destination: &'static str,
-    pub(crate) routing_key: &'static str,
     /// Takes what the bench sent off the broker, as a consumer would
     /// (RabbitMQ confirms slower behind thousands of unread messages).
     pub(crate) drain: fn() -> Res<()>,
@@ -30,9 +29,8 @@ pub(crate) fn pickup_broker(name: &str) -> Res<PickUpBroker> {
             ensure_queue(&url)?;
             PickUpBroker {
                 name: "RabbitMQ",
-                factory: Arc::new(txbox::rabbitmq::RabbitSender::builder(&url).build()),
+                factory: Arc::new(rabbit_sender(&url)?),
                 destination: "amq.direct",
-                routing_key: "txbox-bench",
                 drain: || ensure_queue(&rabbit_url()),
             }
         }
@@ -43,7 +41,6 @@ pub(crate) fn pickup_broker(name: &str) -> Res<PickUpBroker> {
                 name: "Kafka",
                 factory: Arc::new(txbox::kafka::KafkaSender::builder(&brokers).build()?),
                 destination: "txbox-bench-latency",
-                routing_key: "txbox-bench",
                 drain: || Ok(()), // a topic keeps no queue to empty
             }
         }
@@ -58,7 +55,6 @@ impl PickUpBroker {
             id: EventId::new(),
             event_type: "bench".into(),
             destination: self.destination.into(),
-            routing_key: self.routing_key.into(),
             key: None,
             headers: Default::default(),
             payload: format!("{{\"n\":{n}}}").into_bytes(),
@@ -77,9 +73,7 @@ pub(crate) fn pickup_latency(s: &Size, broker: PickUpBroker, out: &mut Vec<Row>)
     )?;
     // `load`: the other event type that 32 publishers fill at full speed
     // while `bench` is timed
-    let at_broker = EventSettings::default()
-        .destination(broker.destination)
-        .routing_key(broker.routing_key);
+    let at_broker = EventSettings::default().destination(broker.destination);
     let cfg = Config::builder()
         .table_prefix(p)
         .event("bench", |_| at_broker.clone())

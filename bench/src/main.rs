@@ -212,7 +212,7 @@ fn main() -> Res<()> {
         broker_throughput(
             "RabbitMQ (confirms)",
             &s,
-            Arc::new(txbox::rabbitmq::RabbitSender::builder(&rabbit).build()),
+            Arc::new(rabbit_sender(&rabbit)?),
             "amq.direct",
             &|| ensure_queue(&rabbit),
             &mut out,

@@ -25,3 +25,18 @@ pub(crate) mod serde_string {
         })
     }
 }
+
+#[cfg(feature = "rabbitmq")]
+/// `#[serde(default, with = "...")]`: an optional duration field read from a
+/// string (absent: `None`).
+pub(crate) mod serde_optional {
+    use std::time::Duration;
+
+    use serde::Deserializer;
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        super::serde_string::deserialize(d).map(Some)
+    }
+}

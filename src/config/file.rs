@@ -29,10 +29,6 @@ struct File {
     maintenance: MaintenanceSettings,
     #[serde(default)]
     inbox: InboxSettings,
-    /// Read by the Kafka sender and consumer
-    /// (`KafkaSender::from_toml`, feature `kafka`), not by the core.
-    #[serde(default, rename = "kafka")]
-    _kafka: toml::Table,
 }
 
 fn default_max_payload() -> usize {
@@ -54,11 +50,81 @@ fn merge(base: &toml::Table, over: toml::Table) -> toml::Table {
     merged
 }
 
-/// Parses the file's text into a [`Config`] (not yet validated).
+/// The file's text as a table.
+fn root(text: &str) -> Result<toml::Table> {
+    text.parse()
+        .map_err(|e: toml::de::Error| Error::ConfigSyntax(e.to_string()))
+}
+
+/// A setting that moved out of the core in 0.3, named where it is found.
+fn moved(root: &toml::Table) -> Result<()> {
+    let tables = root
+        .get("defaults")
+        .into_iter()
+        .map(|t| ("defaults".to_owned(), t));
+    let events = match root.get("events") {
+        Some(toml::Value::Table(events)) => events
+            .iter()
+            .map(|(n, t)| (format!("events.{n}"), t))
+            .collect(),
+        _ => Vec::new(),
+    };
+    for (path, table) in tables.chain(events) {
+        if let Some(table) = table.as_table() {
+            if table.contains_key("routing_key") {
+                return Err(Error::config(
+                    format!("{path}.routing_key"),
+                    "has moved to the RabbitMQ sender in txbox 0.3: set it under \
+                     [rabbitmq.routing_keys] (RabbitSender::from_toml) or with \
+                     RabbitSenderBuilder::routing_key",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The broker's section `name` of a configuration file (`[kafka]`,
+/// `[rabbitmq]`), read by its broker module into `T`; `None` when the file
+/// has none. Errors name the key path, from `name` on.
+#[cfg(any(feature = "kafka", feature = "rabbitmq"))]
+pub(crate) fn broker_section<T: serde::de::DeserializeOwned>(
+    text: &str,
+    name: &str,
+) -> Result<Option<T>> {
+    let Some(table) = root(text)?.remove(name) else {
+        return Ok(None);
+    };
+    serde_path_to_error::deserialize(table)
+        .map(Some)
+        .map_err(|e| path_error(name, e))
+}
+
+/// A value serde refused, as an error naming its key path under `prefix`.
+fn path_error(prefix: &str, e: serde_path_to_error::Error<toml::de::Error>) -> Error {
+    let path = match e.path().to_string().as_str() {
+        "." => prefix.to_owned(),
+        p if prefix.is_empty() => p.to_owned(),
+        p => format!("{prefix}.{p}"),
+    };
+    let message = e.into_inner().message().to_owned();
+    let message = if message.starts_with("has ") || message.starts_with("must ") {
+        message
+    } else {
+        format!("is not valid: {message}")
+    };
+    Error::config(path, message)
+}
+
+/// Parses the file's text into a [`Config`] (not yet validated). The
+/// brokers' sections ([`crate::sender::BROKER_SECTIONS`]) are left to the
+/// broker modules, which read them from the same text.
 pub(super) fn parse(text: &str) -> Result<Config> {
-    let mut root: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| Error::ConfigSyntax(e.to_string()))?;
+    let mut root = root(text)?;
+    for section in crate::sender::BROKER_SECTIONS {
+        root.remove(*section);
+    }
+    moved(&root)?;
     let defaults = match root.get("defaults") {
         Some(toml::Value::Table(t)) => t.clone(),
         _ => toml::Table::new(),
@@ -71,16 +137,8 @@ pub(super) fn parse(text: &str) -> Result<Config> {
             }
         }
     }
-    let file: File = serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|e| {
-        let path = e.path().to_string();
-        let message = e.into_inner().to_string();
-        let message = if message.starts_with("has ") || message.starts_with("must ") {
-            message
-        } else {
-            format!("is not valid: {message}")
-        };
-        Error::config(path, message)
-    })?;
+    let file: File = serde_path_to_error::deserialize(toml::Value::Table(root))
+        .map_err(|e| path_error("", e))?;
     Ok(Config {
         table_prefix: file.table_prefix,
         max_payload_bytes: file.max_payload_bytes,

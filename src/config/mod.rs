@@ -21,6 +21,10 @@ mod settings;
 mod validate;
 
 pub use builder::ConfigBuilder;
+#[cfg(feature = "rabbitmq")]
+pub(crate) use duration::serde_optional as optional_duration;
+#[cfg(any(feature = "kafka", feature = "rabbitmq"))]
+pub(crate) use file::broker_section;
 pub use sections::{DlqSettings, InboxSettings, MaintenanceSettings};
 pub use settings::{
     Backoff, ClaimMode, EventOrder, EventSettings, OnPoison, Polling, PollingStrategy, Wake,
@@ -160,8 +164,9 @@ impl Config {
     /// Parses TOML. Durations are strings like `"250ms"`, `"10s"`, `"1m"`, `"24h"`
     /// (see [`humantime`](https://docs.rs/humantime); a decimal of one unit such as
     /// `"1.5s"` too). `[defaults]` is merged into each `[events.x]`
-    /// before it is read. A `[kafka]` table is left to the Kafka sender and
-    /// consumer, which read it from the same text.
+    /// before it is read. The brokers' tables, `[kafka]` and `[rabbitmq]`, are
+    /// left to the broker modules, which read them from the same text
+    /// (`KafkaSender::from_toml`, `RabbitSender::from_toml`).
     ///
     /// ```
     /// # fn main() -> txbox::Result<()> {

@@ -288,8 +288,6 @@ impl Backoff {
 pub struct EventSettings {
     /// Topic (Kafka) or exchange (RabbitMQ). `None`: the event type's name.
     pub destination: Option<String>,
-    /// RabbitMQ routing key. `None`: the event type's name.
-    pub routing_key: Option<String>,
     /// Most events one poll claims (default 200).
     pub batch_size: usize,
     /// Most claimed batches one poller has with the broker at a time (default 3):
@@ -322,7 +320,6 @@ impl Default for EventSettings {
     fn default() -> Self {
         EventSettings {
             destination: None,
-            routing_key: None,
             batch_size: 200,
             in_flight: 3,
             polling: Polling::default(),
@@ -338,13 +335,10 @@ impl Default for EventSettings {
 }
 
 impl EventSettings {
-    /// Where the events of `event_type` go: its destination and routing key,
-    /// each the type's name when not set.
-    pub(crate) fn address<'a>(&'a self, event_type: &'a str) -> (&'a str, &'a str) {
-        (
-            self.destination.as_deref().unwrap_or(event_type),
-            self.routing_key.as_deref().unwrap_or(event_type),
-        )
+    /// Where the events of `event_type` go: its destination, the type's name
+    /// when not set.
+    pub(crate) fn destination_for<'a>(&'a self, event_type: &'a str) -> &'a str {
+        self.destination.as_deref().unwrap_or(event_type)
     }
 
     /// Checks every value; errors name the key under `path` (`defaults`,
@@ -358,14 +352,6 @@ impl EventSettings {
             }
             if let Err(why) = plain_name(d) {
                 return err("destination", &why);
-            }
-        }
-        if let Some(k) = &s.routing_key {
-            if k.len() > 255 {
-                return err("routing_key", "must be at most 255 bytes");
-            }
-            if k.chars().any(char::is_control) {
-                return err("routing_key", "must not contain control characters");
             }
         }
         if !(1..=10_000).contains(&s.batch_size) {
@@ -421,11 +407,6 @@ impl EventSettings {
     /// Topic (Kafka) or exchange (RabbitMQ).
     pub fn destination(mut self, d: impl Into<String>) -> Self {
         self.destination = Some(d.into());
-        self
-    }
-    /// RabbitMQ routing key (default: the event type).
-    pub fn routing_key(mut self, k: impl Into<String>) -> Self {
-        self.routing_key = Some(k.into());
         self
     }
     /// Most events one poll claims.

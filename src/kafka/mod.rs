@@ -54,20 +54,12 @@ const MAX_MESSAGE_TIMEOUT_MS: u64 = 2_147_483_647;
 /// # Ok::<(), txbox::Error>(())
 /// ```
 pub fn properties_from_toml(text: &str) -> Result<BTreeMap<String, String>> {
-    let root: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| Error::ConfigSyntax(e.to_string()))?;
-    let Some(table) = root.get("kafka") else {
-        return Ok(BTreeMap::new());
-    };
-    let toml::Value::Table(table) = table else {
-        return Err(Error::config("kafka", "must be a table"));
-    };
+    let table = crate::config::broker_section::<toml::Table>(text, "kafka")?.unwrap_or_default();
     table
-        .iter()
+        .into_iter()
         .map(|(k, v)| {
             let v = match v {
-                toml::Value::String(s) => s.clone(),
+                toml::Value::String(s) => s,
                 toml::Value::Integer(i) => i.to_string(),
                 toml::Value::Float(f) => f.to_string(),
                 toml::Value::Boolean(b) => b.to_string(),
@@ -78,7 +70,7 @@ pub fn properties_from_toml(text: &str) -> Result<BTreeMap<String, String>> {
                     ))
                 }
             };
-            Ok((k.clone(), v))
+            Ok((k, v))
         })
         .collect()
 }

@@ -138,7 +138,8 @@ impl crate::Outbox {
     /// The dialect's `INSERT` of one event into this outbox's table.
     fn insert_one(&self) -> Result<String> {
         let d = <PgDialect as sql::Backend>::cached(self.tables())?;
-        Ok(sql::insert_events_sql(d, 1, false))
+        // PostgreSQL's placeholders are the statement's own (`$n`)
+        Ok(sql::insert_one(d, false).template().to_owned())
     }
 }
 

@@ -1,7 +1,8 @@
 //! The relay's RabbitMQ sender: one connection and one confirm-mode channel per
 //! relay thread.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use amiquip::{
@@ -11,7 +12,7 @@ use crossbeam_channel::Receiver;
 
 use super::{FRAME_MAX, MAX_RECONNECT, MIN_RECONNECT};
 use crate::backoff::RetryBackoff;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::event::{Event, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE};
 use crate::sender::{Pipelining, SendError, Sender, SenderFactory};
 
@@ -39,14 +40,18 @@ fn open_publisher(url: &str) -> crate::Result<Connection> {
 /// use std::time::Duration;
 /// let sender = txbox::rabbitmq::RabbitSender::builder("amqp://guest:guest@127.0.0.1:5672")
 ///     .confirm_timeout(Duration::from_secs(10))
-///     .build();
+///     .build()?;
 /// # let _ = sender;
+/// # Ok::<(), txbox::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct RabbitSender {
     url: String,
     confirm_timeout: Duration,
     max_message_size: usize,
+    /// Each event type's routing key; a type without one is routed by its
+    /// name.
+    routing_keys: Arc<BTreeMap<String, String>>,
 }
 
 /// The largest message body a [`RabbitSender`] publishes unless told
@@ -67,6 +72,7 @@ impl std::fmt::Debug for RabbitSender {
             .field("url", &crate::redact::urls(&self.url))
             .field("confirm_timeout", &self.confirm_timeout)
             .field("max_message_size", &self.max_message_size)
+            .field("routing_keys", &self.routing_keys)
             .finish()
     }
 }
@@ -87,8 +93,75 @@ impl RabbitSender {
                 url: url.to_string(),
                 confirm_timeout: Duration::from_secs(30),
                 max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+                routing_keys: Arc::default(),
             },
         }
+    }
+
+    /// The sender the `[rabbitmq]` table of a configuration file describes
+    /// (the file [`Config::from_toml`](crate::Config::from_toml) reads, which
+    /// leaves this table to the broker): `url` (required), `confirm_timeout`
+    /// (a duration such as `"10s"`), `max_message_size` (bytes) and
+    /// `[rabbitmq.routing_keys]`, an event type's routing key by its name.
+    /// Errors name the key path.
+    ///
+    /// ```
+    /// let text = r#"
+    ///     [events.order-created]
+    ///     destination = "orders"
+    ///
+    ///     [rabbitmq]
+    ///     url = "amqp://guest:guest@127.0.0.1:5672"
+    ///     confirm_timeout = "10s"
+    ///     [rabbitmq.routing_keys]
+    ///     order-created = "orders.created"
+    /// "#;
+    /// let config = txbox::Config::from_toml(text)?;
+    /// let sender = txbox::rabbitmq::RabbitSender::from_toml(text)?;
+    /// assert_eq!(sender.routing_key("order-created"), "orders.created");
+    /// assert_eq!(sender.routing_key("order-paid"), "order-paid");
+    ///
+    /// let err = txbox::rabbitmq::RabbitSender::from_toml("[rabbitmq]\nurl = 5").unwrap_err();
+    /// assert_eq!(err.to_string(), "rabbitmq.url is not valid: invalid type: integer `5`, expected a string");
+    /// # Ok::<(), txbox::Error>(())
+    /// ```
+    pub fn from_toml(text: &str) -> Result<RabbitSender> {
+        /// The `[rabbitmq]` table.
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Section {
+            url: String,
+            #[serde(default, with = "crate::config::optional_duration")]
+            confirm_timeout: Option<Duration>,
+            max_message_size: Option<usize>,
+            #[serde(default)]
+            routing_keys: BTreeMap<String, String>,
+        }
+        let Some(section) = crate::config::broker_section::<Section>(text, "rabbitmq")? else {
+            return Err(Error::config(
+                "rabbitmq",
+                "must be set (a [rabbitmq] table with its url)",
+            ));
+        };
+        let mut builder = RabbitSender::builder(&section.url);
+        if let Some(d) = section.confirm_timeout {
+            builder = builder.confirm_timeout(d);
+        }
+        if let Some(n) = section.max_message_size {
+            builder = builder.max_message_size(n);
+        }
+        for (event_type, key) in section.routing_keys {
+            builder = builder.routing_key(event_type, key);
+        }
+        builder.build()
+    }
+
+    /// The routing key of `event_type`'s messages: the one set for it
+    /// ([`RabbitSenderBuilder::routing_key`]), or its name.
+    pub fn routing_key<'a>(&'a self, event_type: &'a str) -> &'a str {
+        self.routing_keys
+            .get(event_type)
+            .map_or(event_type, String::as_str)
     }
 }
 
@@ -112,19 +185,40 @@ impl RabbitSenderBuilder {
         self
     }
 
-    /// The sender. It connects when a relay thread first needs it.
-    pub fn build(self) -> RabbitSender {
-        self.sender
+    /// The routing key of `event_type`'s messages (default: the event
+    /// type's name). The exchange is the type's destination
+    /// ([`EventSettings::destination`](crate::EventSettings::destination)).
+    pub fn routing_key(mut self, event_type: impl Into<String>, key: impl Into<String>) -> Self {
+        Arc::make_mut(&mut self.sender.routing_keys).insert(event_type.into(), key.into());
+        self
+    }
+
+    /// The sender. It connects when a relay thread first needs it. An error
+    /// names a routing key RabbitMQ cannot take (over 255 bytes) or that
+    /// holds control characters, and a confirm timeout of zero.
+    pub fn build(self) -> Result<RabbitSender> {
+        for (event_type, key) in self.sender.routing_keys.iter() {
+            let path = || format!("rabbitmq.routing_keys.{}", event_type.escape_debug());
+            if key.len() > 255 {
+                return Err(Error::config(path(), "must be at most 255 bytes"));
+            }
+            if key.chars().any(char::is_control) {
+                return Err(Error::config(path(), "must not contain control characters"));
+            }
+        }
+        if self.sender.confirm_timeout.is_zero() {
+            return Err(Error::config(
+                "rabbitmq.confirm_timeout",
+                "must be more than 0",
+            ));
+        }
+        Ok(self.sender)
     }
 }
 
 impl SenderFactory for RabbitSender {
     fn create(&self) -> Result<Box<dyn Sender>> {
-        Ok(Box::new(RabbitChannel::new(
-            &self.url,
-            self.confirm_timeout,
-            self.max_message_size,
-        )))
+        Ok(Box::new(RabbitChannel::new(self)))
     }
 
     fn ack_wait(&self) -> Option<Duration> {
@@ -144,6 +238,8 @@ struct Open {
 /// One connection and one confirm-mode channel, owned by one relay thread.
 pub(crate) struct RabbitChannel {
     url: String,
+    /// Each event type's routing key ([`RabbitSender::routing_key`]).
+    routing_keys: Arc<BTreeMap<String, String>>,
     confirm_timeout: Duration,
     /// The largest body published: the builder's, or the lower limit the
     /// broker named when it refused a message.
@@ -158,11 +254,12 @@ pub(crate) struct RabbitChannel {
 
 impl RabbitChannel {
     /// A sender that connects on its first batch.
-    pub(crate) fn new(url: &str, confirm_timeout: Duration, max_message: usize) -> Self {
+    fn new(sender: &RabbitSender) -> Self {
         RabbitChannel {
-            url: url.to_string(),
-            confirm_timeout,
-            max_message,
+            url: sender.url.clone(),
+            routing_keys: sender.routing_keys.clone(),
+            confirm_timeout: sender.confirm_timeout,
+            max_message: sender.max_message_size,
             open: None,
             retry_at: Instant::now(),
             backoff: RetryBackoff::doubling(MIN_RECONNECT, MAX_RECONNECT),
@@ -503,6 +600,8 @@ impl RabbitChannel {
                 ))));
             }
         }
+        // the keys by a handle of their own: the open channel borrows the sender
+        let routing_keys = Arc::clone(&self.routing_keys);
         let open = match self.connect() {
             Ok(o) => o,
             Err(why) => {
@@ -515,8 +614,9 @@ impl RabbitChannel {
             if batch.results[i].is_some() {
                 continue;
             }
+            let routing_key = routing_keys.get(&e.event_type).unwrap_or(&e.event_type);
             let mut publish =
-                Publish::with_properties(&e.payload, e.routing_key.clone(), properties(e));
+                Publish::with_properties(&e.payload, routing_key.clone(), properties(e));
             publish.mandatory = true;
             if let Err(err) = open.channel.basic_publish(e.destination.clone(), publish) {
                 let why = classify(

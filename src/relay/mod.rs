@@ -534,7 +534,7 @@ fn check_lease(config: &Config, ack_wait: Option<Duration>) -> Result<()> {
 /// Refuses a destination the sender says its broker cannot have.
 fn check_destinations(config: &Config, sender: &dyn SenderFactory) -> Result<()> {
     for (t, s) in &config.events {
-        let (destination, _) = s.address(t);
+        let destination = s.destination_for(t);
         if let Err(why) = sender.check_destination(destination) {
             return Err(Error::config(
                 format!("events.{}.destination", t.escape_debug()),

@@ -142,7 +142,6 @@ mod tests {
             id: EventId::new(),
             event_type: "t".into(),
             destination: "t".into(),
-            routing_key: "t".into(),
             key: None,
             headers: Default::default(),
             payload: b"{}".to_vec(),

@@ -14,6 +14,12 @@ mod memory;
 
 pub use memory::MemorySender;
 
+/// The tables of a configuration file that belong to a broker, each read by
+/// its broker's module from the same text (`KafkaSender::from_toml`,
+/// `RabbitSender::from_toml`): [`Config::from_toml`](crate::Config::from_toml)
+/// leaves them alone, whether or not this build has the broker's feature.
+pub(crate) const BROKER_SECTIONS: &[&str] = &["kafka", "rabbitmq"];
+
 /// Why one event could not be sent.
 ///
 /// Its [`kind`](SendError::kind) tells the relay whose fault it was: a

@@ -53,7 +53,6 @@ impl MemoryStore {
                         id,
                         event_type: event_type.into(),
                         destination: String::new(),
-                        routing_key: String::new(),
                         key: key.map(str::to_owned),
                         headers: Default::default(),
                         payload: i.to_string().into_bytes(),

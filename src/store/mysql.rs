@@ -73,10 +73,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         version_table: format!(
             "SELECT 1 FROM information_schema.TABLES WHERE table_schema = DATABASE() AND table_name = '{}'",
             t.schema_version
-        ),
-        ping: "SELECT 1",
+        ).into(),
+        ping: "SELECT 1".into(),
         // the unique key's last entry
-        insert_mark: format!("SELECT COALESCE(MAX(seq), 0) FROM {o}"),
+        insert_mark: format!("SELECT COALESCE(MAX(seq), 0) FROM {o}").into(),
         max_ids: 1000,
         // the look-up of an ordered claim picked the claim index, whose first
         // column alone matches, on a table InnoDB had not sampled yet: 5,000
@@ -104,44 +104,44 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
              ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED"
-        ),
+        ).into(),
         select_expired: format!(
             "SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} LIMIT $1 FOR UPDATE SKIP LOCKED"
-        ),
+        ).into(),
         select_processed: format!(
             "SELECT id FROM {o} WHERE status = 'PROCESSED' AND processed_at < {} LIMIT $1 FOR UPDATE SKIP LOCKED",
             sql::ago(plus, "$2")
-        ),
-        select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"),
-        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"),
+        ).into(),
+        select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED").into(),
+        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED").into(),
         select_resolved: format!(
             "SELECT id FROM {d} WHERE status = 'RESOLVED' AND updated_at < {} LIMIT $1 FOR UPDATE SKIP LOCKED",
             sql::ago(plus, "$2")
-        ),
+        ).into(),
         select_inbox_expired: format!(
             "SELECT event_id FROM {i} WHERE consumed_at < {} LIMIT $1 FOR UPDATE SKIP LOCKED",
             sql::ago(plus, "$2")
-        ),
+        ).into(),
         lock_insert: format!(
             "INSERT IGNORE INTO {l} (name, owner, locked_at, locked_until) \
              VALUES ($1, $2, {NOW}, {NOW} - INTERVAL 1 SECOND)"
-        ),
-        dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4"),
-        dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}"),
-        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
-        dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED"),
+        ).into(),
+        dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4").into(),
+        dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}").into(),
+        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1").into(),
+        dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED").into(),
         status: format!(
             "SELECT event_type, SUM(status = 'PENDING'), SUM(status = 'IN_PROCESS'), SUM(status = 'FAILED'), \
                TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN status = 'PENDING' THEN created_at END), {NOW}) / 1e6 \
              FROM {o} WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') GROUP BY event_type ORDER BY event_type"
-        ),
+        ).into(),
         inbox_insert: format!(
             "INSERT IGNORE INTO {i} (consumer, event_id, consumed_at) VALUES ($1, $2, {NOW})"
-        ),
+        ).into(),
         // no '*' row is written any more: a plain, non-locking read suffices
         inbox_legacy: Some(format!(
             "SELECT event_id FROM {i} WHERE consumer = '*' AND event_id IN ({{ids}})"
-        )),
+        )).map(Into::into),
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) VALUES "
         ),
@@ -150,6 +150,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_events_sep: ", ",
         insert_events_suffix: "",
         insert_rows_max: usize::MAX,
+        insert_one: Default::default(),
     }
 }
 

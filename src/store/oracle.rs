@@ -67,9 +67,9 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         version_table: format!(
             "SELECT 1 FROM user_tables WHERE table_name = UPPER('{}')",
             t.schema_version
-        ),
-        ping: "SELECT 1 FROM DUAL",
-        insert_mark: format!("SELECT COALESCE(MAX(seq), 0) FROM {o}"),
+        ).into(),
+        ping: "SELECT 1 FROM DUAL".into(),
+        insert_mark: format!("SELECT COALESCE(MAX(seq), 0) FROM {o}").into(),
         max_ids: 1000,
         // no hint: the planner finds the key index on its own; no key walk
         // (untested here), the ordered claims read due events in id order
@@ -82,31 +82,31 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
              ORDER BY id FOR UPDATE SKIP LOCKED"
-        ),
-        select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} FOR UPDATE SKIP LOCKED"),
+        ).into(),
+        select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} FOR UPDATE SKIP LOCKED").into(),
         select_processed: format!(
             "SELECT id FROM {o} WHERE status = 'PROCESSED' AND processed_at < {} FOR UPDATE SKIP LOCKED",
             sql::ago(plus, "$2")
-        ),
-        select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id FOR UPDATE SKIP LOCKED"),
-        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id FOR UPDATE SKIP LOCKED"),
+        ).into(),
+        select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id FOR UPDATE SKIP LOCKED").into(),
+        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id FOR UPDATE SKIP LOCKED").into(),
         select_resolved: format!(
             "SELECT id FROM {d} WHERE status = 'RESOLVED' AND updated_at < {} FOR UPDATE SKIP LOCKED",
             sql::ago(plus, "$2")
-        ),
-        select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} FOR UPDATE SKIP LOCKED", sql::ago(plus, "$2")),
+        ).into(),
+        select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} FOR UPDATE SKIP LOCKED", sql::ago(plus, "$2")).into(),
         lock_insert: format!(
             "MERGE INTO {l} t USING (SELECT $1 AS name FROM dual) s ON (t.name = s.name) \
              WHEN NOT MATCHED THEN INSERT (name, owner, locked_at, locked_until) \
              VALUES ($1, $2, {NOW}, {NOW} - INTERVAL '1' SECOND)"
-        ),
+        ).into(),
         dlq_list: format!(
             "SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id \
              OFFSET $4 ROWS FETCH NEXT $3 ROWS ONLY"
-        ),
-        dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}"),
-        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
-        dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED"),
+        ).into(),
+        dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}").into(),
+        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1").into(),
+        dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED").into(),
         status: format!(
             "SELECT event_type, {}, {}, {}, \
                (CAST(SYS_EXTRACT_UTC({NOW}) AS DATE) \
@@ -115,11 +115,11 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             count("PENDING"),
             count("IN_PROCESS"),
             count("FAILED")
-        ),
+        ).into(),
         inbox_insert: format!(
             "INSERT INTO {i} (consumer, event_id, consumed_at) SELECT $1, $2, {NOW} FROM dual \
              WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2)"
-        ),
+        ).into(),
         inbox_legacy: None,
         insert_events: "INSERT ALL ".into(),
         insert_event_row: format!(
@@ -131,6 +131,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_events_suffix: " SELECT 1 FROM dual",
         // INSERT ALL takes the identity's next number once per statement
         insert_rows_max: 1,
+        insert_one: Default::default(),
     }
 }
 

@@ -113,7 +113,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
                      AND NOT indisvalid"
                 )
             },
-            existing: format!("SELECT 1 WHERE to_regclass('{o}') IS NOT NULL"),
+            existing: format!("SELECT 1 WHERE to_regclass('{o}') IS NOT NULL").into(),
         }),
         // the session's (an upgrade runs in several transactions: the index
         // builds run outside any)
@@ -131,14 +131,14 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         }),
         exists_errors: &[],
         error_code: |_| None,
-        version_table: format!("SELECT 1 WHERE to_regclass('{}') IS NOT NULL", t.schema_version),
-        ping: "SELECT 1",
+        version_table: format!("SELECT 1 WHERE to_regclass('{}') IS NOT NULL", t.schema_version).into(),
+        ping: "SELECT 1".into(),
         // the sequence's last number: every row inserted so far has it or less
         insert_mark: format!(
             "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END \
              FROM {}outbox_events_seq",
             t.prefix
-        ),
+        ).into(),
         max_ids: 1000,
         // the ids through a sub-select, whose size the planner cannot see: given
         // 200 ids outright, it seq-scans a table that was never analyzed (a fresh or
@@ -170,7 +170,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
                lease_until = now() + $4 * interval '1 millisecond' \
              WHERE id = ANY(ARRAY(SELECT id {})) RETURNING {claimed}",
             due("$5", "$2")
-        )),
+        )).map(Into::into),
         hold_claim: Some(sql::HoldClaim {
             // the script's rows come back as text: a binary payload as `\x` and
             // its hex digits, whatever the server's `bytea_output` says
@@ -179,55 +179,55 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             probe: format!(
                 "SELECT 1 FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
                  AND next_attempt_at <= now() {{order}} LIMIT 1"
-            ),
+            ).into(),
             literal,
             claim_delete: format!(
                 "DELETE FROM {o} WHERE id = ANY(ARRAY(SELECT id {})) \
                  RETURNING {claimed}, to_char(created_at AT TIME ZONE 'UTC', {TS}), seq",
                 due("$2", "$3")
-            ),
+            ).into(),
             restore: format!(
                 "INSERT INTO {o} (id, event_type, event_key, headers, payload, status, attempts, \
                    next_attempt_at, last_error, created_at, payload_bytes, content_type, seq) \
                  VALUES ($4, $5, $6, $7::jsonb, $8, $1, $9, {}, $3, $10::timestamptz, $11::bytea, $12, $13)",
                 plus("$2")
-            ),
+            ).into(),
         }),
         wake: Some(sql::WakeSql {
             quiet: format!(
                 "INSERT INTO {q} (event_type) VALUES ($1) ON CONFLICT (event_type) DO NOTHING"
-            ),
-            loud: format!("DELETE FROM {q} WHERE event_type = $1"),
-            queue_usage: "SELECT pg_notification_queue_usage()::float8",
+            ).into(),
+            loud: format!("DELETE FROM {q} WHERE event_type = $1").into(),
+            queue_usage: "SELECT pg_notification_queue_usage()::float8".into(),
         }),
-        claim_select: format!("SELECT {claimed} {}", due("$2", "$3")),
+        claim_select: format!("SELECT {claimed} {}", due("$2", "$3")).into(),
         select_expired: format!(
             "SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < now() LIMIT $1 FOR UPDATE SKIP LOCKED"
-        ),
+        ).into(),
         select_processed: format!(
             "SELECT id FROM {o} WHERE status = 'PROCESSED' \
              AND processed_at < now() - $2 * interval '1 millisecond' LIMIT $1 FOR UPDATE SKIP LOCKED"
-        ),
+        ).into(),
         select_failed: format!(
             "SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
-        ),
-        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"),
+        ).into(),
+        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED").into(),
         select_resolved: format!(
             "SELECT id FROM {d} WHERE status = 'RESOLVED' \
              AND updated_at < now() - $2 * interval '1 millisecond' LIMIT $1 FOR UPDATE SKIP LOCKED"
-        ),
+        ).into(),
         select_inbox_expired: format!(
             "SELECT event_id FROM {i} WHERE consumed_at < now() - $2 * interval '1 millisecond' \
              LIMIT $1 FOR UPDATE SKIP LOCKED"
-        ),
+        ).into(),
         lock_insert: format!(
             "INSERT INTO {l} (name, owner, locked_at, locked_until) \
              VALUES ($1, $2, now(), now() - interval '1 second') ON CONFLICT (name) DO NOTHING"
-        ),
-        dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4"),
-        dlq_count: format!("SELECT count(*) FROM {d} WHERE {filter}"),
-        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
-        dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED"),
+        ).into(),
+        dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4").into(),
+        dlq_count: format!("SELECT count(*) FROM {d} WHERE {filter}").into(),
+        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1").into(),
+        dlq_lock: format!("SELECT id FROM {d} WHERE id = $1 FOR UPDATE SKIP LOCKED").into(),
         // one grouped scan per partial index; PROCESSED rows are never read
         status: format!(
             "SELECT event_type, sum(p)::int8, sum(i)::int8, sum(f)::int8, \
@@ -237,12 +237,12 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
                UNION ALL SELECT event_type, 0, count(*), 0, NULL FROM {o} WHERE status = 'IN_PROCESS' GROUP BY event_type \
                UNION ALL SELECT event_type, 0, 0, count(*), NULL FROM {o} WHERE status = 'FAILED' GROUP BY event_type \
              ) s GROUP BY event_type ORDER BY event_type"
-        ),
+        ).into(),
         inbox_insert: format!(
             "INSERT INTO {i} (consumer, event_id) SELECT $1, $2 \
              WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2) \
              ON CONFLICT (consumer, event_id) DO NOTHING"
-        ),
+        ).into(),
         inbox_legacy: None,
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}) VALUES "
@@ -252,6 +252,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_events_sep: ", ",
         insert_events_suffix: "",
         insert_rows_max: usize::MAX,
+        insert_one: Default::default(),
     }
 }
 
@@ -400,6 +401,9 @@ impl<T: PgConnector> Conn for Checked<T> {
         let r = pg_batch(&mut *self.0, sql);
         self.watch(r)
     }
+}
+
+impl<T: PgConnector> sql::ScriptConn for Checked<T> {
     fn script(&mut self, sql: &str) -> Result<sql::Script> {
         let r = pg_script(&mut *self.0, sql);
         self.watch(r)
@@ -413,18 +417,25 @@ impl<T: PgConnector> sql::Backend for PgDialect<T> {
     fn catalog(tables: &Tables) -> Catalog {
         catalog(tables)
     }
-    fn listen(&self, channel: &str) -> Result<Box<dyn crate::store::Notifications>> {
-        listen::listen(&self.0, &self.1, channel)
-    }
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
-        Ok(self.get_owned()?)
+        Ok(sql::Sessions::get_owned(self)?)
     }
 
     fn max_size(&self) -> Option<usize> {
         Some(self.0.max_size() as usize)
     }
 
-    fn get_owned(&self) -> Result<Box<dyn Conn + Send>> {
+    fn sessions(&self) -> Option<&dyn sql::Sessions> {
+        Some(self)
+    }
+}
+
+impl<T: PgConnector> sql::Sessions for PgDialect<T> {
+    fn listen(&self, channel: &str) -> Result<Box<dyn crate::store::Notifications>> {
+        listen::listen(&self.0, &self.1, channel)
+    }
+
+    fn get_owned(&self) -> Result<Box<dyn sql::ScriptConn + Send>> {
         if self.0.test_on_check_out() {
             // a pool of the caller's (`from_pool`) that tests by itself
             return Ok(Box::new(sql::Held(self.0.get()?)));

@@ -54,10 +54,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         version_table: format!(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{}'",
             t.schema_version
-        ),
-        ping: "SELECT 1",
+        ).into(),
+        ping: "SELECT 1".into(),
         // the counter the insert trigger advances
-        insert_mark: format!("SELECT n FROM {}outbox_seq", t.prefix),
+        insert_mark: format!("SELECT n FROM {}outbox_seq", t.prefix).into(),
         max_ids: 500,
         common: sql::common(
             t,
@@ -76,36 +76,36 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
              ORDER BY id LIMIT $3"
-        ),
-        select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} LIMIT $1"),
+        ).into(),
+        select_expired: format!("SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < {NOW} LIMIT $1").into(),
         select_processed: format!(
             "SELECT id FROM {o} WHERE status = 'PROCESSED' AND processed_at < {} LIMIT $1",
             sql::ago(plus, "$2")
-        ),
-        select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id LIMIT $1"),
-        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id LIMIT $1"),
+        ).into(),
+        select_failed: format!("SELECT id FROM {o} WHERE status = 'FAILED' ORDER BY id LIMIT $1").into(),
+        select_retry: format!("SELECT id FROM {d} WHERE status = 'RETRY' ORDER BY id LIMIT $1").into(),
         select_resolved: format!(
             "SELECT id FROM {d} WHERE status = 'RESOLVED' AND updated_at < {} LIMIT $1",
             sql::ago(plus, "$2")
-        ),
-        select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} LIMIT $1", sql::ago(plus, "$2")),
+        ).into(),
+        select_inbox_expired: format!("SELECT event_id FROM {i} WHERE consumed_at < {} LIMIT $1", sql::ago(plus, "$2")).into(),
         lock_insert: format!(
             "INSERT OR IGNORE INTO {l} (name, owner, locked_at, locked_until) \
              VALUES ($1, $2, {NOW}, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 seconds'))"
-        ),
-        dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4"),
-        dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}"),
-        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1"),
-        dlq_lock: format!("SELECT id FROM {d} WHERE id = $1"),
+        ).into(),
+        dlq_list: format!("SELECT {dlq_columns} FROM {d} WHERE {filter} ORDER BY moved_at, id LIMIT $3 OFFSET $4").into(),
+        dlq_count: format!("SELECT COUNT(*) FROM {d} WHERE {filter}").into(),
+        dlq_get: format!("SELECT {dlq_columns} FROM {d} WHERE id = $1").into(),
+        dlq_lock: format!("SELECT id FROM {d} WHERE id = $1").into(),
         status: format!(
             "SELECT event_type, SUM(status = 'PENDING'), SUM(status = 'IN_PROCESS'), SUM(status = 'FAILED'), \
                (julianday('now') - julianday(MIN(CASE WHEN status = 'PENDING' THEN created_at END))) * 86400.0 \
              FROM {o} WHERE status IN ('PENDING', 'IN_PROCESS', 'FAILED') GROUP BY event_type ORDER BY event_type"
-        ),
+        ).into(),
         inbox_insert: format!(
             "INSERT OR IGNORE INTO {i} (consumer, event_id, consumed_at) SELECT $1, $2, {NOW} \
              WHERE NOT EXISTS (SELECT 1 FROM {i} WHERE consumer = '*' AND event_id = $2)"
-        ),
+        ).into(),
         inbox_legacy: None,
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) VALUES "
@@ -115,6 +115,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_events_sep: ", ",
         insert_events_suffix: "",
         insert_rows_max: usize::MAX,
+        insert_one: Default::default(),
     }
 }
 

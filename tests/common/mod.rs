@@ -247,13 +247,14 @@ pub fn unique() -> String {
     uuid::Uuid::now_v7().simple().to_string()[20..].to_string()
 }
 
-/// An event of type `doc` as the relay hands it to a sender, for sender tests.
-pub fn claimed(destination: &str, routing_key: &str, payload: String) -> txbox::Event {
+/// An event of `event_type` as the relay hands it to a sender, for sender
+/// tests (RabbitMQ routes it by its type's name unless its sender was given a
+/// routing key for it).
+pub fn claimed(destination: &str, event_type: &str, payload: String) -> txbox::Event {
     txbox::Event {
         id: txbox::EventId::new(),
-        event_type: "doc".into(),
+        event_type: event_type.into(),
         destination: destination.into(),
-        routing_key: routing_key.into(),
         key: None,
         headers: Default::default(),
         payload: payload.into_bytes(),

@@ -167,7 +167,9 @@ fn a_keys_events_arrive_in_publish_order_whatever_the_publishers_clocks() {
     let relay = Relay::start(
         store,
         &config,
-        txbox::rabbitmq::RabbitSender::builder(&rabbit_url()).build(),
+        txbox::rabbitmq::RabbitSender::builder(&rabbit_url())
+            .build()
+            .unwrap(),
     )
     .unwrap();
     let mut payloads = Vec::new();

@@ -98,7 +98,7 @@ fn postgres_and_rabbitmq_over_tls_publish_relay_and_consume() {
         .defaults(|e| {
             e.adaptive_polling(Duration::from_millis(20), Duration::from_millis(200), 1.5)
         })
-        .event("e", |e| e.destination(&exchange).routing_key("e"))
+        .event("e", |e| e.destination(&exchange))
         .build()
         .unwrap();
     let amqps = format!(
@@ -108,7 +108,7 @@ fn postgres_and_rabbitmq_over_tls_publish_relay_and_consume() {
     let relay = Relay::start(
         store.clone(),
         &config,
-        RabbitSender::builder(&amqps).build(),
+        RabbitSender::builder(&amqps).build().unwrap(),
     )
     .unwrap();
 
@@ -274,7 +274,11 @@ fn rabbitmq_refuses_what_it_cannot_verify() {
         ),
     ];
     for (url, says) in cases {
-        let mut sender = RabbitSender::builder(&url).build().create().unwrap();
+        let mut sender = RabbitSender::builder(&url)
+            .build()
+            .unwrap()
+            .create()
+            .unwrap();
         let started = Instant::now();
         let e = sender.ready().expect_err(&url);
         assert_eq!(
@@ -292,7 +296,11 @@ fn rabbitmq_refuses_what_it_cannot_verify() {
     }
     // verify_none: encrypted, unchecked
     let url = "amqps://guest:guest@127.0.0.1:5671?verify=verify_none";
-    let mut sender = RabbitSender::builder(url).build().create().unwrap();
+    let mut sender = RabbitSender::builder(url)
+        .build()
+        .unwrap()
+        .create()
+        .unwrap();
     sender.ready().unwrap();
 }
 
@@ -334,7 +342,11 @@ fn a_broker_that_never_answers_frees_the_thread_and_is_reported() {
     });
     // the default timeout, on the sender alone
     let url = format!("amqp://guest:guest@127.0.0.1:{port}");
-    let mut sender = RabbitSender::builder(&url).build().create().unwrap();
+    let mut sender = RabbitSender::builder(&url)
+        .build()
+        .unwrap()
+        .create()
+        .unwrap();
     let started = Instant::now();
     let e = sender.ready().expect_err("a silent broker");
     let took = started.elapsed();
@@ -352,7 +364,12 @@ fn a_broker_that_never_answers_frees_the_thread_and_is_reported() {
         .build()
         .unwrap();
     let fast = format!("amqp://guest:guest@127.0.0.1:{port}?connection_timeout=500");
-    let relay = Relay::start(store.clone(), &config, RabbitSender::builder(&fast).build()).unwrap();
+    let relay = Relay::start(
+        store.clone(),
+        &config,
+        RabbitSender::builder(&fast).build().unwrap(),
+    )
+    .unwrap();
     let admin = txbox::admin::AdminServer::start(
         store.clone(),
         txbox::admin::AdminOptions::new().relay(relay.probe()),
@@ -381,7 +398,8 @@ fn a_broker_that_never_answers_frees_the_thread_and_is_reported() {
     // its sender's longest wait for an ack)
     let sender = RabbitSender::builder(&slow)
         .confirm_timeout(Duration::from_millis(200))
-        .build();
+        .build()
+        .unwrap();
     let relay = Relay::start(store.clone(), &config, sender).unwrap();
     let admin = txbox::admin::AdminServer::start(
         store.clone(),

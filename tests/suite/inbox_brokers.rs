@@ -69,7 +69,6 @@ fn kafka_a_duplicate_resent_raw_is_handled_once() {
         id: ids[7],
         event_type: "paid".into(),
         destination: topic.clone(),
-        routing_key: "paid".into(),
         key: None,
         headers: Default::default(),
         payload: b"7".to_vec(),
@@ -167,7 +166,7 @@ fn rabbitmq_duplicate_handled_once_and_a_message_without_id_is_rejected_to_the_d
     let relay = Relay::start(
         store.clone(),
         &config,
-        RabbitSender::builder(&rabbit_url()).build(),
+        RabbitSender::builder(&rabbit_url()).build().unwrap(),
     )
     .unwrap();
     let mut tx = client.transaction().unwrap();

@@ -354,7 +354,7 @@ fn a_retry_that_cannot_seek_back_stops_the_loop_and_commits_nothing_past_it() {
     create_topic(&other, 1);
     let mut sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
     let events: Vec<_> = (0..3)
-        .map(|n| claimed(&topic, "", format!("{{\"n\":{n}}}")))
+        .map(|n| claimed(&topic, "doc", format!("{{\"n\":{n}}}")))
         .collect();
     assert!(sender.send(&events).iter().all(|r| r.is_ok()));
 

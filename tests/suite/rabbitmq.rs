@@ -67,13 +67,15 @@ fn events_arrive_with_id_type_key_headers_and_payload() {
     let config = Config::builder()
         .table_prefix(p)
         .defaults(|e| e.adaptive_polling(ms(20), ms(200), 1.5))
-        .event("order-created", |e| {
-            e.destination(&exchange).routing_key("orders.created")
-        })
+        .event("order-created", |e| e.destination(&exchange))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
-    let relay = Relay::start(store, &config, RabbitSender::builder(&rabbit_url()).build()).unwrap();
+    let sender = RabbitSender::builder(&rabbit_url())
+        .routing_key("order-created", "orders.created")
+        .build()
+        .unwrap();
+    let relay = Relay::start(store, &config, sender).unwrap();
 
     let mut published = HashMap::new();
     let mut tx = client.transaction().unwrap();
@@ -114,7 +116,7 @@ fn binary_payloads_arrive_unchanged_with_their_content_type() {
     if !rabbit_up() {
         return;
     }
-    let (exchange, queue) = direct("bytes");
+    let (exchange, queue) = direct("e");
     let p = "t_rabbit_bytes_";
     let Some((store, mut client)) = fresh(p) else {
         return;
@@ -122,10 +124,10 @@ fn binary_payloads_arrive_unchanged_with_their_content_type() {
     let config = Config::builder()
         .table_prefix(p)
         .defaults(|e| e.adaptive_polling(ms(20), ms(200), 1.5))
-        .event("e", |e| e.destination(&exchange).routing_key("bytes"))
+        .event("e", |e| e.destination(&exchange))
         .build()
         .unwrap();
-    let sender = RabbitSender::builder(&rabbit_url()).build();
+    let sender = RabbitSender::builder(&rabbit_url()).build().unwrap();
     let relay = Relay::start(store, &config, sender).unwrap();
     let ids = publish_bytes_and_json(&Outbox::new(&config).unwrap(), &mut client, "e");
     let got = consume_events(2, |h| consume(&queue, h));
@@ -147,9 +149,7 @@ fn deliver_pending_puts_the_events_at_the_broker_before_it_returns() {
     };
     let config = Config::builder()
         .table_prefix(p)
-        .event("order-created", |e| {
-            e.destination(&exchange).routing_key("order-created")
-        })
+        .event("order-created", |e| e.destination(&exchange))
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
@@ -160,6 +160,7 @@ fn deliver_pending_puts_the_events_at_the_broker_before_it_returns() {
     tx.commit().unwrap();
     let mut sender = RabbitSender::builder(&rabbit_url())
         .build()
+        .unwrap()
         .create()
         .unwrap();
     let report = Relay::deliver_pending(&*store, &config, &mut *sender).unwrap();
@@ -189,9 +190,8 @@ fn the_sender_reads_the_url_as_amiquip_does() {
     let base = rabbit_url();
     let event = txbox::Event {
         id: txbox::EventId::new(),
-        event_type: "t".into(),
+        event_type: "k".into(),
         destination: exchange,
-        routing_key: "k".into(),
         key: None,
         headers: Default::default(),
         payload: b"{}".to_vec(),
@@ -202,6 +202,7 @@ fn the_sender_reads_the_url_as_amiquip_does() {
         let mut s = RabbitSender::builder(url)
             .confirm_timeout(ms(5000))
             .build()
+            .unwrap()
             .create()
             .unwrap();
         s.send(std::slice::from_ref(&event)).remove(0)
@@ -260,7 +261,7 @@ fn an_unroutable_message_fails_alone_and_ends_in_the_dlq() {
     let relay = Relay::start(
         store.clone(),
         &config,
-        RabbitSender::builder(&rabbit_url()).build(),
+        RabbitSender::builder(&rabbit_url()).build().unwrap(),
     )
     .unwrap();
     let mut tx = client.transaction().unwrap();
@@ -324,7 +325,12 @@ fn a_handler_that_fails_once_sees_the_message_again() {
         .build()
         .unwrap();
     let outbox = Outbox::new(&config).unwrap();
-    let relay = Relay::start(store, &config, RabbitSender::builder(&rabbit_url()).build()).unwrap();
+    let relay = Relay::start(
+        store,
+        &config,
+        RabbitSender::builder(&rabbit_url()).build().unwrap(),
+    )
+    .unwrap();
     let mut tx = client.transaction().unwrap();
     let ids = outbox
         .publish_all(&mut tx, txbox::NewEvent::batch("e", 0..10).unwrap())
@@ -362,6 +368,7 @@ fn two_batches_in_flight_get_their_own_confirms_and_returns() {
     let mut sender = txbox::rabbitmq::RabbitSender::builder(&rabbit_url())
         .confirm_timeout(Duration::from_secs(10))
         .build()
+        .unwrap()
         .create()
         .unwrap();
     assert!(matches!(sender.start(&a), Started::InFlight));
@@ -400,6 +407,7 @@ fn a_returned_message_fails_even_when_its_batch_breaks_afterwards() {
     let mut sender = txbox::rabbitmq::RabbitSender::builder(&rabbit_url())
         .confirm_timeout(Duration::from_secs(10))
         .build()
+        .unwrap()
         .create()
         .unwrap();
     let r = sender.send(&[unroutable.clone(), to_missing.clone()]);
@@ -448,7 +456,8 @@ fn a_lease_shorter_than_the_confirm_timeout_is_refused_at_start() {
         .unwrap();
     let factory = RabbitSender::builder(&rabbit_url())
         .confirm_timeout(Duration::from_secs(30))
-        .build();
+        .build()
+        .unwrap();
     let err = Relay::start(store.clone(), &config, factory)
         .err()
         .expect("refused")
@@ -461,7 +470,8 @@ fn a_lease_shorter_than_the_confirm_timeout_is_refused_at_start() {
     );
     let factory = RabbitSender::builder(&rabbit_url())
         .confirm_timeout(Duration::from_secs(10))
-        .build();
+        .build()
+        .unwrap();
     Relay::start(store, &config, factory)
         .unwrap()
         .shutdown(Duration::from_secs(5))
@@ -513,6 +523,7 @@ fn a_full_queue_that_rejects_publishes_is_not_the_events_fault() {
     let mut sender = txbox::rabbitmq::RabbitSender::builder(&rabbit_url())
         .confirm_timeout(Duration::from_secs(10))
         .build()
+        .unwrap()
         .create()
         .unwrap();
     let results = sender.send(&events);
@@ -572,6 +583,7 @@ fn a_message_over_the_brokers_size_limit_fails_alone() {
     let mut sender = RabbitSender::builder(&rabbit_url())
         .max_message_size(limit * 4)
         .build()
+        .unwrap()
         .create()
         .unwrap();
     let mut first: Vec<txbox::Event> = (0..150).map(small).collect();
@@ -654,7 +666,7 @@ fn a_relay_dead_letters_only_the_event_the_broker_refused() {
     let relay = Relay::start(
         store.clone(),
         &config,
-        RabbitSender::builder(&rabbit_url()).build(),
+        RabbitSender::builder(&rabbit_url()).build().unwrap(),
     )
     .unwrap();
     let dlq = Dlq::new(store);
@@ -694,6 +706,7 @@ fn a_header_too_large_for_a_frame_fails_alone() {
     big.headers.insert("big".into(), "x".repeat(200_000));
     let mut sender = RabbitSender::builder(&rabbit_url())
         .build()
+        .unwrap()
         .create()
         .unwrap();
     let r = sender.send(&[
@@ -708,4 +721,66 @@ fn a_header_too_large_for_a_frame_fails_alone() {
     wait_until("the two neighbours in the queue", ms(5000), || {
         queue_depth(&queue) == 2
     });
+}
+
+/// The routing keys are the RabbitMQ sender's (0.3): read from the file's
+/// `[rabbitmq]` table, which `Config::from_toml` leaves to it, and checked
+/// where they are read, naming the key path; a type without one is routed
+/// by its name.
+#[test]
+fn routing_keys_are_checked_where_read() {
+    let file = "[events.order-created]\ndestination = \"orders\"\n\n\
+                [rabbitmq]\nurl = \"amqp://guest:guest@127.0.0.1:5672\"\n\
+                confirm_timeout = \"10s\"\n\
+                [rabbitmq.routing_keys]\norder-created = \"orders.created\"\n";
+    let config = Config::from_toml(file).unwrap();
+    assert_eq!(
+        config
+            .event("order-created")
+            .unwrap()
+            .destination
+            .as_deref(),
+        Some("orders")
+    );
+    let sender = RabbitSender::from_toml(file).unwrap();
+    assert_eq!(sender.routing_key("order-created"), "orders.created");
+    assert_eq!(sender.routing_key("order-paid"), "order-paid");
+    assert_eq!(sender.ack_wait(), Some(Duration::from_secs(10)));
+
+    let url = "[rabbitmq]\nurl = \"amqp://127.0.0.1\"\n";
+    for (text, want) in [
+        (
+            format!("{url}[rabbitmq.routing_keys]\na = \"k\\u001b[31m\""),
+            "rabbitmq.routing_keys.a must not contain control characters",
+        ),
+        (
+            format!("{url}[rabbitmq.routing_keys]\na = \"{}\"", "k".repeat(256)),
+            "rabbitmq.routing_keys.a must be at most 255 bytes",
+        ),
+        (
+            format!("{url}confirm_timeout = \"soon\""),
+            "rabbitmq.confirm_timeout has invalid duration \"soon\"",
+        ),
+        (
+            format!("{url}exchange = \"x\""),
+            "rabbitmq.exchange is not valid: unknown field `exchange`",
+        ),
+        ("[events.a]".to_owned(), "rabbitmq must be set"),
+    ] {
+        let err = RabbitSender::from_toml(&text).unwrap_err().to_string();
+        assert!(
+            err.starts_with(want),
+            "{text:?}: got {err:?}, want {want:?}"
+        );
+    }
+    // the builder checks the same
+    let err = RabbitSender::builder("amqp://127.0.0.1")
+        .routing_key("tab", "a\tb")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("rabbitmq.routing_keys.tab must not contain control characters"),
+        "{err}"
+    );
 }

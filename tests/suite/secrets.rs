@@ -22,7 +22,7 @@ fn assert_hidden(what: &str, shown: &str) {
 #[test]
 fn debug_output_redacts_passwords_in_urls_and_properties() {
     let url = format!("amqp://app:{PASSWORD}@127.0.0.1:5672/vh");
-    let factory = RabbitSender::builder(&url).build();
+    let factory = RabbitSender::builder(&url).build().unwrap();
     let shown = format!("{factory:?}");
     assert_hidden("RabbitSender", &shown);
     assert!(
@@ -94,6 +94,7 @@ fn errors_that_name_a_url_redact_its_password() {
     ))
     .confirm_timeout(Duration::from_secs(1))
     .build()
+    .unwrap()
     .create()
     .unwrap();
     let err = sender.ready().expect_err("the host does not resolve");
@@ -108,7 +109,6 @@ fn errors_that_name_a_url_redact_its_password() {
         id: txbox::EventId::new(),
         event_type: "e".into(),
         destination: "x".into(),
-        routing_key: "e".into(),
         key: None,
         headers: Default::default(),
         payload: b"{}".to_vec(),

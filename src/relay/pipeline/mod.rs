@@ -24,7 +24,6 @@ use crate::store::{ClaimArgs, ClaimStore, HeldBatch, HeldClaim, Outcome, HEADER_
 pub(super) struct Pipeline {
     event_type: String,
     destination: String,
-    routing_key: String,
     settings: EventSettings,
     /// `processed_ttl` is zero: acked rows are deleted, not marked PROCESSED.
     delete_acked: bool,
@@ -144,10 +143,8 @@ impl Pipeline {
         delete_acked: bool,
         observer: Observed,
     ) -> Self {
-        let (destination, routing_key) = settings.address(event_type);
         Pipeline {
-            destination: destination.to_owned(),
-            routing_key: routing_key.to_owned(),
+            destination: settings.destination_for(event_type).to_owned(),
             event_type: event_type.to_owned(),
             settings,
             delete_acked,
@@ -238,7 +235,6 @@ impl Pipeline {
         if claimed > 0 {
             for e in &mut events {
                 e.destination.clone_from(&self.destination);
-                e.routing_key.clone_from(&self.routing_key);
             }
             let defective = defects_last(&mut events);
             // a leased batch is registered before it is sent, for a shutdown

@@ -15,7 +15,6 @@ fn keyed(keys: &[&str]) -> Vec<Event> {
             id: EventId::new(),
             event_type: "t".into(),
             destination: "t".into(),
-            routing_key: "t".into(),
             key: (!k.is_empty()).then(|| k.to_string()),
             headers: Default::default(),
             payload: b"{}".to_vec(),

@@ -3,8 +3,8 @@
 use super::HeldTx;
 use super::{
     claimed_events, dead_letter, finish_steps, id_vals, ids_of, insert_inbox_ids, is, ms,
-    run_execute, run_query, run_query_max, status_list, transaction, Catalog, Conn, Dialect, Val,
-    WALK_FROM,
+    run_execute, run_query, run_query_max, status_list, transaction, Catalog, Conn, Dialect, Stmt,
+    Val, WALK_FROM,
 };
 use crate::backoff::RetryBackoff;
 use crate::error::Result;
@@ -109,10 +109,10 @@ impl<D: Dialect> SqlStore<D> {
     pub(crate) fn select_apply(
         &self,
         what: &str,
-        select: &str,
+        select: &Stmt,
         limit: usize,
         ttl: Option<Duration>,
-        apply: &[&str],
+        apply: &[&Stmt],
         apply_fixed: &[Val],
     ) -> Result<u64> {
         self.observer.timed(StoreCall::Maintenance, || {
@@ -141,7 +141,7 @@ impl<D: Dialect> SqlStore<D> {
     pub(crate) fn each_dead_letter(
         &self,
         ids: &[EventId],
-        stmt: &str,
+        stmt: &Stmt,
         fixed: &[Val],
     ) -> Result<Vec<EventId>> {
         let d = &self.d;
@@ -193,7 +193,7 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     fn ping(&self) -> Result<()> {
         let mut conn = self.pool.get()?;
-        run_query(&mut *conn, &self.d, self.d.ping, &[], &[]).map(|_| ())
+        run_query(&mut *conn, &self.d, &self.d.ping, &[], &[]).map(|_| ())
     }
 
     fn table_prefix(&self) -> &str {
@@ -260,7 +260,6 @@ impl<D: Dialect> SqlStore<D> {
         // no lower bound: the nil id, below every UUIDv7
         let after = Val::Id(args.after.map_or(Uuid::nil(), |id| id.as_uuid()));
         let d = &self.d;
-        let order = |template: &str| d.common.order(template, args);
         let mut rows = self.with_retry("claim", || {
             let mut conn = self.pool.get()?;
             if let Some(one) = &d.claim_returning {
@@ -274,13 +273,13 @@ impl<D: Dialect> SqlStore<D> {
                         after.clone(),
                     ],
                 );
-                return run_query(&mut *conn, d, &order(one), &fixed, &[]);
+                return run_query(&mut *conn, d, &one.claim(&d.common, args), &fixed, &[]);
             }
             transaction(&mut *conn, d, |c| {
                 let mut rows = run_query_max(
                     c,
                     d,
-                    &order(&d.claim_select),
+                    &d.claim_select.claim(&d.common, args),
                     &claim_params(
                         args,
                         vec![event_type.into(), after.clone(), Val::Int(limit as i64)],
@@ -296,14 +295,14 @@ impl<D: Dialect> SqlStore<D> {
                     let kept: std::collections::HashSet<EventId> = run_query(
                         c,
                         d,
-                        &d.common.order_rule(&d.common.order_recheck, args.ordered),
+                        d.common.order_recheck.rule(&d.common, args.ordered),
                         &[event_type.into()],
                         &id_vals(&rows)?,
                     )?
                     .iter()
-                    .map(|r| r.id(0))
+                    .map(|r| r.get::<EventId>(0))
                     .collect::<Result<_>>()?;
-                    rows.retain(|r| r.id(0).is_ok_and(|id| kept.contains(&id)));
+                    rows.retain(|r| r.get::<EventId>(0).is_ok_and(|id| kept.contains(&id)));
                 }
                 if !rows.is_empty() {
                     let ids = id_vals(&rows)?;
@@ -348,11 +347,11 @@ impl<D: Dialect> SqlStore<D> {
     /// [`ClaimStore::claim_held`].
     fn claim_holding(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
         let d = &self.d;
-        let Some(hold) = &d.hold_claim else {
+        let (Some(hold), Some(sessions)) = (&d.hold_claim, self.pool.sessions()) else {
             return Err(crate::store::cannot_hold_claims());
         };
         let mut held = HeldTx {
-            conn: self.pool.get_owned()?,
+            conn: sessions.get_owned()?,
             d: d.clone(),
             observer: self.observer.clone(),
             open: false,
@@ -363,7 +362,7 @@ impl<D: Dialect> SqlStore<D> {
             && run_query(
                 &mut *held.conn,
                 d,
-                &d.common.order(&hold.probe, args),
+                &hold.probe.claim(&d.common, args),
                 &claim_params(args, vec![args.event_type.into()]),
                 &[],
             )?
@@ -394,7 +393,7 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     fn insert_mark(&self) -> Result<Option<i64>> {
         let mut conn = self.pool.get()?;
         let rows = run_query(&mut *conn, &self.d, &self.d.insert_mark, &[], &[])?;
-        Ok(Some(rows.first().map_or(Ok(0), |r| r.int(0))?))
+        Ok(Some(rows.first().map_or(Ok(0), |r| r.get::<i64>(0))?))
     }
 
     fn capabilities(&self) -> crate::store::Capabilities {
@@ -402,7 +401,13 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     }
 
     fn listen(&self) -> Result<Box<dyn crate::store::Notifications>> {
-        self.pool.listen(&self.tables.outbox)
+        match self.pool.sessions() {
+            Some(sessions) if self.d.wake.is_some() => sessions.listen(&self.tables.outbox),
+            _ => Err(crate::error::Error::Unsupported {
+                what: "commit notifications".into(),
+                why: "only PostgreSQL has them; wake the relay with a RelayWaker".into(),
+            }),
+        }
     }
 
     fn set_commit_wake(&self, notify: &[&str], quiet: &[&str]) -> Result<()> {
@@ -428,8 +433,12 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             return Ok(None);
         };
         let mut conn = self.pool.get()?;
-        let rows = run_query(&mut *conn, &self.d, w.queue_usage, &[], &[])?;
-        Ok(rows.first().map(|r| r.opt_float(0)).transpose()?.flatten())
+        let rows = run_query(&mut *conn, &self.d, &w.queue_usage, &[], &[])?;
+        Ok(rows
+            .first()
+            .map(|r| r.get::<Option<f64>>(0))
+            .transpose()?
+            .flatten())
     }
 
     fn max_connections(&self) -> Option<usize> {
@@ -473,13 +482,13 @@ impl<D: Dialect> MaintenanceStore for SqlStore<D> {
             .iter()
             .map(|r| {
                 Ok(TypeStatus {
-                    event_type: r.text(0)?,
-                    pending: r.count(1)?,
-                    in_process: r.count(2)?,
-                    failed: r.count(3)?,
+                    event_type: r.get::<String>(0)?,
+                    pending: r.get::<u64>(1)?,
+                    in_process: r.get::<u64>(2)?,
+                    failed: r.get::<u64>(3)?,
                     // a clock a little behind the database's reads below 0
                     oldest_pending_age: r
-                        .opt_float(4)?
+                        .get::<Option<f64>>(4)?
                         .filter(|s| s.is_finite())
                         .map(|s| Duration::from_secs_f64(s.max(0.0))),
                 })
@@ -491,7 +500,7 @@ impl<D: Dialect> MaintenanceStore for SqlStore<D> {
 impl<D: Dialect> DeadLetterStore for SqlStore<D> {
     fn move_failed_to_dlq(&self, limit: usize) -> Result<u64> {
         let c = &self.d.common;
-        let steps = [&c.delete_dlq, &c.copy_to_dlq, &c.delete_outbox].map(String::as_str);
+        let steps = [&c.delete_dlq, &c.copy_to_dlq, &c.delete_outbox];
         self.select_apply(
             "move to DLQ",
             &self.d.select_failed,
@@ -504,7 +513,7 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
 
     fn requeue_dlq_retries(&self, limit: usize) -> Result<u64> {
         let c = &self.d.common;
-        let steps = [&c.delete_outbox, &c.copy_to_outbox, &c.delete_dlq].map(String::as_str);
+        let steps = [&c.delete_outbox, &c.copy_to_outbox, &c.delete_dlq];
         self.select_apply("DLQ retry", &self.d.select_retry, limit, None, &steps, &[])
     }
 
@@ -541,7 +550,7 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
             f.status.map(|s| s.as_str()).into(),
         ];
         let rows = run_query(&mut *conn, &self.d, &self.d.dlq_count, &fixed, &[])?;
-        rows.first().map_or(Ok(0), |r| r.count(0))
+        rows.first().map_or(Ok(0), |r| r.get::<u64>(0))
     }
 
     fn blocked_keys(&self, event_type: &str, limit: usize) -> Result<Vec<BlockedKey>> {
@@ -559,7 +568,7 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
         let mut keys: Vec<BlockedKey> = Vec::new();
         let mut seqs = Vec::new();
         for r in &rows {
-            let key = r.text(0)?;
+            let key = r.get::<String>(0)?;
             if keys.last().is_some_and(|k| k.key == key) {
                 continue;
             }
@@ -569,18 +578,18 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
             keys.push(BlockedKey {
                 event_type: event_type.to_string(),
                 key,
-                blocked_by: r.id(1)?,
-                status: r.text(2)?,
+                blocked_by: r.get::<EventId>(1)?,
+                status: r.get::<String>(2)?,
                 waiting: 0,
             });
             // none while schema 7 still numbers the events there: every
             // waiting event of the key counts
-            seqs.push(r.opt_int(3)?.unwrap_or(i64::MIN));
+            seqs.push(r.get::<Option<i64>>(3)?.unwrap_or(i64::MIN));
         }
         for (k, seq) in keys.iter_mut().zip(seqs) {
             let fixed = [event_type.into(), k.key.as_str().into(), Val::Int(seq)];
             let n = run_query(&mut *conn, d, &d.common.key_waiting, &fixed, &[])?;
-            k.waiting = n.first().map_or(Ok(0), |r| r.count(0))?;
+            k.waiting = n.first().map_or(Ok(0), |r| r.get::<u64>(0))?;
         }
         Ok(keys)
     }
@@ -607,7 +616,7 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
             .d
             .common
             .dlq_set_status
-            .replace("{from}", &status_list(from));
+            .fill("{from}", &status_list(from));
         self.each_dead_letter(ids, &update, &[to.as_str().into()])
     }
 
@@ -616,7 +625,7 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
             .d
             .common
             .dlq_delete_status
-            .replace("{from}", &status_list(from));
+            .fill("{from}", &status_list(from));
         self.each_dead_letter(ids, &delete, &[])
     }
 }

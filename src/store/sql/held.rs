@@ -5,8 +5,8 @@ use crate::metrics::{Observed, StoreCall};
 use std::collections::HashMap;
 
 use super::{
-    claim_params, claimed_events, inline, missing, ms, stored_payload, Catalog, Conn, Finish,
-    HoldClaim, Row, Val,
+    claim_params, claimed_events, missing, ms, stored_payload, Catalog, Finish, HoldClaim, Row,
+    ScriptConn, Stmt, Val,
 };
 use crate::error::{Error, Result};
 use crate::event::{Body, Event, EventId};
@@ -15,7 +15,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 /// One statement of a finish: its template, fixed parameters and ids.
-pub(crate) type Step<'a> = (&'a str, Vec<Val>, Vec<Val>);
+pub(crate) type Step<'a> = (&'a Stmt, Vec<Val>, Vec<Val>);
 
 /// The statements that finish a batch with `sql`: acked rows marked PROCESSED or
 /// deleted, in chunks; the others one by one.
@@ -36,7 +36,7 @@ pub(crate) fn finish_steps<'a>(
             .map(|(id, _)| Val::Id(id.as_uuid()))
             .collect();
         for chunk in ids.chunks(d.max_ids) {
-            steps.push((template.as_str(), vec![Val::Id(token)], chunk.to_vec()));
+            steps.push((template, vec![Val::Id(token)], chunk.to_vec()));
         }
     }
     for (id, outcome) in outcomes {
@@ -51,7 +51,7 @@ pub(crate) fn finish_steps<'a>(
             Val::Id(token),
             Val::Int(i64::from(counted)),
         ];
-        steps.push((sql.failed.as_str(), fixed, Vec::new()));
+        steps.push((&sql.failed, fixed, Vec::new()));
     }
     steps
 }
@@ -69,7 +69,7 @@ pub(crate) fn failure(outcome: &Outcome) -> Option<(&'static str, Duration, &str
 
 /// A held claim: the connection whose open transaction locks the batch's rows.
 pub(crate) struct HeldTx {
-    pub(crate) conn: Box<dyn Conn + Send>,
+    pub(crate) conn: Box<dyn ScriptConn + Send>,
     pub(crate) d: std::sync::Arc<Catalog>,
     /// The store's observer, told how long the finish took.
     pub(crate) observer: Observed,
@@ -113,7 +113,7 @@ impl HeldTx {
         };
         let mut script: Vec<String> = steps
             .iter()
-            .map(|(template, fixed, ids)| inline(template, fixed, ids, hold.literal))
+            .map(|(stmt, fixed, ids)| stmt.inline(fixed, ids, hold.literal))
             .collect::<Result<_>>()?;
         script.push("COMMIT".into());
         Ok(script)
@@ -145,12 +145,9 @@ impl HeldTx {
             "{}; {}",
             hold.open
                 .replace("{ms}", &next.lease.as_millis().to_string()),
-            inline(
-                &self.d.common.order(claim, next),
-                &params,
-                &[],
-                hold.literal
-            )?
+            claim
+                .claim(&self.d.common, next)
+                .inline(&params, &[], hold.literal)?
         ))
     }
 
@@ -172,11 +169,11 @@ impl HeldTx {
         self.deleted = if delete_acked {
             let deleted = rows.into_iter().map(|mut r| {
                 Ok(Deleted {
-                    id: r.id(0)?,
-                    headers: r.take_text(3).ok_or_else(|| missing(3))?,
-                    created_at: r.take_text(8).ok_or_else(|| missing(8))?,
+                    id: r.get::<EventId>(0)?,
+                    headers: r.take_text(3)?.ok_or_else(|| missing(3))?,
+                    created_at: r.take_text(8)?.ok_or_else(|| missing(8))?,
                     // none while schema 7 still numbers the events there
-                    seq: r.opt_int(9)?,
+                    seq: r.get::<Option<i64>>(9)?,
                 })
             });
             Some(deleted.collect::<Result<Vec<_>>>()?)
@@ -232,7 +229,7 @@ impl HeldBatch for HeldTx {
 /// and what it kept of their rows) that the broker did not ack: one
 /// [`HoldClaim::restore`] each.
 pub(crate) fn restore_steps<'a>(
-    restore: &'a str,
+    restore: &'a Stmt,
     rows: &[Deleted],
     events: &[Event],
     outcomes: &[(EventId, Outcome)],

@@ -3,6 +3,7 @@
 
 use super::{
     run_query, split_statements, transaction, Conn, Dialect, MigrateLock, OnlineIndex, SqlStore,
+    Stmt,
 };
 use crate::backoff::RetryBackoff;
 use crate::error::Error;
@@ -16,13 +17,13 @@ impl<D: Dialect> SqlStore<D> {
     /// other error reading it (a lost connection, a missing grant) is an
     /// error, never taken for an empty schema.
     fn schema_version(&self, c: &mut dyn Conn) -> Result<i64> {
-        let sql = format!(
+        let sql = Stmt::new(format!(
             "SELECT COALESCE(MAX(version), 0) FROM {}",
             self.tables.schema_version
-        );
+        ));
         let read = |c: &mut dyn Conn| {
             let rows = run_query(c, &self.d, &sql, &[], &[])?;
-            rows.first().map_or(Ok(0), |r| r.int(0))
+            rows.first().map_or(Ok(0), |r| r.get::<i64>(0))
         };
         match read(c) {
             Ok(at) => Ok(at),
@@ -167,7 +168,7 @@ impl<D: Dialect> SqlStore<D> {
             }
             if outside(first) {
                 if let Some((o, name)) = online.and_then(|o| Some((o, built_index(o, first)?))) {
-                    if !run_query(c, d, &(o.invalid)(name), &[], &[])?.is_empty() {
+                    if !run_query(c, d, &Stmt::new((o.invalid)(name)), &[], &[])?.is_empty() {
                         log::warn!("txbox: migrate: index {name} left invalid: built again");
                         c.batch(&format!("{} IF EXISTS {name}", o.drop))?;
                     }
@@ -221,12 +222,18 @@ impl<D: Dialect> SqlStore<D> {
             let got = run_query(
                 c,
                 &self.d,
-                &(lock.take)(self.migrate_lock_timeout),
+                &Stmt::new((lock.take)(self.migrate_lock_timeout)),
                 &[],
                 &[],
             )
             .map_err(|e| self.gave_up_on(what, e))?;
-            if got.first().map(|r| r.opt_int(0)).transpose()?.flatten() == Some(1) {
+            if got
+                .first()
+                .map(|r| r.get::<Option<i64>>(0))
+                .transpose()?
+                .flatten()
+                == Some(1)
+            {
                 return Ok(());
             }
             if !lock.poll || std::time::Instant::now() >= deadline {

@@ -3,7 +3,8 @@
 //! finish, recovery, dead letters, locks, inbox — are written once.
 //!
 //! Statements are written with numbered placeholders `$1`, `$2`, ... and an optional
-//! `{ids}` list, rendered per call into the driver's style (`$n`, `?`, `?n`, `:n`).
+//! `{ids}` list, parsed once into a [`Stmt`] that renders them into the driver's
+//! style (`$n`, `?`, `?n`, `:n`) once and knows the order its values are bound in.
 
 mod engine;
 mod held;
@@ -11,6 +12,7 @@ mod migrate;
 mod render;
 mod rows;
 mod statements;
+mod stmt;
 mod values;
 
 pub(crate) use crate::store::split_statements;
@@ -20,6 +22,7 @@ pub(crate) use held::*;
 pub(crate) use render::*;
 pub(crate) use rows::*;
 pub(crate) use statements::*;
+pub(crate) use stmt::{Ordered, Stmt};
 pub use values::Dialect;
 pub(crate) use values::*;
 
@@ -38,7 +41,10 @@ impl Catalog {
     pub(crate) fn statements(&self) -> Vec<(&'static str, String)> {
         let c = &self.common;
         let mut out: Vec<(&str, &str)> = vec![
-            ("claim_select", &self.claim_select),
+            ("claim_select", self.claim_select.template()),
+            ("order_recheck", c.order_recheck.template()),
+        ];
+        let stmts: [(&str, &Stmt); 31] = [
             ("select_expired", &self.select_expired),
             ("select_processed", &self.select_processed),
             ("select_failed", &self.select_failed),
@@ -53,12 +59,8 @@ impl Catalog {
             ("status", &self.status),
             ("inbox_insert", &self.inbox_insert),
             ("insert_mark", &self.insert_mark),
-            ("insert_event_row", &self.insert_event_row),
             ("blocked_keys", &c.blocked_keys),
-            ("order_recheck", &c.order_recheck),
             ("key_waiting", &c.key_waiting),
-            ("ordered_skip", &c.ordered_skip),
-            ("ordered_block", &c.ordered_block),
             ("claim_update", &c.claim_update),
             ("recover", &c.recover),
             ("delete_outbox", &c.delete_outbox),
@@ -70,27 +72,23 @@ impl Catalog {
             ("unlock", &c.unlock),
             ("dlq_set_status", &c.dlq_set_status),
             ("dlq_delete_status", &c.dlq_delete_status),
+            ("finish.sent", &c.finish.sent),
+            ("finish.delete", &c.finish.delete),
+            ("finish.failed", &c.finish.failed),
+            ("insert_event", insert_one(self, false)),
         ];
-        for (names, f) in [
-            (["finish.sent", "finish.delete", "finish.failed"], &c.finish),
-            (
-                [
-                    "finish_held.sent",
-                    "finish_held.delete",
-                    "finish_held.failed",
-                ],
-                &c.finish_held,
-            ),
-        ] {
-            out.push((names[0], &f.sent));
-            out.push((names[1], &f.delete));
-            out.push((names[2], &f.failed));
-        }
+        out.extend(stmts.iter().map(|(n, s)| (*n, s.template())));
+        out.push(("insert_event_bytes", insert_one(self, true).template()));
+        out.push(("ordered_skip", &c.ordered_skip));
+        out.push(("ordered_block", &c.ordered_block));
+        out.push(("finish_held.sent", c.finish_held.sent.template()));
+        out.push(("finish_held.delete", c.finish_held.delete.template()));
+        out.push(("finish_held.failed", c.finish_held.failed.template()));
         if let Some(r) = &self.claim_returning {
-            out.push(("claim_returning", r));
+            out.push(("claim_returning", r.template()));
         }
         if let Some(r) = &self.inbox_legacy {
-            out.push(("inbox_legacy", r));
+            out.push(("inbox_legacy", r.template()));
         }
         if let (Some(skip), Some(block)) = (&c.walk_skip, &c.walk_block) {
             out.push(("walk_skip", skip));
@@ -98,14 +96,14 @@ impl Catalog {
         }
         if let Some(h) = &self.hold_claim {
             out.push(("hold_claim.open", h.open));
-            out.push(("hold_claim.probe", &h.probe));
-            out.push(("hold_claim.claim_delete", &h.claim_delete));
-            out.push(("hold_claim.restore", &h.restore));
+            out.push(("hold_claim.probe", h.probe.template()));
+            out.push(("hold_claim.claim_delete", h.claim_delete.template()));
+            out.push(("hold_claim.restore", h.restore.template()));
         }
         if let Some(w) = &self.wake {
-            out.push(("wake.quiet", &w.quiet));
-            out.push(("wake.loud", &w.loud));
-            out.push(("wake.queue_usage", w.queue_usage));
+            out.push(("wake.quiet", w.quiet.template()));
+            out.push(("wake.loud", w.loud.template()));
+            out.push(("wake.queue_usage", w.queue_usage.template()));
         }
         out.into_iter().map(|(n, t)| (n, t.to_string())).collect()
     }
@@ -180,10 +178,10 @@ mod tests {
         let mut checked = 0;
         for (name, d) in &dialects {
             for (what, template) in d.statements() {
-                let template = template.replace("{from}", "'DEAD'");
-                let n_ids = if template.contains("{ids}") { 2 } else { 0 };
-                let want = inline(&template, &fixed, &ids[..n_ids], show).unwrap();
-                let (sql, params) = prepare(d, &template, &fixed, &ids[..n_ids]).unwrap();
+                let stmt = Stmt::new(template.replace("{from}", "'DEAD'"));
+                let n_ids = if stmt.has_ids() { 2 } else { 0 };
+                let want = stmt.inline(&fixed, &ids[..n_ids], show).unwrap();
+                let (sql, params) = stmt.bind(d.style, &fixed, &ids[..n_ids]).unwrap();
                 let bound: Vec<&Val> = params.iter().collect();
                 assert_eq!(
                     as_the_database_binds(&sql, d.style, &bound),
@@ -297,31 +295,73 @@ mod tests {
         );
     }
 
+    /// The SQL and the values in the order the driver binds them, rendered
+    /// from one parse.
+    fn rendered(t: &str, style: Style, fixed: usize, ids: usize) -> (String, Vec<i64>) {
+        let fixed: Vec<Val> = (1..=fixed as i64).map(Val::Int).collect();
+        let ids: Vec<Val> = (1..=ids as i64).map(|n| Val::Int(100 + n)).collect();
+        let stmt = Stmt::new(t.into());
+        let (sql, params) = stmt.bind(style, &fixed, &ids).unwrap();
+        let order = params
+            .iter()
+            .map(|v| match v {
+                Val::Int(n) => *n,
+                _ => unreachable!("only numbers bound"),
+            })
+            .collect();
+        (sql.into_owned(), order)
+    }
+
     #[test]
     fn renders_placeholders_per_style() {
         let t = "UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids}) AND c = $1";
-        let (sql, order) = render(t, Style::Question, 2, 2).unwrap();
+        let (sql, order) = rendered(t, Style::Question, 2, 2);
         assert_eq!(
             sql,
             "UPDATE t SET a = ? WHERE b = ? AND id IN (?, ?) AND c = ?"
         );
-        assert_eq!(order, vec![1, 0, 2, 3, 0]);
+        assert_eq!(order, vec![2, 1, 101, 102, 1]);
         // Oracle: one bind per occurrence, in the order they appear
-        let (sql, order) = render(t, Style::Colon, 2, 1).unwrap();
+        let (sql, order) = rendered(t, Style::Colon, 2, 1);
         assert_eq!(
             sql,
             "UPDATE t SET a = :1 WHERE b = :2 AND id IN (:3) AND c = :4"
         );
-        assert_eq!(order, vec![1, 0, 2, 0]);
-        let (_, order) = render("VALUES ($1, $2)", Style::QuestionNumbered, 3, 0).unwrap();
-        assert_eq!(order, vec![0, 1], "an unused last parameter is not bound");
-        let (sql, _) = render(t, Style::QuestionNumbered, 2, 1).unwrap();
+        assert_eq!(order, vec![2, 1, 101, 1]);
+        let (_, order) = rendered("VALUES ($1, $2)", Style::QuestionNumbered, 3, 0);
+        assert_eq!(order, vec![1, 2], "an unused last parameter is not bound");
+        let (sql, order) = rendered(t, Style::QuestionNumbered, 2, 1);
         assert_eq!(
             sql,
             "UPDATE t SET a = ?2 WHERE b = ?1 AND id IN (?3) AND c = ?1"
         );
-        let (sql, _) = render("SELECT '$x', $10", Style::Dollar, 10, 0).unwrap();
+        assert_eq!(order, vec![1, 2, 101]);
+        let (sql, _) = rendered("SELECT '$x', $10", Style::Dollar, 10, 0);
         assert_eq!(sql, "SELECT '$x', $10");
+        // the ids follow the values the statement names, however many are passed
+        let (sql, order) = rendered(
+            "DELETE FROM t WHERE a = $1 AND id IN ({ids})",
+            Style::Dollar,
+            3,
+            2,
+        );
+        assert_eq!(sql, "DELETE FROM t WHERE a = $1 AND id IN ($2, $3)");
+        assert_eq!(order, vec![1, 101, 102]);
+    }
+
+    /// A statement without ids is rendered once and handed out as it is; one
+    /// with ids is written out per call, for the list's length.
+    #[test]
+    fn a_statement_is_rendered_once() {
+        let s = Stmt::new("SELECT a FROM t WHERE b = $1".into());
+        let (first, _) = s.bind(Style::Question, &[Val::Int(1)], &[]).unwrap();
+        let (again, _) = s.bind(Style::Question, &[Val::Int(2)], &[]).unwrap();
+        assert!(matches!(first, std::borrow::Cow::Borrowed(_)));
+        assert_eq!(first.as_ptr(), again.as_ptr(), "the same rendered text");
+        // another style (never within one catalog) is rendered apart
+        let (dollar, _) = s.bind(Style::Dollar, &[Val::Int(1)], &[]).unwrap();
+        assert_eq!(dollar, "SELECT a FROM t WHERE b = $1");
+        assert_eq!(first, "SELECT a FROM t WHERE b = ?");
     }
 
     #[test]
@@ -331,8 +371,10 @@ mod tests {
             _ => "<?>".into(),
         };
         let fixed = [Val::Int(1), Val::Int(2)];
-        let t = "UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids})";
-        let sql = inline(t, &fixed, &[Val::Int(3), Val::Int(4)], literal).unwrap();
+        let t = Stmt::new("UPDATE t SET a = $2 WHERE b = $1 AND id IN ({ids})".into());
+        let sql = t
+            .inline(&fixed, &[Val::Int(3), Val::Int(4)], literal)
+            .unwrap();
         assert_eq!(
             sql,
             "UPDATE t SET a = <2> WHERE b = <1> AND id IN (<3>, <4>)"
@@ -346,10 +388,11 @@ mod tests {
             ("UPDATE t SET a = $1 WHERE c = $7", "$7"),
             ("UPDATE t SET a = $1 WHERE c = $0", "$0"),
         ] {
-            let err = inline(t, &[Val::Int(1)], &[], literal).unwrap_err();
+            let t = Stmt::new(t.into());
+            let err = t.inline(&[Val::Int(1)], &[], literal).unwrap_err();
             assert!(matches!(&err, Error::Internal(m) if m.contains(n)), "{err}");
             for (name, d) in catalogs(&Tables::new("p_").unwrap()) {
-                let err = prepare(&d, t, &[Val::Int(1)], &[]).unwrap_err();
+                let err = t.bind(d.style, &[Val::Int(1)], &[]).unwrap_err();
                 assert!(
                     matches!(&err, Error::Internal(m) if m.contains(n)),
                     "{name}: {err}"

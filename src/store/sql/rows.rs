@@ -1,16 +1,19 @@
 //! Rows to events and dead letters, events to rows.
 
-use super::{is, missing, run_execute, run_query, shift, unexpected, Catalog, Conn, Row, Val};
+use super::{
+    is, missing, run_execute, run_query, shift, unexpected, Catalog, Conn, Row, Stmt, Val,
+};
 use crate::error::{Error, Result};
 use crate::event::{Body, Event, EventId, NewEvent};
 use crate::store::{DeadLetter, DlqStatus, HEADER_DEFECT};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The ids in the first column of `rows`, as parameters.
 pub(crate) fn id_vals(rows: &[Row]) -> Result<Vec<Val>> {
     rows.iter()
-        .map(|r| r.id(0).map(|i| Val::Id(i.as_uuid())))
+        .map(|r| r.get::<EventId>(0).map(|i| Val::Id(i.as_uuid())))
         .collect()
 }
 
@@ -66,45 +69,38 @@ pub(crate) fn headers_json(h: &BTreeMap<String, String>) -> String {
 /// The event of a claimed row (id, type, key, headers, payload, attempts,
 /// payload bytes, content type), its text moved out of the row.
 pub(crate) fn event_row(r: &mut Row) -> Result<Event> {
-    let id = r.id(0)?;
+    let id = r.get::<EventId>(0)?;
     // parsed once: later reads of the id find it as such
     r.0[0] = Val::Id(id.as_uuid());
     // headers that are no JSON object (a row written by hand): the event is
     // marked, and the relay fails it alone. An error here would fail the
     // whole claimed batch, again at every claim: one bad row would hold back
     // every event claimed with it.
-    let headers = match r.get(3) {
+    let headers = match r.val(3) {
         Val::Text(text) => parse_headers(text),
-        _ => parse_headers(&r.text(3)?),
+        _ => parse_headers(&r.get::<String>(3)?),
     }
     .unwrap_or_else(defect);
     let (payload, content_type) = body(r, 4, 6)?;
     Ok(Event {
         id,
-        event_type: r.take_text(1).ok_or_else(|| missing(1))?,
+        event_type: r.take_text(1)?.ok_or_else(|| missing(1))?,
         destination: String::new(),
-        routing_key: String::new(),
-        key: r.take_text(2),
+        key: r.take_text(2)?,
         headers,
         payload,
         content_type,
-        attempts: attempts(r, 5)?,
+        attempts: r.get(5)?,
     })
-}
-
-/// A count of attempts: a whole number from 0 up.
-fn attempts(r: &Row, i: usize) -> Result<u32> {
-    let n = r.int(i)?;
-    u32::try_from(n).map_err(|_| unexpected(i, "a count of attempts", &Val::Int(n)))
 }
 
 /// The payload of a row whose text payload is column `text` and whose payload
 /// bytes and content type follow from column `bytes` on: the bytes when it has a
 /// content type (published as bytes), else the JSON text.
 fn body(r: &mut Row, text: usize, bytes: usize) -> Result<(Vec<u8>, Option<String>)> {
-    Ok(match r.take_text(bytes + 1) {
+    Ok(match r.take_text(bytes + 1)? {
         Some(content_type) => (r.take_blob(bytes)?.unwrap_or_default(), Some(content_type)),
-        None => (r.take_bytes(text).ok_or_else(|| missing(text))?, None),
+        None => (r.take_bytes(text)?.ok_or_else(|| missing(text))?, None),
     })
 }
 
@@ -118,25 +114,25 @@ pub(crate) fn claimed_events(rows: &mut [Row]) -> Result<Vec<Event>> {
 pub(crate) fn dead_letter(r: &mut Row) -> Result<DeadLetter> {
     let (payload, content_type) = body(r, 4, 10)?;
     Ok(DeadLetter {
-        id: r.id(0)?,
-        event_type: r.text(1)?,
-        key: r.opt_text(2),
+        id: r.get::<EventId>(0)?,
+        event_type: r.get::<String>(1)?,
+        key: r.get::<Option<String>>(2)?,
         // a dead letter's unreadable headers (it was failed for them) are
         // listed as what is wrong with them: one such row must not keep the
         // others from being listed, retried or deleted
-        headers: parse_headers(&r.text(3)?).unwrap_or_else(defect),
+        headers: parse_headers(&r.get::<String>(3)?).unwrap_or_else(defect),
         payload,
         content_type,
-        attempts: attempts(r, 5)?,
-        last_error: r.opt_text(6),
+        attempts: r.get(5)?,
+        last_error: r.get::<Option<String>>(6)?,
         status: {
-            let status = r.text(7)?;
+            let status = r.get::<String>(7)?;
             status
                 .parse()
                 .map_err(|_| unexpected(7, "a dead-letter status", &Val::Text(status)))?
         },
-        created_at: r.text(8)?,
-        moved_at: r.text(9)?,
+        created_at: r.get::<String>(8)?,
+        moved_at: r.get::<String>(9)?,
     })
 }
 
@@ -153,7 +149,7 @@ pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent
         run_execute(
             conn,
             d,
-            &insert_events_sql(d, chunk.len(), bytes),
+            &insert_events_stmt(d, chunk.len(), bytes),
             &params,
             &[],
         )?;
@@ -161,9 +157,24 @@ pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent
     Ok(())
 }
 
+/// The dialect's `INSERT` of `rows` events: the one-event statements are
+/// built the first time and kept ([`Catalog::insert_one`]), a batch's per call.
+fn insert_events_stmt(d: &Catalog, rows: usize, bytes: bool) -> Cow<'_, Stmt> {
+    if rows == 1 {
+        Cow::Borrowed(insert_one(d, bytes))
+    } else {
+        Cow::Owned(Stmt::new(insert_events_sql(d, rows, bytes)))
+    }
+}
+
+/// The dialect's `INSERT` of one event, kept in [`Catalog::insert_one`].
+pub(crate) fn insert_one(d: &Catalog, bytes: bool) -> &Stmt {
+    d.insert_one[usize::from(bytes)].get_or_init(|| Stmt::new(insert_events_sql(d, 1, bytes)))
+}
+
 /// The dialect's `INSERT` of `rows` events, [`push_event_values`] of each in
 /// turn; with `bytes`, the binary payload columns too.
-pub(crate) fn insert_events_sql(d: &Catalog, rows: usize, bytes: bool) -> String {
+fn insert_events_sql(d: &Catalog, rows: usize, bytes: bool) -> String {
     let (columns, values) = if bytes {
         (", payload_bytes, content_type", d.insert_bytes_values)
     } else {
@@ -244,7 +255,7 @@ pub(crate) fn insert_inbox_ids(
         for chunk in ids.chunks(d.max_ids) {
             let vals: Vec<Val> = chunk.iter().map(|id| Val::Id(id.as_uuid())).collect();
             for r in run_query(conn, d, sql, &[], &vals)? {
-                legacy.insert(r.id(0)?);
+                legacy.insert(r.get::<EventId>(0)?);
             }
         }
     }

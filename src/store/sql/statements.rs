@@ -1,7 +1,7 @@
 //! The statement catalog: what a dialect supplies, and the statements every
 //! dialect writes alike.
 
-use super::{ago, Style, Val};
+use super::{ago, Ordered, Stmt, Style, Val};
 use crate::error::Error;
 use crate::store::{ClaimArgs, Tables};
 use std::time::Duration;
@@ -10,11 +10,11 @@ use std::time::Duration;
 /// still holds by a `fence` condition.
 pub struct Finish {
     /// $1 token, {ids}
-    pub sent: String,
+    pub sent: Stmt,
     /// $1 token, {ids}
-    pub delete: String,
+    pub delete: Stmt,
     /// $1 status, $2 delay ms, $3 error, $4 id, $5 token, $6 attempts to add (0 or 1)
-    pub failed: String,
+    pub failed: Stmt,
 }
 
 impl Finish {
@@ -33,15 +33,15 @@ impl Finish {
             sent: format!(
                 "UPDATE {o} SET status = 'PROCESSED', processed_at = {now}, claim_token = NULL, lease_until = NULL \
                  WHERE {fence} AND {ids}"
-            ),
-            delete: format!("DELETE FROM {o} WHERE {fence} AND {ids}"),
+            ).into(),
+            delete: format!("DELETE FROM {o} WHERE {fence} AND {ids}").into(),
             failed: format!(
                 "UPDATE {o} SET status = $1, attempts = attempts + $6, \
                    next_attempt_at = CASE WHEN $1 = 'PENDING' THEN {} ELSE next_attempt_at END, \
                    last_error = $3, claim_token = NULL, lease_until = NULL \
                  WHERE id = $4 AND {fence_one}",
                 plus("$2")
-            ),
+            ).into(),
         }
     }
 }
@@ -50,38 +50,38 @@ impl Finish {
 /// "current time" expression and `plus("$n")` its "now + $n milliseconds".
 pub struct Common {
     /// $1 token, $2 lease ms, {ids}
-    pub claim_update: String,
+    pub claim_update: Stmt,
     /// Finishing a batch claimed under a lease: fenced by its token.
     pub finish: Finish,
     /// Finishing a batch whose rows the claim's open transaction holds locked
     /// ([`crate::ClaimMode::Lock`]): they are still PENDING.
     pub finish_held: Finish,
     /// {ids}
-    pub recover: String,
-    pub delete_outbox: String,
-    pub delete_dlq: String,
-    pub copy_to_dlq: String,
-    pub copy_to_outbox: String,
+    pub recover: Stmt,
+    pub delete_outbox: Stmt,
+    pub delete_dlq: Stmt,
+    pub copy_to_dlq: Stmt,
+    pub copy_to_outbox: Stmt,
     /// $1 TTL ms, {ids}
-    pub delete_inbox: String,
+    pub delete_inbox: Stmt,
     /// $1 owner, $2 lease ms, $3 name -> affected rows 1 when taken
-    pub lock_take: String,
+    pub lock_take: Stmt,
     /// $1 name, $2 owner
-    pub unlock: String,
+    pub unlock: Stmt,
     /// $1 to, {from} literal list, {ids}
-    pub dlq_set_status: String,
+    pub dlq_set_status: Stmt,
     /// {from} literal list, {ids}
-    pub dlq_delete_status: String,
+    pub dlq_delete_status: Stmt,
     /// $1 type, {ids} -> the ids of those rows that pass the claims' `{order}`
     /// (asked again after a locking claim on a dialect without RETURNING)
-    pub order_recheck: String,
+    pub order_recheck: Ordered,
     /// $1 type -> key, id, status, seq of the dead letters (DEAD, RETRY) and
     /// FAILED outbox events that hold a key of an ordered type back, by key
     /// and insert order
-    pub blocked_keys: String,
+    pub blocked_keys: Stmt,
     /// $1 type, $2 key, $3 seq -> how many events of the key are pending after
     /// that one in insert order
-    pub key_waiting: String,
+    pub key_waiting: Stmt,
     /// The rule of an ordered type that skips poison events: no earlier event
     /// of the candidate's key pending or in process.
     pub ordered_skip: String,
@@ -296,18 +296,18 @@ pub(crate) fn common(
         })
         .unzip();
     Common {
-        order_recheck: format!("SELECT id FROM {o} WHERE event_type = $1 AND id IN ({{ids}}) {{order}}"),
+        order_recheck: format!("SELECT id FROM {o} WHERE event_type = $1 AND id IN ({{ids}}) {{order}}").into(),
         blocked_keys: format!(
             "SELECT event_key, id, status, seq FROM {d} WHERE event_type = $1 AND event_key IS NOT NULL \
                AND status IN ('DEAD', 'RETRY') \
              UNION ALL SELECT event_key, id, status, seq FROM {o} WHERE event_type = $1 \
                AND event_key IS NOT NULL AND status = 'FAILED' \
              ORDER BY 1, 4"
-        ),
+        ).into(),
         key_waiting: format!(
             "SELECT COUNT(*) FROM {o} WHERE event_type = $1 AND event_key = $2 AND status = 'PENDING' \
              AND seq > $3"
-        ),
+        ).into(),
         ordered_skip: skip_rule(o),
         ordered_block: block_rule(o),
         walk_skip,
@@ -316,7 +316,7 @@ pub(crate) fn common(
         claim_update: format!(
             "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
             plus("$2")
-        ),
+        ).into(),
         // A row holds a claim token exactly while it is IN_PROCESS (every way out
         // clears it), so the token alone fences. Naming the status as well would let
         // PostgreSQL pick the in-process partial index and step over every dead
@@ -328,37 +328,37 @@ pub(crate) fn common(
         recover: format!(
             "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
              WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
-        ),
-        delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})"),
-        delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})"),
+        ).into(),
+        delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})").into(),
+        delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})").into(),
         // an event keeps its place in its key's order (`seq`) both ways
         copy_to_dlq: format!(
             "INSERT INTO {d} (id, event_type, event_key, headers, payload, payload_bytes, content_type, \
                attempts, last_error, status, created_at, moved_at, updated_at, seq) \
              SELECT id, event_type, event_key, headers, payload, payload_bytes, content_type, attempts, \
                last_error, 'DEAD', created_at, {now}, {now}, seq FROM {o} WHERE id IN ({{ids}})"
-        ),
+        ).into(),
         copy_to_outbox: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload, payload_bytes, content_type, \
                status, attempts, next_attempt_at, last_error, created_at, seq) \
              SELECT id, event_type, event_key, headers, payload, payload_bytes, content_type, 'PENDING', 0, \
                {now}, last_error, created_at, seq FROM {d} WHERE id IN ({{ids}})"
-        ),
+        ).into(),
         // an event's row of each consumer expires on its own
         delete_inbox: format!(
             "DELETE FROM {i} WHERE consumed_at < {} AND event_id IN ({{ids}})",
             ago(plus, "$1")
-        ),
+        ).into(),
         lock_take: format!(
             "UPDATE {l} SET owner = $1, locked_at = {now}, locked_until = {} \
              WHERE name = $3 AND (locked_until < {now} OR owner = $1)",
             plus("$2")
-        ),
-        unlock: format!("DELETE FROM {l} WHERE name = $1 AND owner = $2"),
+        ).into(),
+        unlock: format!("DELETE FROM {l} WHERE name = $1 AND owner = $2").into(),
         dlq_set_status: format!(
             "UPDATE {d} SET status = $1, updated_at = {now} WHERE status IN ({{from}}) AND id IN ({{ids}})"
-        ),
-        dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})"),
+        ).into(),
+        dlq_delete_status: format!("DELETE FROM {d} WHERE status IN ({{from}}) AND id IN ({{ids}})").into(),
     }
 }
 
@@ -369,7 +369,7 @@ pub struct HoldClaim {
     pub open: &'static str,
     /// $1 type -> a row when a due PENDING event may be there (no lock taken), so an
     /// idle type costs one statement per poll, not a transaction of three.
-    pub probe: String,
+    pub probe: Ordered,
     /// A value as an SQL literal: the claim and the finish go as one
     /// script each (one round trip), their values written into the SQL.
     pub literal: fn(&Val) -> String,
@@ -377,23 +377,23 @@ pub struct HoldClaim {
     /// held transaction, returning its columns (payload bytes and content type
     /// included) and then `created_at` as text
     /// ($1 type, $2 after, $3 limit).
-    pub claim_delete: String,
+    pub claim_delete: Ordered,
     /// Writes back a row that such a claim deleted and the broker did not ack:
     /// $1 status, $2 delay ms, $3 error, $4 id (as [`Finish::failed`]), then the
     /// claimed row's $5 type, $6 key, $7 headers, $8 payload, $9 attempts (this
     /// one included when it counts), $10 created_at, $11 payload bytes, $12
     /// content type, $13 seq (its place in the insert order, kept).
-    pub restore: String,
+    pub restore: Stmt,
 }
 
 /// The statements of the wake-up on commit (PostgreSQL's rationed `NOTIFY`).
 pub struct WakeSql {
     /// $1 type: its commits send no notification (its wake-up is `poll`)
-    pub quiet: String,
+    pub quiet: Stmt,
     /// $1 type: its commits notify again
-    pub loud: String,
+    pub loud: Stmt,
     /// -> how full the cluster's notification queue is, 0 to 1
-    pub queue_usage: &'static str,
+    pub queue_usage: Stmt,
 }
 
 /// The lock that makes migrations of one database take turns.
@@ -436,7 +436,7 @@ pub struct OnlineIndex {
     /// crash) left that index invalid: dropped and built again.
     pub invalid: fn(&str) -> String,
     /// -> a row when the outbox table exists (asked before the baseline).
-    pub existing: String,
+    pub existing: Stmt,
 }
 
 /// Every statement of one dialect, with the table names filled in.
@@ -475,12 +475,12 @@ pub struct Catalog {
     pub error_code: fn(&Error) -> Option<i64>,
     /// -> a row when the version table exists (asked when reading the
     /// version failed: no table is schema 0, any other error is one).
-    pub version_table: String,
+    pub version_table: Stmt,
     /// A statement that touches no table, for [`crate::Store::ping`].
-    pub ping: &'static str,
+    pub ping: Stmt,
     /// -> a number at least as high as every outbox `seq` given so far
     /// ([`crate::store::ClaimStore::insert_mark`])
-    pub insert_mark: String,
+    pub insert_mark: Stmt,
     /// Largest `{ids}` list per statement.
     pub max_ids: usize,
     /// The statements every dialect writes alike.
@@ -488,7 +488,7 @@ pub struct Catalog {
     /// One-statement claim with RETURNING ($1 type, $2 limit, $3 token, $4 lease ms,
     /// $5 only ids above this one); without it: `claim_select` then `claim_update` in
     /// a transaction.
-    pub claim_returning: Option<String>,
+    pub claim_returning: Option<Ordered>,
     /// The statements of a held claim ([`crate::ClaimMode::Lock`]); `None`: the
     /// dialect cannot hold claims.
     pub hold_claim: Option<HoldClaim>,
@@ -497,36 +497,36 @@ pub struct Catalog {
     pub wake: Option<WakeSql>,
     /// $1 type, $2 only ids above this one, $3 limit (Oracle limits by fetching)
     /// -> id, type, key, headers, payload, attempts, payload bytes, content type
-    pub claim_select: String,
+    pub claim_select: Ordered,
     /// $1 limit (and $2 TTL in ms for the cleanups) -> id, for each maintenance selection
-    pub select_expired: String,
-    pub select_processed: String,
-    pub select_failed: String,
-    pub select_retry: String,
-    pub select_resolved: String,
-    pub select_inbox_expired: String,
+    pub select_expired: Stmt,
+    pub select_processed: Stmt,
+    pub select_failed: Stmt,
+    pub select_retry: Stmt,
+    pub select_resolved: Stmt,
+    pub select_inbox_expired: Stmt,
     /// $1 name, $2 owner, $3 lease ms (insert if absent, never fails on conflict)
-    pub lock_insert: String,
+    pub lock_insert: Stmt,
     /// $1 type, $2 status, $3 limit, $4 offset
-    pub dlq_list: String,
+    pub dlq_list: Stmt,
     /// $1 type, $2 status
-    pub dlq_count: String,
+    pub dlq_count: Stmt,
     /// $1 id
-    pub dlq_get: String,
+    pub dlq_get: Stmt,
     /// $1 id -> a row when this transaction could lock it (skips a locked row)
-    pub dlq_lock: String,
+    pub dlq_lock: Stmt,
     /// -> type, pending, in process, failed, oldest pending age in seconds
-    pub status: String,
+    pub status: Stmt,
     /// $1 consumer, $2 id -> affected rows 1 when new (for this consumer, and,
     /// unless `inbox_legacy` asks that first, not recorded before the
     /// per-consumer key by the consumer `'*'`)
-    pub inbox_insert: String,
+    pub inbox_insert: Stmt,
     /// {ids} -> those the consumer `'*'` recorded (before the per-consumer
     /// key), asked once before `inbox_insert` by a plain read:
     /// MySQL/MariaDB, whose `INSERT ... SELECT` would lock the gap the id
     /// goes in, under REPEATABLE READ, and deadlock concurrent consumers
     /// (new ids share the last gap). `None`: `inbox_insert` asks it itself.
-    pub inbox_legacy: Option<String>,
+    pub inbox_legacy: Option<Stmt>,
     /// `INSERT INTO outbox (id, event_type, event_key, headers, payload{bytes_columns}) VALUES `
     /// (`{bytes_columns}` is filled in by [`insert_events_sql`])
     pub insert_events: String,
@@ -539,6 +539,9 @@ pub struct Catalog {
     pub insert_events_sep: &'static str,
     /// after the last row ("" ; Oracle: " SELECT 1 FROM dual")
     pub insert_events_suffix: &'static str,
+    /// The insert of one event, without and with the binary payload columns,
+    /// built the first time and kept (most publishes are of one event).
+    pub insert_one: [std::sync::OnceLock<Stmt>; 2],
     /// Most events per insert statement (Oracle: 1, since its multi-table
     /// insert gives every row of a statement the same identity number,
     /// `seq`, which orders a key's events)

@@ -33,29 +33,20 @@ impl From<Option<&str>> for Val {
 #[derive(Debug, Clone)]
 pub struct Row(pub(crate) Vec<Val>);
 
-impl Row {
-    pub(crate) fn get(&self, i: usize) -> &Val {
-        self.0.get(i).unwrap_or(&Val::Null)
-    }
+/// A column's value read as a Rust type by [`Row::get`]: `None` when the value
+/// is not one (never a default in its place). `Option<T>` reads NULL as `None`;
+/// every other type refuses it.
+pub(crate) trait FromVal: Sized {
+    /// What the type is called in an error ("a whole number").
+    const EXPECTED: &'static str;
+    /// The value as this type, or `None`.
+    fn from_val(v: &Val) -> Option<Self>;
+}
 
-    pub(crate) fn id(&self, i: usize) -> Result<EventId> {
-        match self.get(i) {
-            Val::Id(u) => Ok(EventId::from_uuid(*u)),
-            Val::Bytes(b) if b.len() == 16 => {
-                let mut a = [0u8; 16];
-                a.copy_from_slice(b);
-                Ok(EventId::from_uuid(Uuid::from_bytes(a)))
-            }
-            v @ Val::Text(s) => s.parse().map_err(|_| unexpected(i, "an event id", v)),
-            v @ Val::Bytes(b) => String::from_utf8_lossy(b)
-                .parse()
-                .map_err(|_| unexpected(i, "an event id", v)),
-            other => Err(unexpected(i, "an event id", other)),
-        }
-    }
-
-    pub(crate) fn opt_text(&self, i: usize) -> Option<String> {
-        match self.get(i) {
+impl FromVal for String {
+    const EXPECTED: &'static str = "text";
+    fn from_val(v: &Val) -> Option<Self> {
+        match v {
             Val::Null => None,
             Val::Text(s) => Some(s.clone()),
             Val::Bytes(b) => Some(String::from_utf8_lossy(b).into_owned()),
@@ -64,26 +55,116 @@ impl Row {
             Val::Id(u) => Some(u.to_string()),
         }
     }
+}
 
-    /// Column `i` as text, an error when it is NULL.
-    pub(crate) fn text(&self, i: usize) -> Result<String> {
-        self.opt_text(i).ok_or_else(|| missing(i))
+impl FromVal for i64 {
+    const EXPECTED: &'static str = "a whole number";
+    fn from_val(v: &Val) -> Option<Self> {
+        #[allow(clippy::cast_possible_truncation)]
+        let whole = |f: f64| (f.is_finite() && f.fract() == 0.0).then_some(f as i64);
+        // whole numbers as such; "3.0" and the like through a float
+        let parsed = |s: &str| {
+            let s = s.trim();
+            s.parse::<i64>()
+                .ok()
+                .or_else(|| s.parse::<f64>().ok().and_then(whole))
+        };
+        match v {
+            Val::Int(n) => Some(*n),
+            Val::Float(f) => whole(*f),
+            Val::Text(s) => parsed(s),
+            Val::Bytes(b) => std::str::from_utf8(b).ok().and_then(parsed),
+            Val::Null | Val::Id(_) => None,
+        }
+    }
+}
+
+/// A count: a whole number from 0 up.
+impl FromVal for u64 {
+    const EXPECTED: &'static str = "a count";
+    fn from_val(v: &Val) -> Option<Self> {
+        i64::from_val(v).and_then(|n| u64::try_from(n).ok())
+    }
+}
+
+/// A count of attempts: a whole number from 0 up that fits a `u32`.
+impl FromVal for u32 {
+    const EXPECTED: &'static str = "a count of attempts";
+    fn from_val(v: &Val) -> Option<Self> {
+        i64::from_val(v).and_then(|n| u32::try_from(n).ok())
+    }
+}
+
+impl FromVal for f64 {
+    const EXPECTED: &'static str = "a number";
+    fn from_val(v: &Val) -> Option<Self> {
+        match v {
+            #[allow(clippy::cast_precision_loss)]
+            Val::Int(n) => Some(*n as f64),
+            Val::Float(f) => Some(*f),
+            Val::Text(s) => s.trim().parse().ok(),
+            Val::Bytes(b) => std::str::from_utf8(b)
+                .ok()
+                .and_then(|s| s.trim().parse().ok()),
+            Val::Null | Val::Id(_) => None,
+        }
+    }
+}
+
+impl FromVal for EventId {
+    const EXPECTED: &'static str = "an event id";
+    fn from_val(v: &Val) -> Option<Self> {
+        match v {
+            Val::Id(u) => Some(EventId::from_uuid(*u)),
+            Val::Bytes(b) if b.len() == 16 => {
+                let mut a = [0u8; 16];
+                a.copy_from_slice(b);
+                Some(EventId::from_uuid(Uuid::from_bytes(a)))
+            }
+            Val::Text(s) => s.parse().ok(),
+            Val::Bytes(b) => String::from_utf8_lossy(b).parse().ok(),
+            Val::Null | Val::Int(_) | Val::Float(_) => None,
+        }
+    }
+}
+
+impl<T: FromVal> FromVal for Option<T> {
+    const EXPECTED: &'static str = T::EXPECTED;
+    fn from_val(v: &Val) -> Option<Self> {
+        match v {
+            Val::Null => Some(None),
+            v => T::from_val(v).map(Some),
+        }
+    }
+}
+
+impl Row {
+    /// Column `i` (NULL past the row's end).
+    pub(crate) fn val(&self, i: usize) -> &Val {
+        self.0.get(i).unwrap_or(&Val::Null)
+    }
+
+    /// Column `i` as a `T`: an error naming the column, what it expected and
+    /// what it found when the value is not one.
+    pub(crate) fn get<T: FromVal>(&self, i: usize) -> Result<T> {
+        let v = self.val(i);
+        T::from_val(v).ok_or_else(|| unexpected(i, T::EXPECTED, v))
     }
 
     /// Column `i` as text, moved out of the row when it is text (no copy).
-    pub(crate) fn take_text(&mut self, i: usize) -> Option<String> {
+    pub(crate) fn take_text(&mut self, i: usize) -> Result<Option<String>> {
         match self.0.get_mut(i) {
-            Some(Val::Text(s)) => Some(std::mem::take(s)),
-            _ => self.opt_text(i),
+            Some(Val::Text(s)) => Ok(Some(std::mem::take(s))),
+            _ => self.get(i),
         }
     }
 
     /// Column `i` as bytes, moved out of the row (text as its UTF-8).
-    pub(crate) fn take_bytes(&mut self, i: usize) -> Option<Vec<u8>> {
+    pub(crate) fn take_bytes(&mut self, i: usize) -> Result<Option<Vec<u8>>> {
         match self.0.get_mut(i) {
-            Some(Val::Bytes(b)) => Some(std::mem::take(b)),
-            Some(Val::Text(s)) => Some(std::mem::take(s).into_bytes()),
-            _ => self.opt_text(i).map(String::into_bytes),
+            Some(Val::Bytes(b)) => Ok(Some(std::mem::take(b))),
+            Some(Val::Text(s)) => Ok(Some(std::mem::take(s).into_bytes())),
+            _ => Ok(self.get::<Option<String>>(i)?.map(String::into_bytes)),
         }
     }
 
@@ -95,69 +176,11 @@ impl Row {
                 let byte = |k: usize| u8::from_str_radix(hex.get(2 * k..2 * k + 2)?, 16).ok();
                 return match (0..hex.len() / 2).map(byte).collect::<Option<Vec<u8>>>() {
                     Some(b) if hex.len() % 2 == 0 => Ok(Some(b)),
-                    _ => Err(Error::database(
-                        crate::error::DatabaseErrorKind::Other,
-                        format!("column {i}: not a bytea in hex format"),
-                    )),
+                    _ => Err(unexpected(i, "a bytea in hex format", self.val(i))),
                 };
             }
         }
-        Ok(self.take_bytes(i))
-    }
-
-    /// Column `i` as a whole number, an error when it is NULL or anything
-    /// else (never read as 0).
-    pub(crate) fn int(&self, i: usize) -> Result<i64> {
-        self.opt_int(i)?.ok_or_else(|| missing(i))
-    }
-
-    /// Column `i` as a count: a whole number from 0 up.
-    pub(crate) fn count(&self, i: usize) -> Result<u64> {
-        let n = self.int(i)?;
-        u64::try_from(n).map_err(|_| unexpected(i, "a count", &Val::Int(n)))
-    }
-
-    /// Column `i` as a whole number, `None` for NULL; an error for a value
-    /// that is no whole number.
-    pub(crate) fn opt_int(&self, i: usize) -> Result<Option<i64>> {
-        let v = self.get(i);
-        #[allow(clippy::cast_possible_truncation)]
-        let whole = |f: f64| (f.is_finite() && f.fract() == 0.0).then_some(f as i64);
-        // whole numbers as such; "3.0" and the like through a float
-        let parsed = |s: &str| {
-            let s = s.trim();
-            s.parse::<i64>()
-                .ok()
-                .or_else(|| s.parse::<f64>().ok().and_then(whole))
-        };
-        let n = match v {
-            Val::Null => return Ok(None),
-            Val::Int(n) => Some(*n),
-            Val::Float(f) => whole(*f),
-            Val::Text(s) => parsed(s),
-            Val::Bytes(b) => std::str::from_utf8(b).ok().and_then(parsed),
-            Val::Id(_) => None,
-        };
-        n.map(Some)
-            .ok_or_else(|| unexpected(i, "a whole number", v))
-    }
-
-    /// Column `i` as a number, `None` for NULL; an error for a value that is
-    /// no number.
-    pub(crate) fn opt_float(&self, i: usize) -> Result<Option<f64>> {
-        let v = self.get(i);
-        let f = match v {
-            Val::Null => return Ok(None),
-            #[allow(clippy::cast_precision_loss)]
-            Val::Int(n) => Some(*n as f64),
-            Val::Float(f) => Some(*f),
-            Val::Text(s) => s.trim().parse().ok(),
-            Val::Bytes(b) => std::str::from_utf8(b)
-                .ok()
-                .and_then(|s| s.trim().parse().ok()),
-            Val::Id(_) => None,
-        };
-        f.map(Some).ok_or_else(|| unexpected(i, "a number", v))
+        self.take_bytes(i)
     }
 }
 
@@ -184,16 +207,6 @@ pub trait Conn {
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64>;
     /// Runs statements without parameters (transaction control, DDL).
     fn batch(&mut self, sql: &str) -> Result<()>;
-    /// Runs statements without parameters in one round trip (values written into
-    /// the SQL as literals); returns every row they returned, as text, and each
-    /// statement's affected-row count. Only drivers whose dialect holds claims have
-    /// it.
-    fn script(&mut self, sql: &str) -> Result<Script> {
-        let _ = sql;
-        Err(Error::Internal(
-            "this driver cannot run a statement script".into(),
-        ))
-    }
     /// Like `query`, fetching at most `max` rows: Oracle limits a `FOR UPDATE SKIP
     /// LOCKED` select by what it fetches (its rows are locked as they are fetched).
     fn query_max(&mut self, sql: &str, params: &[Val], max: usize) -> Result<Vec<Row>> {
@@ -203,7 +216,16 @@ pub trait Conn {
     }
 }
 
-/// What [`Conn::script`] returns.
+/// A connection that also runs scripts: what a held claim keeps
+/// ([`Sessions::get_owned`]).
+pub trait ScriptConn: Conn {
+    /// Runs statements without parameters in one round trip (values written into
+    /// the SQL as literals); returns every row they returned, as text, and each
+    /// statement's affected-row count.
+    fn script(&mut self, sql: &str) -> Result<Script>;
+}
+
+/// What [`ScriptConn::script`] returns.
 #[derive(Debug, Default)]
 pub struct Script {
     /// The rows of every statement, in order, each value as text (or null).
@@ -228,10 +250,12 @@ macro_rules! conn_impls {
             fn batch(&mut self, sql: &str) -> Result<()> {
                 $batch(self, sql)
             }
-            $(fn script(&mut self, sql: &str) -> Result<sql::Script> {
-                $script(self, sql)
-            })?
         }
+        $(impl sql::ScriptConn for $t {
+            fn script(&mut self, sql: &str) -> Result<sql::Script> {
+                $script(self, sql)
+            }
+        })?
         sql::conn_impls!($query, $execute, $batch $(, $script)?; $($rest),*);
     };
 }
@@ -256,11 +280,19 @@ where
     fn batch(&mut self, sql: &str) -> Result<()> {
         self.0.batch(sql)
     }
-    fn script(&mut self, sql: &str) -> Result<Script> {
-        self.0.script(sql)
-    }
     fn query_max(&mut self, sql: &str, params: &[Val], max: usize) -> Result<Vec<Row>> {
         self.0.query_max(sql, params, max)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<T> ScriptConn for Held<T>
+where
+    T: std::ops::DerefMut,
+    T::Target: ScriptConn,
+{
+    fn script(&mut self, sql: &str) -> Result<Script> {
+        self.0.script(sql)
     }
 }
 
@@ -282,26 +314,30 @@ pub trait Backend: Send + Sync + 'static {
             .get(Self::SLOT, || std::sync::Arc::new(Self::catalog(tables)))
     }
     fn get(&self) -> Result<Box<dyn Conn + '_>>;
-    /// A connection that may outlive the call (a held claim keeps one). Pools of
-    /// dialects with [`Catalog::hold_claim`] implement it.
-    fn get_owned(&self) -> Result<Box<dyn Conn + Send>> {
-        Err(Error::Internal(
-            "this store cannot hand out a connection of its own".into(),
-        ))
-    }
-    /// Commit notifications on `channel` (the outbox table's name), on a
-    /// connection of their own.
-    fn listen(&self, channel: &str) -> Result<Box<dyn crate::store::Notifications>> {
-        let _ = channel;
-        Err(Error::Unsupported {
-            what: "commit notifications".into(),
-            why: "only PostgreSQL has them; wake the relay with a RelayWaker".into(),
-        })
+    /// What only some drivers can do (connections of their own that run
+    /// scripts, commit notifications); `None`, the default: nothing of it.
+    /// It is `Some` exactly where the dialect's statements have
+    /// [`Catalog::hold_claim`] and [`Catalog::wake`], from which
+    /// [`SqlStore::capabilities`](crate::store::SqlStore::capabilities) is
+    /// read: the conformance suite asserts on every dialect that a store does
+    /// what its capabilities say.
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        None
     }
     /// The most connections the pool opens, when it has a bound.
     fn max_size(&self) -> Option<usize> {
         None
     }
+}
+
+/// The sessions of a driver that keeps connections of its own: a held
+/// claim's open transaction and the listener's `LISTEN` (PostgreSQL).
+pub trait Sessions {
+    /// A connection that may outlive the call (a held claim keeps one).
+    fn get_owned(&self) -> Result<Box<dyn ScriptConn + Send>>;
+    /// Commit notifications on `channel` (the outbox table's name), on a
+    /// connection of their own.
+    fn listen(&self, channel: &str) -> Result<Box<dyn crate::store::Notifications>>;
 }
 
 /// How a driver writes placeholders.
@@ -342,21 +378,21 @@ mod tests {
             Val::Float(2.5),
             Val::Bytes(b"-7".to_vec()),
         ]);
-        assert_eq!(r.int(0).unwrap(), 3);
-        assert_eq!(r.int(1).unwrap(), 4);
-        assert_eq!(r.int(5).unwrap(), -7);
-        assert_eq!(r.opt_int(3).unwrap(), None);
+        assert_eq!(r.get::<i64>(0).unwrap(), 3);
+        assert_eq!(r.get::<i64>(1).unwrap(), 4);
+        assert_eq!(r.get::<i64>(5).unwrap(), -7);
+        assert_eq!(r.get::<Option<i64>>(3).unwrap(), None);
         for (i, found) in [(2, "Text(\"x\")"), (3, "Null"), (4, "Float(2.5)")] {
-            let e = r.int(i).unwrap_err().to_string();
+            let e = r.get::<i64>(i).unwrap_err().to_string();
             assert!(
                 e.contains(&format!("column {i}")) && e.contains(found),
                 "{e}"
             );
         }
-        assert!(r.count(5).unwrap_err().to_string().contains("a count"));
-        assert!(r.opt_float(2).is_err());
-        assert!(r.text(3).is_err());
-        assert!(r.text(7).is_err(), "a column past the row's end");
+        assert!(r.get::<u64>(5).unwrap_err().to_string().contains("a count"));
+        assert!(r.get::<Option<f64>>(2).is_err());
+        assert!(r.get::<String>(3).is_err());
+        assert!(r.get::<String>(7).is_err(), "a column past the row's end");
 
         let id = uuid::Uuid::now_v7();
         let event = |headers: Val, attempts: Val| {
@@ -403,7 +439,9 @@ mod tests {
         assert!(dead("RETRY").is_ok());
         let e = dead("LOST").unwrap_err().to_string();
         assert!(e.contains("column 7") && e.contains("LOST"), "{e}");
-        let bad_id = Row(vec![Val::Text("not-an-id".into())]).id(0).unwrap_err();
+        let bad_id = Row(vec![Val::Text("not-an-id".into())])
+            .get::<crate::event::EventId>(0)
+            .unwrap_err();
         assert!(bad_id.to_string().contains("column 0"), "{bad_id}");
     }
 }

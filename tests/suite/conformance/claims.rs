@@ -338,3 +338,43 @@ pub(super) fn ping_answers_without_reading_a_table(b: Backend, p: &str) {
     assert!(bare.store.dlq_count(&DlqFilter::default()).is_err());
     bare.store.ping().unwrap();
 }
+
+/// What a store says it can do is what it does: a held claim and commit
+/// notifications work where its capabilities name them, and are refused with
+/// `Error::Unsupported` elsewhere (the driver's sessions and the dialect's
+/// statements agree).
+pub(super) fn a_store_does_what_its_capabilities_say(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let caps = fx.store.capabilities();
+    let both = matches!(b, Backend::Postgres);
+    assert_eq!(
+        (caps.held_claims, caps.notifications),
+        (both, both),
+        "{b:?}"
+    );
+    let c = config(p);
+    fx.publish(&c, "e", 2, true);
+    let held = fx
+        .store
+        .claim_held(&ClaimArgs::new("e", 10, Duration::from_secs(30)));
+    match held {
+        Ok(claim) => {
+            assert!(caps.held_claims, "{b:?} held a claim");
+            let (events, batch) = claim.into_parts();
+            assert_eq!(events.len(), 2);
+            drop(batch); // rolled back: both still pending
+            assert_eq!(fx.counts("e").pending, 2);
+        }
+        Err(e) => {
+            assert!(!caps.held_claims, "{b:?}: {e}");
+            assert!(matches!(e, txbox::Error::Unsupported { .. }), "{e}");
+        }
+    }
+    match fx.store.listen() {
+        Ok(_) => assert!(caps.notifications, "{b:?} listened"),
+        Err(e) => {
+            assert!(!caps.notifications, "{b:?}: {e}");
+            assert!(matches!(e, txbox::Error::Unsupported { .. }), "{e}");
+        }
+    }
+}

@@ -81,6 +81,7 @@ macro_rules! suite {
             relay::a_stores_calls_reach_its_configurations_observer => "obs",
             migrations::migrate_twice_is_fine => "mig",
             claims::ping_answers_without_reading_a_table => "ping",
+            claims::a_store_does_what_its_capabilities_say => "caps",
         );
     };
     (@tests $module:ident, $backend:expr, $tag:literal; $($group:ident :: $test:ident => $short:literal,)*) => {
