@@ -1,6 +1,7 @@
 //! Events: ids, the event row the relay hands to a sender, and the builder for new events.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
@@ -132,7 +133,13 @@ pub struct NewEvent {
     pub(crate) key: Option<String>,
     pub(crate) headers: BTreeMap<String, String>,
     pub(crate) payload: Body,
+    /// Not sent before the database's clock passes its insert time plus this
+    /// ([`NewEvent::deliver_after`]); `None`: due at once.
+    pub(crate) delay: Option<Duration>,
 }
+
+/// The longest [`NewEvent::deliver_after`] takes: a year.
+pub const MAX_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
 
 impl NewEvent {
     /// Serializes `payload` to JSON; the id is assigned now (UUIDv7).
@@ -172,6 +179,7 @@ impl NewEvent {
             key: None,
             headers: BTreeMap::new(),
             payload: Body::Json(payload.into()),
+            delay: None,
         }
     }
 
@@ -198,7 +206,56 @@ impl NewEvent {
                 bytes: bytes.into(),
                 content_type: content_type.to_owned(),
             },
+            delay: None,
         }
+    }
+
+    /// Delivers the event not before `delay` has passed since its insert, by
+    /// the database's clock (the row is due at the database's `now()` plus
+    /// `delay`, the same clock every relay reads). The relay's poller sleeps
+    /// until the earliest due event of its type; a commit notifies the relay
+    /// only for events due at once. At most [`MAX_DELAY`] (refused at publish
+    /// with [`Error::InvalidEvent`]).
+    ///
+    /// An ordered type's ([`EventOrder::Key`](crate::EventOrder::Key)) delayed
+    /// event holds back the later events of its key until it is sent:
+    /// publish order is key order.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let reminder = txbox::NewEvent::new("cart-reminder", &serde_json::json!({"cart": 7}))?
+    ///     .deliver_after(Duration::from_secs(3600));
+    /// assert_eq!(reminder.delay(), Some(Duration::from_secs(3600)));
+    /// # Ok::<(), txbox::Error>(())
+    /// ```
+    pub fn deliver_after(mut self, delay: Duration) -> Self {
+        self.delay = (!delay.is_zero()).then_some(delay);
+        self
+    }
+
+    /// Delivers the event not before `at`, a time of the publisher's clock:
+    /// the delay from the publisher's `now` to `at` is taken here, and the
+    /// database adds it to its own clock at the insert
+    /// ([`NewEvent::deliver_after`]). So a publisher whose clock is off from
+    /// the database's still waits the time it meant; a time already past is
+    /// due at once.
+    ///
+    /// ```
+    /// use std::time::{Duration, SystemTime};
+    /// let at = SystemTime::now() + Duration::from_secs(60);
+    /// let e = txbox::NewEvent::new("invoice-due", &1)?.deliver_at(at);
+    /// assert!(e.delay().is_some_and(|d| d <= Duration::from_secs(60)));
+    /// # Ok::<(), txbox::Error>(())
+    /// ```
+    pub fn deliver_at(self, at: SystemTime) -> Self {
+        let delay = at.duration_since(SystemTime::now()).unwrap_or_default();
+        self.deliver_after(delay)
+    }
+
+    /// The delay set by [`NewEvent::deliver_after`] or
+    /// [`NewEvent::deliver_at`]; `None`: due at once.
+    pub fn delay(&self) -> Option<Duration> {
+        self.delay
     }
 
     /// Sets the key (the Kafka record key; ordering within a partition follows it).

@@ -168,7 +168,7 @@ pub use dlq::Dlq;
 pub use error::{DatabaseErrorKind, Error, Result};
 pub use event::{
     Event, NewEvent, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE,
-    JSON_CONTENT_TYPE, MAX_HEADER_BYTES, RESERVED_HEADER_PREFIX,
+    JSON_CONTENT_TYPE, MAX_DELAY, MAX_HEADER_BYTES, RESERVED_HEADER_PREFIX,
 };
 pub use id::{EventId, ParseEventIdError};
 pub use inbox::{

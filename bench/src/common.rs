@@ -471,11 +471,9 @@ impl<S: Sender> Sender for Timed<S> {
 /// The bench's RabbitMQ sender: its event types go to the queue bound with
 /// the routing key `txbox-bench`.
 pub(crate) fn rabbit_sender(url: &str) -> Res<txbox::rabbitmq::RabbitSender> {
-    let mut b = txbox::rabbitmq::RabbitSender::builder(url);
-    for event_type in ["bench", "load"] {
-        b = b.routing_key(event_type, "txbox-bench");
-    }
-    Ok(b.build()?)
+    Ok(txbox::rabbitmq::RabbitSender::builder(url)
+        .default_routing_key("txbox-bench")
+        .build()?)
 }
 
 pub(crate) fn rabbit_url() -> String {

@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::event::{
-    EventId, NewEvent, HEADER_CONTENT_TYPE, HEADER_OVERHEAD, MAX_HEADER_BYTES,
+    EventId, NewEvent, HEADER_CONTENT_TYPE, HEADER_OVERHEAD, MAX_DELAY, MAX_HEADER_BYTES,
     RESERVED_HEADER_PREFIX,
 };
 use crate::tables::Tables;
@@ -198,6 +198,14 @@ impl Outbox {
                     e.event_type
                 )));
             }
+        }
+        if e.delay.is_some_and(|d| d > MAX_DELAY) {
+            return Err(Error::InvalidEvent(format!(
+                "delay of event type {:?} is {:?}, at most {:?} (a year)",
+                e.event_type,
+                e.delay.unwrap_or_default(),
+                MAX_DELAY
+            )));
         }
         if let Some(k) = &e.key {
             if k.len() > 255 {

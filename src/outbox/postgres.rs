@@ -139,7 +139,9 @@ impl crate::Outbox {
     fn insert_one(&self) -> Result<String> {
         let d = <PgDialect as sql::Backend>::cached(self.tables())?;
         // PostgreSQL's placeholders are the statement's own (`$n`)
-        Ok(sql::insert_one(d, false).template().to_owned())
+        Ok(sql::insert_one(d, sql::Shape::default())
+            .template()
+            .to_owned())
     }
 }
 
@@ -180,16 +182,18 @@ impl crate::transaction::Transaction for PgPreparedTx<'_, '_, '_> {
 
     fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
         // several events go as one statement; another outbox's table has no
-        // statement prepared here; the prepared one writes JSON payloads only
-        let ([e], true, None) = (
+        // statement prepared here; the prepared one writes JSON payloads due
+        // at once only
+        let ([e], true, None, None) = (
             events,
             tables.outbox == self.prepared.table,
             events.first().and_then(NewEvent::content_type),
+            events.first().and_then(NewEvent::delay),
         ) else {
             return self.tx.insert_events(tables, events);
         };
         let mut values = Vec::with_capacity(5);
-        sql::push_event_values(e, false, &mut values);
+        sql::push_event_values(e, sql::Shape::default(), &mut values);
         // the driver's error as it is (inside Ok), to tell a statement unknown here
         let executed = typed(&values, |p| {
             let params: Vec<&(dyn ToSql + Sync)> = p.iter().map(|(v, _)| *v).collect();

@@ -2,7 +2,8 @@
 //! [`RabbitConsumer`] loop, on `amiquip`.
 //!
 //! ## Message contract
-//! - exchange: the event type's `destination`; routing key: its `routing_key`
+//! - exchange: the event type's `destination`; routing key: the one the sender
+//!   has for the type ([`RabbitSenderBuilder::routing_key`], `[rabbitmq.routing_keys]`)
 //!   (default: the event type);
 //! - body: the payload (the JSON text, or the bytes of an event published as
 //!   bytes); `content_type` `application/json` or the bytes' content type; `type`

@@ -49,9 +49,26 @@ pub struct RabbitSender {
     url: String,
     confirm_timeout: Duration,
     max_message_size: usize,
-    /// Each event type's routing key; a type without one is routed by its
-    /// name.
-    routing_keys: Arc<BTreeMap<String, String>>,
+    /// The routing keys of the event types.
+    routes: Arc<Routes>,
+}
+
+/// The routing key of each event type's messages.
+#[derive(Debug, Clone, Default)]
+struct Routes {
+    /// Set per event type.
+    by_type: BTreeMap<String, String>,
+    /// The key of a type without one of its own; `None`: the type's name.
+    default: Option<String>,
+}
+
+impl Routes {
+    fn key<'a>(&'a self, event_type: &'a str) -> &'a str {
+        self.by_type
+            .get(event_type)
+            .or(self.default.as_ref())
+            .map_or(event_type, String::as_str)
+    }
 }
 
 /// The largest message body a [`RabbitSender`] publishes unless told
@@ -72,7 +89,7 @@ impl std::fmt::Debug for RabbitSender {
             .field("url", &crate::redact::urls(&self.url))
             .field("confirm_timeout", &self.confirm_timeout)
             .field("max_message_size", &self.max_message_size)
-            .field("routing_keys", &self.routing_keys)
+            .field("routes", &self.routes)
             .finish()
     }
 }
@@ -93,7 +110,7 @@ impl RabbitSender {
                 url: url.to_string(),
                 confirm_timeout: Duration::from_secs(30),
                 max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
-                routing_keys: Arc::default(),
+                routes: Arc::default(),
             },
         }
     }
@@ -101,7 +118,8 @@ impl RabbitSender {
     /// The sender the `[rabbitmq]` table of a configuration file describes
     /// (the file [`Config::from_toml`](crate::Config::from_toml) reads, which
     /// leaves this table to the broker): `url` (required), `confirm_timeout`
-    /// (a duration such as `"10s"`), `max_message_size` (bytes) and
+    /// (a duration such as `"10s"`), `max_message_size` (bytes),
+    /// `default_routing_key` (every type's without one of its own) and
     /// `[rabbitmq.routing_keys]`, an event type's routing key by its name.
     /// Errors name the key path.
     ///
@@ -134,6 +152,7 @@ impl RabbitSender {
             #[serde(default, with = "crate::config::optional_duration")]
             confirm_timeout: Option<Duration>,
             max_message_size: Option<usize>,
+            default_routing_key: Option<String>,
             #[serde(default)]
             routing_keys: BTreeMap<String, String>,
         }
@@ -150,6 +169,9 @@ impl RabbitSender {
         if let Some(n) = section.max_message_size {
             builder = builder.max_message_size(n);
         }
+        if let Some(key) = section.default_routing_key {
+            builder = builder.default_routing_key(key);
+        }
         for (event_type, key) in section.routing_keys {
             builder = builder.routing_key(event_type, key);
         }
@@ -157,11 +179,10 @@ impl RabbitSender {
     }
 
     /// The routing key of `event_type`'s messages: the one set for it
-    /// ([`RabbitSenderBuilder::routing_key`]), or its name.
+    /// ([`RabbitSenderBuilder::routing_key`]), else the default
+    /// ([`RabbitSenderBuilder::default_routing_key`]), else its name.
     pub fn routing_key<'a>(&'a self, event_type: &'a str) -> &'a str {
-        self.routing_keys
-            .get(event_type)
-            .map_or(event_type, String::as_str)
+        self.routes.key(event_type)
     }
 }
 
@@ -189,7 +210,16 @@ impl RabbitSenderBuilder {
     /// type's name). The exchange is the type's destination
     /// ([`EventSettings::destination`](crate::EventSettings::destination)).
     pub fn routing_key(mut self, event_type: impl Into<String>, key: impl Into<String>) -> Self {
-        Arc::make_mut(&mut self.sender.routing_keys).insert(event_type.into(), key.into());
+        Arc::make_mut(&mut self.sender.routes)
+            .by_type
+            .insert(event_type.into(), key.into());
+        self
+    }
+
+    /// The routing key of every event type without one of its own (default:
+    /// each type's name).
+    pub fn default_routing_key(mut self, key: impl Into<String>) -> Self {
+        Arc::make_mut(&mut self.sender.routes).default = Some(key.into());
         self
     }
 
@@ -197,8 +227,17 @@ impl RabbitSenderBuilder {
     /// names a routing key RabbitMQ cannot take (over 255 bytes) or that
     /// holds control characters, and a confirm timeout of zero.
     pub fn build(self) -> Result<RabbitSender> {
-        for (event_type, key) in self.sender.routing_keys.iter() {
-            let path = || format!("rabbitmq.routing_keys.{}", event_type.escape_debug());
+        let routes = &self.sender.routes;
+        let default = routes
+            .default
+            .iter()
+            .map(|k| ("rabbitmq.default_routing_key".to_owned(), k));
+        let by_type = routes.by_type.iter().map(|(event_type, k)| {
+            let path = format!("rabbitmq.routing_keys.{}", event_type.escape_debug());
+            (path, k)
+        });
+        for (path, key) in default.chain(by_type) {
+            let path = || path.clone();
             if key.len() > 255 {
                 return Err(Error::config(path(), "must be at most 255 bytes"));
             }
@@ -224,6 +263,23 @@ impl SenderFactory for RabbitSender {
     fn ack_wait(&self) -> Option<Duration> {
         Some(self.confirm_timeout)
     }
+
+    /// A routing key set for an event type the relay's configuration does
+    /// not have is refused: a misspelt type would route nothing.
+    fn check_event_types(&self, event_types: &[&str]) -> Result<()> {
+        match self
+            .routes
+            .by_type
+            .keys()
+            .find(|t| !event_types.contains(&t.as_str()))
+        {
+            Some(t) => Err(Error::config(
+                format!("rabbitmq.routing_keys.{}", t.escape_debug()),
+                "names an event type the configuration does not have",
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 struct Open {
@@ -239,7 +295,7 @@ struct Open {
 pub(crate) struct RabbitChannel {
     url: String,
     /// Each event type's routing key ([`RabbitSender::routing_key`]).
-    routing_keys: Arc<BTreeMap<String, String>>,
+    routes: Arc<Routes>,
     confirm_timeout: Duration,
     /// The largest body published: the builder's, or the lower limit the
     /// broker named when it refused a message.
@@ -257,7 +313,7 @@ impl RabbitChannel {
     fn new(sender: &RabbitSender) -> Self {
         RabbitChannel {
             url: sender.url.clone(),
-            routing_keys: sender.routing_keys.clone(),
+            routes: Arc::clone(&sender.routes),
             confirm_timeout: sender.confirm_timeout,
             max_message: sender.max_message_size,
             open: None,
@@ -601,7 +657,7 @@ impl RabbitChannel {
             }
         }
         // the keys by a handle of their own: the open channel borrows the sender
-        let routing_keys = Arc::clone(&self.routing_keys);
+        let routes = Arc::clone(&self.routes);
         let open = match self.connect() {
             Ok(o) => o,
             Err(why) => {
@@ -614,9 +670,9 @@ impl RabbitChannel {
             if batch.results[i].is_some() {
                 continue;
             }
-            let routing_key = routing_keys.get(&e.event_type).unwrap_or(&e.event_type);
+            let routing_key = routes.key(&e.event_type);
             let mut publish =
-                Publish::with_properties(&e.payload, routing_key.clone(), properties(e));
+                Publish::with_properties(&e.payload, routing_key.to_owned(), properties(e));
             publish.mandatory = true;
             if let Err(err) = open.channel.basic_publish(e.destination.clone(), publish) {
                 let why = classify(

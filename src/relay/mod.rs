@@ -144,7 +144,10 @@ struct Ctx {
 
 enum Slept {
     Stop,
-    Go,
+    /// Woken before the time was up (a commit's wake-up).
+    Woken,
+    /// The time was up.
+    Timeout,
 }
 
 impl Ctx {
@@ -163,8 +166,8 @@ impl Ctx {
         probe::idle();
         let slept = select! {
             recv(self.stop) -> _ => Slept::Stop,
-            recv(wake) -> _ => Slept::Go,
-            default(d) => Slept::Go,
+            recv(wake) -> _ => Slept::Woken,
+            default(d) => Slept::Timeout,
         };
         beat();
         if self.stopped() {
@@ -212,6 +215,8 @@ impl Relay {
         let listens = store.capabilities().notifications && !notify.is_empty();
         check_lease(config, sender.ack_wait())?;
         check_destinations(config, &sender)?;
+        let types: Vec<&str> = config.events.keys().map(String::as_str).collect();
+        sender.check_event_types(&types)?;
         // the listener keeps a connection of the store's pool
         check_connections(store.as_ref(), config, jobs.len(), listens)?;
         let sender: Arc<dyn SenderFactory> = Arc::new(sender);

@@ -24,6 +24,9 @@ const WAKE_GAP: Duration = Duration::from_millis(5);
 const BUSY_WAKE_GAP: Duration = Duration::from_millis(20);
 /// A claim of more events than this makes the next gap [`BUSY_WAKE_GAP`].
 const TRICKLE: usize = 2;
+/// Added to the wait until an event is due: the claim after it should find
+/// the event due by the database's clock, not a hair before.
+const DUE_MARGIN: Duration = Duration::from_millis(1);
 
 pub(super) struct Poller {
     ctx: Ctx,
@@ -67,6 +70,13 @@ impl Poller {
         let mut backing_off = false;
         let mut last_claim = Instant::now();
         let mut gap = WAKE_GAP;
+        // the last poll claimed nothing, and nothing woke the poller since:
+        // the next poll asks when the type's next event is due before it
+        // claims (one statement either way while the type is idle)
+        let mut quiet = false;
+        // the type had events due later (delayed, or a retry's backoff) when
+        // last asked: a poll that claims less than a full batch asks again
+        let mut later = false;
         loop {
             super::beat();
             // a poller sleeps only with nothing in flight, so only a full batch's
@@ -80,8 +90,10 @@ impl Poller {
                 // nothing is claimed at once: a stashed batch is finished alone
                 let _ = self.pipeline.flush_stash();
                 let wake = (!backing_off).then_some(&wake);
-                if let Slept::Stop = self.ctx.sleep(delay, wake) {
-                    return;
+                match self.ctx.sleep(delay, wake) {
+                    Slept::Stop => return,
+                    Slept::Woken => quiet = false,
+                    Slept::Timeout => {}
                 }
                 // woken again soon after a claim: commits are frequent, and
                 // claims that follow each other closer than this take more
@@ -91,6 +103,18 @@ impl Poller {
                     if let Slept::Stop = self.ctx.sleep(rest, None) {
                         return;
                     }
+                }
+            }
+            if quiet && !backing_off {
+                // nothing due yet: no claim; sleep until the next event is
+                // due, at most the polling delay (which grows as an empty
+                // poll's does)
+                if let Some(wait) = self.due_in(&mut later) {
+                    delay = state.after_batch(0, usize::MAX).min(wait);
+                    self.ctx
+                        .observer
+                        .polling_delay(self.pipeline.event_type(), delay);
+                    continue;
                 }
             }
             last_claim = Instant::now();
@@ -105,7 +129,14 @@ impl Poller {
                         1..=TRICKLE => WAKE_GAP,
                         _ => BUSY_WAKE_GAP,
                     };
-                    state.after_batch(claimed, self.pipeline.follow_at())
+                    quiet = claimed == 0;
+                    let next = state.after_batch(claimed, self.pipeline.follow_at());
+                    if later && claimed > 0 && !next.is_zero() {
+                        // events of the type are due later: wake for the next
+                        self.due_in(&mut later).map_or(next, |wait| next.min(wait))
+                    } else {
+                        next
+                    }
                 }
                 Ok(Err(e)) => {
                     let d = state.after_error();
@@ -131,6 +162,31 @@ impl Poller {
                 .observer
                 .polling_delay(self.pipeline.event_type(), next);
             delay = next;
+        }
+    }
+
+    /// How long until the type's next event is due, when none is due now
+    /// (`Duration::MAX` when none is pending); `None` when one is due now, or
+    /// the store could not say (the claim then runs as usual, and reports
+    /// what fails). `later` records whether events are due later.
+    fn due_in(&self, later: &mut bool) -> Option<Duration> {
+        match self.store.next_due(self.pipeline.event_type()) {
+            Ok(None) => {
+                *later = false;
+                Some(Duration::MAX)
+            }
+            Ok(Some(wait)) if !wait.is_zero() => {
+                *later = true;
+                Some(wait.saturating_add(DUE_MARGIN))
+            }
+            Ok(Some(_)) => None,
+            Err(e) => {
+                log::debug!(
+                    "txbox: poller {}: asking when the next event is due: {e}",
+                    self.pipeline.event_type()
+                );
+                None
+            }
         }
     }
 

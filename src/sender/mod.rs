@@ -262,6 +262,15 @@ pub trait SenderFactory: Send + Sync + 'static {
         let _ = destination;
         Ok(())
     }
+
+    /// Refuses settings of the sender's own that name an event type not in
+    /// `event_types` (the relay's configuration), with an error naming the
+    /// setting (RabbitMQ's `rabbitmq.routing_keys.<type>`).
+    /// [`Relay::start`](crate::Relay::start) asks once. The default: fine.
+    fn check_event_types(&self, event_types: &[&str]) -> Result<()> {
+        let _ = event_types;
+        Ok(())
+    }
 }
 
 impl<F> SenderFactory for F

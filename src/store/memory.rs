@@ -214,6 +214,15 @@ impl ClaimStore for MemoryStore {
         None
     }
 
+    fn next_due(&self, event_type: &str) -> Result<Option<Duration>> {
+        let rows = self.rows.lock().unwrap();
+        Ok(rows
+            .iter()
+            .filter(|r| r.status == Status::Pending && r.event.event_type == event_type)
+            .map(|r| r.due.saturating_duration_since(Instant::now()))
+            .min())
+    }
+
     fn claim_held(&self, _: &ClaimArgs<'_>) -> Result<HeldClaim> {
         Err(Error::Unsupported {
             what: "claim mode \"lock\"".into(),

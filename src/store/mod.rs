@@ -317,6 +317,18 @@ pub trait ClaimStore: Store {
     /// A store without notifications returns [`Error::Unsupported`].
     fn listen(&self) -> Result<Box<dyn Notifications>>;
 
+    /// How long until the earliest pending event of `event_type` is due, by
+    /// the database's clock: `Duration::ZERO` when one is due now, `None` when
+    /// none is pending. A poller whose last claim found nothing asks this
+    /// instead of claiming again, and sleeps until the next event is due (a
+    /// delayed one, a retry's backoff), at most its polling delay. The
+    /// default says "maybe due now", and the poller claims as it would
+    /// without.
+    fn next_due(&self, event_type: &str) -> Result<Option<Duration>> {
+        let _ = event_type;
+        Ok(Some(Duration::ZERO))
+    }
+
     /// Tells the database which event types' commits notify the relay, where
     /// commits notify (PostgreSQL): those of `notify` do, those of `quiet`
     /// (their wake-up is [`Wake::Poll`](crate::Wake::Poll)) send no

@@ -24,6 +24,9 @@ pub(crate) const SCHEMA_2: &str = include_str!("../../sql/mysql/002_inbox_per_co
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/mysql/003_ordered_keys.sql");
 pub(crate) const SCHEMA_4: &str = include_str!("../../sql/mysql/004_binary_payloads.sql");
 pub(crate) const SCHEMA_5: &str = include_str!("../../sql/mysql/005_insert_order.sql");
+/// Schema version 6: the due-time index (delayed events) and the paused
+/// event types.
+pub(crate) const SCHEMA_6: &str = include_str!("../../sql/mysql/006_delayed_and_paused.sql");
 
 const NOW: &str = "UTC_TIMESTAMP(6)";
 const TS: &str = "'%Y-%m-%dT%H:%i:%s.%fZ'";
@@ -42,7 +45,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::Question,
         begin: "START TRANSACTION",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6],
         transactional_ddl: false,
         online_index: None,
         // one lock per database, whatever the prefix (as PostgreSQL's): DDL
@@ -100,6 +103,11 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         claim_returning: None,
         hold_claim: None,
         wake: None,
+        next_due: format!(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(next_attempt_at)) / 1000.0 FROM {o} \
+             WHERE event_type = $1 AND status = 'PENDING'"
+        )
+        .into(),
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
@@ -145,7 +153,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) VALUES "
         ),
-        insert_event_row: "($1, $2, $3, $4, $5{bytes_values}, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))".into(),
+        insert_event_row: "($1, $2, $3, $4, $5{bytes_values}, {due}, UTC_TIMESTAMP(6))".into(),
         insert_bytes_values: ", $6, $7",
         insert_events_sep: ", ",
         insert_events_suffix: "",

@@ -29,6 +29,9 @@ pub(crate) const SCHEMA_2: &str = include_str!("../../sql/oracle/002_inbox_per_c
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/oracle/003_ordered_keys.sql");
 pub(crate) const SCHEMA_4: &str = include_str!("../../sql/oracle/004_binary_payloads.sql");
 pub(crate) const SCHEMA_5: &str = include_str!("../../sql/oracle/005_insert_order.sql");
+/// Schema version 6: the due-time index (delayed events) and the paused
+/// event types.
+pub(crate) const SCHEMA_6: &str = include_str!("../../sql/oracle/006_delayed_and_paused.sql");
 
 const NOW: &str = "SYSTIMESTAMP";
 const TS: &str = "'YYYY-MM-DD\"T\"HH24:MI:SS.FF6\"Z\"'";
@@ -48,7 +51,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::Colon,
         begin: "BEGIN",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6],
         transactional_ddl: false,
         online_index: None,
         migrate_lock: None,
@@ -78,6 +81,13 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         hold_claim: None,
         wake: None,
         // no row limit in SQL: the fetch size limits it ($2 is not bound)
+        next_due: format!(
+            "SELECT EXTRACT(DAY FROM w) * 86400000 + EXTRACT(HOUR FROM w) * 3600000 \
+               + EXTRACT(MINUTE FROM w) * 60000 + EXTRACT(SECOND FROM w) * 1000 \
+             FROM (SELECT MIN(next_attempt_at) - {NOW} AS w FROM {o} \
+               WHERE event_type = $1 AND status = 'PENDING')"
+        )
+        .into(),
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
@@ -124,7 +134,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_events: "INSERT ALL ".into(),
         insert_event_row: format!(
             "INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) \
-             VALUES ($1, $2, $3, $4, $5{{bytes_values}}, {NOW}, {NOW})"
+             VALUES ($1, $2, $3, $4, $5{{bytes_values}}, {{due}}, {NOW})"
         ),
         insert_bytes_values: ", $6, $7",
         insert_events_sep: " ",

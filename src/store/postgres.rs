@@ -40,6 +40,9 @@ pub(crate) const SCHEMA_7: &str = include_str!("../../sql/postgres/007_insert_or
 /// Schema version 8: the wake-up's trigger asks whether a row is due in its
 /// function, not in a WHEN clause built at every INSERT.
 pub(crate) const SCHEMA_8: &str = include_str!("../../sql/postgres/008_lean_wake.sql");
+/// Schema version 9: the pending events' due-time index (delayed events) and
+/// the paused event types.
+pub(crate) const SCHEMA_9: &str = include_str!("../../sql/postgres/009_delayed_and_paused.sql");
 
 /// A connection pool of the `postgres` crate, as [`PgStore`] uses it: TLS
 /// through `T`, txbox's own ([`PgTls`], what [`PgStore::connect`] makes) unless
@@ -100,7 +103,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         style: Style::Dollar,
         begin: "BEGIN",
         schema: &[
-            SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8,
+            SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8, SCHEMA_9,
         ],
         transactional_ddl: true,
         online_index: Some(sql::OnlineIndex {
@@ -201,6 +204,11 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             queue_usage: "SELECT pg_notification_queue_usage()::float8".into(),
         }),
         claim_select: format!("SELECT {claimed} {}", due("$2", "$3")).into(),
+        next_due: format!(
+            "SELECT (extract(epoch FROM min(next_attempt_at) - now()) * 1000)::float8 FROM {o} \
+             WHERE event_type = $1 AND status = 'PENDING'"
+        )
+        .into(),
         select_expired: format!(
             "SELECT id FROM {o} WHERE status = 'IN_PROCESS' AND lease_until < now() LIMIT $1 FOR UPDATE SKIP LOCKED"
         ).into(),
@@ -245,9 +253,9 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         ).into(),
         inbox_legacy: None,
         insert_events: format!(
-            "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}) VALUES "
+            "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at) VALUES "
         ),
-        insert_event_row: "($1, $2, $3, $4::jsonb, $5{bytes_values})".into(),
+        insert_event_row: "($1, $2, $3, $4::jsonb, $5{bytes_values}, {due})".into(),
         insert_bytes_values: ", $6::bytea, $7",
         insert_events_sep: ", ",
         insert_events_suffix: "",

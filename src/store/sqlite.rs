@@ -27,6 +27,9 @@ pub(crate) const SCHEMA_2: &str = include_str!("../../sql/sqlite/002_inbox_per_c
 pub(crate) const SCHEMA_3: &str = include_str!("../../sql/sqlite/003_ordered_keys.sql");
 pub(crate) const SCHEMA_4: &str = include_str!("../../sql/sqlite/004_binary_payloads.sql");
 pub(crate) const SCHEMA_5: &str = include_str!("../../sql/sqlite/005_insert_order.sql");
+/// Schema version 6: the due-time index (delayed events) and the paused
+/// event types.
+pub(crate) const SCHEMA_6: &str = include_str!("../../sql/sqlite/006_delayed_and_paused.sql");
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
@@ -44,7 +47,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
     Catalog {
         style: Style::QuestionNumbered,
         begin: "BEGIN IMMEDIATE",
-        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5],
+        schema: &[SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6],
         transactional_ddl: true,
         online_index: None,
         migrate_lock: None,
@@ -72,6 +75,11 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         claim_returning: None,
         hold_claim: None,
         wake: None,
+        next_due: format!(
+            "SELECT (julianday(MIN(next_attempt_at)) - julianday('now')) * 86400000.0 FROM {o} \
+             WHERE event_type = $1 AND status = 'PENDING'"
+        )
+        .into(),
         claim_select: format!(
             "SELECT id, event_type, event_key, headers, payload, attempts, payload_bytes, content_type FROM {o} \
              WHERE event_type = $1 AND id > $2 AND status = 'PENDING' AND next_attempt_at <= {NOW} {{order}} \
@@ -110,7 +118,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         insert_events: format!(
             "INSERT INTO {o} (id, event_type, event_key, headers, payload{{bytes_columns}}, next_attempt_at, created_at) VALUES "
         ),
-        insert_event_row: "($1, $2, $3, $4, $5{bytes_values}, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))".into(),
+        insert_event_row: "($1, $2, $3, $4, $5{bytes_values}, {due}, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))".into(),
         insert_bytes_values: ", $6, $7",
         insert_events_sep: ", ",
         insert_events_suffix: "",

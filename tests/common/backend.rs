@@ -55,12 +55,13 @@ pub fn mysql_url() -> String {
 }
 
 /// Every table of a prefix.
-pub const TABLES: [&str; 5] = [
+pub const TABLES: [&str; 6] = [
     "outbox_events",
     "outbox_dead_letters",
     "inbox_consumed",
     "job_locks",
     "txbox_schema_version",
+    "outbox_paused_types",
 ];
 
 /// A fresh set of tables on one backend, and a way to write to it as an application would.

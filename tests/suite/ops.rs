@@ -1043,26 +1043,28 @@ fn migrate_dry_run_lists_what_would_run_and_changes_nothing() {
     );
     let mut c = crate::common::client().unwrap();
     c.batch_execute(&format!(
-        "DELETE FROM {p}txbox_schema_version WHERE version = 8"
+        "DELETE FROM {p}txbox_schema_version WHERE version = 9"
     ))
     .unwrap();
     let pending = fx.store.pending_migrations().unwrap();
     let versions: Vec<i64> = pending.iter().map(|m| m.version).collect();
-    assert_eq!(versions, vec![8]);
+    assert_eq!(versions, vec![9]);
     assert!(pending[0]
         .title
-        .starts_with("txbox schema 8 for PostgreSQL"));
-    assert!(pending[0].sql.contains(&format!("{p}outbox_events_wake")));
+        .starts_with("txbox schema 9 for PostgreSQL"));
+    assert!(pending[0]
+        .sql
+        .contains(&format!("{p}outbox_events_due_idx")));
     let (code, out, _) = cli(p, &["migrate", "--dry-run"]);
     assert_eq!(code, 0);
-    assert!(out.contains("-- version 8: txbox schema 8"), "{out}");
+    assert!(out.contains("-- version 9: txbox schema 9"), "{out}");
     assert!(!out.contains("{prefix}"), "the prefix is filled in");
     // nothing changed
     assert_eq!(fx.store.pending_migrations().unwrap().len(), 1);
     let (code, out, _) = cli(p, &["--json", "migrate", "--dry-run"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["pending"][0]["version"], 8);
+    assert_eq!(v["pending"][0]["version"], 9);
     fx.store.migrate().unwrap();
     assert!(fx.store.pending_migrations().unwrap().is_empty());
     // a database without the tables: every file
@@ -1074,6 +1076,7 @@ fn migrate_dry_run_lists_what_would_run_and_changes_nothing() {
         "job_locks",
         "txbox_schema_version",
         "outbox_quiet_types",
+        "outbox_paused_types",
     ] {
         c.batch_execute(&format!("DROP TABLE IF EXISTS {fresh}{t}"))
             .unwrap();
@@ -1081,5 +1084,5 @@ fn migrate_dry_run_lists_what_would_run_and_changes_nothing() {
     let (code, out, _) = cli(fresh, &["--json", "migrate", "--dry-run"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["pending"].as_array().unwrap().len(), 8);
+    assert_eq!(v["pending"].as_array().unwrap().len(), 9);
 }

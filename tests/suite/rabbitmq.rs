@@ -746,6 +746,46 @@ fn routing_keys_are_checked_where_read() {
     assert_eq!(sender.routing_key("order-created"), "orders.created");
     assert_eq!(sender.routing_key("order-paid"), "order-paid");
     assert_eq!(sender.ack_wait(), Some(Duration::from_secs(10)));
+    // one key for every type without its own (0.2's `[defaults] routing_key`)
+    let text = "[rabbitmq]\nurl = \"amqp://127.0.0.1\"\ndefault_routing_key = \"all\"\n";
+    assert_eq!(
+        RabbitSender::from_toml(text).unwrap().routing_key("x"),
+        "all"
+    );
+    let shared = RabbitSender::builder("amqp://127.0.0.1")
+        .default_routing_key("all")
+        .routing_key("order-created", "orders.created")
+        .build()
+        .unwrap();
+    assert_eq!(shared.routing_key("order-paid"), "all");
+    assert_eq!(shared.routing_key("order-created"), "orders.created");
+    // a routing key of a type the relay's configuration does not have (a
+    // misspelt one would route nothing) is refused at start
+    assert!(sender.check_event_types(&["order-created"]).is_ok());
+    let err = sender
+        .check_event_types(&["order-paid"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("rabbitmq.routing_keys.order-created names an event type the configuration does not have"),
+        "{err}"
+    );
+    // ... by Relay::start, before any thread starts
+    if let Some((store, _client)) = fresh("t_rabbit_keys_") {
+        let config = Config::builder()
+            .table_prefix("t_rabbit_keys_")
+            .event("order-paid", |e| e)
+            .build()
+            .unwrap();
+        let err = Relay::start(store, &config, sender)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.starts_with("rabbitmq.routing_keys.order-created names")),
+            "{err:?}"
+        );
+    }
 
     let url = "[rabbitmq]\nurl = \"amqp://127.0.0.1\"\n";
     for (text, want) in [

@@ -445,6 +445,30 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
         self.pool.max_size()
     }
 
+    fn next_due(&self, event_type: &str) -> Result<Option<Duration>> {
+        let mut conn = self.pool.get()?;
+        let rows = run_query(
+            &mut *conn,
+            &self.d,
+            &self.d.next_due,
+            &[event_type.into()],
+            &[],
+        )?;
+        let ms = rows
+            .first()
+            .map(|r| r.get::<Option<f64>>(0))
+            .transpose()?
+            .flatten();
+        // a due time past (or NaN) is "due now"
+        Ok(ms.map(|ms| {
+            if ms > 0.0 {
+                Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(Duration::MAX)
+            } else {
+                Duration::ZERO
+            }
+        }))
+    }
+
     fn claim_held(&self, args: &ClaimArgs<'_>) -> Result<HeldClaim> {
         self.observer
             .timed(StoreCall::Claim, || self.claim_holding(args))

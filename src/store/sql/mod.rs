@@ -75,10 +75,16 @@ impl Catalog {
             ("finish.sent", &c.finish.sent),
             ("finish.delete", &c.finish.delete),
             ("finish.failed", &c.finish.failed),
-            ("insert_event", insert_one(self, false)),
+            ("insert_event", insert_one(self, Shape::default())),
         ];
         out.extend(stmts.iter().map(|(n, s)| (*n, s.template())));
-        out.push(("insert_event_bytes", insert_one(self, true).template()));
+        for (name, bytes, delayed) in [
+            ("insert_event_bytes", true, false),
+            ("insert_event_delayed", false, true),
+            ("insert_event_bytes_delayed", true, true),
+        ] {
+            out.push((name, insert_one(self, Shape { bytes, delayed }).template()));
+        }
         out.push(("ordered_skip", &c.ordered_skip));
         out.push(("ordered_block", &c.ordered_block));
         out.push(("finish_held.sent", c.finish_held.sent.template()));

@@ -139,51 +139,76 @@ pub(crate) fn dead_letter(r: &mut Row) -> Result<DeadLetter> {
 /// Inserts new events: one multi-row `INSERT` (one round trip) per chunk. A
 /// call without an event published as bytes writes only the JSON columns.
 pub(crate) fn insert_events(conn: &mut dyn Conn, d: &Catalog, events: &[NewEvent]) -> Result<()> {
-    let bytes = events.iter().any(|e| e.content_type().is_some());
-    let width = values_per_event(bytes);
+    let shape = Shape {
+        bytes: events.iter().any(|e| e.content_type().is_some()),
+        delayed: events.iter().any(|e| e.delay.is_some()),
+    };
+    let width = shape.width();
     for chunk in events.chunks((d.max_ids / width).clamp(1, d.insert_rows_max)) {
         let mut params = Vec::with_capacity(chunk.len() * width);
         for e in chunk {
-            push_event_values(e, bytes, &mut params);
+            push_event_values(e, shape, &mut params);
         }
-        run_execute(
-            conn,
-            d,
-            &insert_events_stmt(d, chunk.len(), bytes),
-            &params,
-            &[],
-        )?;
+        let stmt = insert_events_stmt(d, chunk.len(), shape);
+        run_execute(conn, d, &stmt, &params, &[])?;
     }
     Ok(())
 }
 
 /// The dialect's `INSERT` of `rows` events: the one-event statements are
 /// built the first time and kept ([`Catalog::insert_one`]), a batch's per call.
-fn insert_events_stmt(d: &Catalog, rows: usize, bytes: bool) -> Cow<'_, Stmt> {
+fn insert_events_stmt(d: &Catalog, rows: usize, shape: Shape) -> Cow<'_, Stmt> {
     if rows == 1 {
-        Cow::Borrowed(insert_one(d, bytes))
+        Cow::Borrowed(insert_one(d, shape))
     } else {
-        Cow::Owned(Stmt::new(insert_events_sql(d, rows, bytes)))
+        Cow::Owned(Stmt::new(insert_events_sql(d, rows, shape)))
     }
 }
 
 /// The dialect's `INSERT` of one event, kept in [`Catalog::insert_one`].
-pub(crate) fn insert_one(d: &Catalog, bytes: bool) -> &Stmt {
-    d.insert_one[usize::from(bytes)].get_or_init(|| Stmt::new(insert_events_sql(d, 1, bytes)))
+pub(crate) fn insert_one(d: &Catalog, shape: Shape) -> &Stmt {
+    let slot = usize::from(shape.bytes) + 2 * usize::from(shape.delayed);
+    d.insert_one[slot].get_or_init(|| Stmt::new(insert_events_sql(d, 1, shape)))
+}
+
+/// What an `INSERT` of events writes besides the JSON columns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// The binary payload columns (an event published as bytes).
+    pub(crate) bytes: bool,
+    /// A due time of its own (a delayed event), else "now".
+    pub(crate) delayed: bool,
+}
+
+impl Shape {
+    /// How many values [`push_event_values`] writes of an event: id, type,
+    /// key, headers, payload; with `bytes` the payload bytes and content
+    /// type; with `delayed` the delay in milliseconds (the last).
+    const fn width(self) -> usize {
+        5 + if self.bytes { 2 } else { 0 } + if self.delayed { 1 } else { 0 }
+    }
 }
 
 /// The dialect's `INSERT` of `rows` events, [`push_event_values`] of each in
 /// turn; with `bytes`, the binary payload columns too.
-fn insert_events_sql(d: &Catalog, rows: usize, bytes: bool) -> String {
-    let (columns, values) = if bytes {
+fn insert_events_sql(d: &Catalog, rows: usize, shape: Shape) -> String {
+    let (columns, values) = if shape.bytes {
         (", payload_bytes, content_type", d.insert_bytes_values)
     } else {
         ("", "")
     };
-    let width = values_per_event(bytes);
+    let width = shape.width();
+    // a delayed event's due time: the database's clock plus its delay (the
+    // row's last value)
+    let due = if shape.delayed {
+        (d.common.plus)(&format!("${width}"))
+    } else {
+        d.common.now.to_owned()
+    };
     let fill = |t: &str| {
         t.replace("{bytes_columns}", columns)
             .replace("{bytes_values}", values)
+            .replace("{due}", &due)
     };
     let row = fill(&d.insert_event_row);
     let mut template = fill(&d.insert_events);
@@ -195,16 +220,6 @@ fn insert_events_sql(d: &Catalog, rows: usize, bytes: bool) -> String {
     }
     template.push_str(d.insert_events_suffix);
     template
-}
-
-/// How many values [`push_event_values`] writes of an event: id, type, key,
-/// headers, payload, and with `bytes` the payload bytes and content type.
-const fn values_per_event(bytes: bool) -> usize {
-    if bytes {
-        7
-    } else {
-        5
-    }
 }
 
 /// The stored payload of an event: its JSON text, or (published as bytes) an
@@ -224,8 +239,9 @@ pub(crate) fn stored_payload(payload: &Body) -> [Val; 3] {
 }
 
 /// What [`insert_events_sql`] writes of one event: id, type, key, headers,
-/// payload, and with `bytes` the payload bytes and content type.
-pub(crate) fn push_event_values(e: &NewEvent, bytes: bool, out: &mut Vec<Val>) {
+/// payload, and with `shape.bytes` the payload bytes and content type, with
+/// `shape.delayed` its delay (0 for one due at once).
+pub(crate) fn push_event_values(e: &NewEvent, shape: Shape, out: &mut Vec<Val>) {
     let [text, blob, content_type] = stored_payload(&e.payload);
     out.extend([
         Val::Id(e.id.as_uuid()),
@@ -234,8 +250,11 @@ pub(crate) fn push_event_values(e: &NewEvent, bytes: bool, out: &mut Vec<Val>) {
         Val::Text(headers_json(&e.headers)),
         text,
     ]);
-    if bytes {
+    if shape.bytes {
         out.extend([blob, content_type]);
+    }
+    if shape.delayed {
+        out.push(ms(e.delay.unwrap_or_default()));
     }
 }
 

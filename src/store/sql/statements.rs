@@ -96,6 +96,10 @@ pub struct Common {
     pub walk_block: Option<String>,
     /// The outbox table, whose `seq` bounds a claim ([`ClaimArgs::upto`]).
     outbox: String,
+    /// The dialect's clock: its "now" ...
+    pub now: &'static str,
+    /// ... and its "now + `$n` milliseconds".
+    pub plus: fn(&str) -> String,
 }
 
 impl Common {
@@ -255,7 +259,7 @@ pub(crate) const IDS_IN: &str = "id IN ({ids})";
 /// (usually [`IDS_IN`]) and whose ordered claims look keys up with `lookup`.
 pub(crate) fn common(
     t: &Tables,
-    now: &str,
+    now: &'static str,
     plus: fn(&str) -> String,
     finish_ids: &str,
     lookup: &KeyLookup,
@@ -313,6 +317,8 @@ pub(crate) fn common(
         walk_skip,
         walk_block,
         outbox: o.clone(),
+        now,
+        plus,
         claim_update: format!(
             "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $1, lease_until = {} WHERE id IN ({{ids}})",
             plus("$2")
@@ -498,6 +504,10 @@ pub struct Catalog {
     /// $1 type, $2 only ids above this one, $3 limit (Oracle limits by fetching)
     /// -> id, type, key, headers, payload, attempts, payload bytes, content type
     pub claim_select: Ordered,
+    /// $1 type -> the milliseconds until its earliest PENDING event is due
+    /// (0 or less: one is due), by the database's clock; NULL when none is
+    /// pending. Read through the due-time index (schema 9 / 6).
+    pub next_due: Stmt,
     /// $1 limit (and $2 TTL in ms for the cleanups) -> id, for each maintenance selection
     pub select_expired: Stmt,
     pub select_processed: Stmt,
@@ -539,9 +549,10 @@ pub struct Catalog {
     pub insert_events_sep: &'static str,
     /// after the last row ("" ; Oracle: " SELECT 1 FROM dual")
     pub insert_events_suffix: &'static str,
-    /// The insert of one event, without and with the binary payload columns,
-    /// built the first time and kept (most publishes are of one event).
-    pub insert_one: [std::sync::OnceLock<Stmt>; 2],
+    /// The insert of one event, for each of: binary payload columns or not,
+    /// delayed or not; built the first time and kept (most publishes are of
+    /// one event).
+    pub insert_one: [std::sync::OnceLock<Stmt>; 4],
     /// Most events per insert statement (Oracle: 1, since its multi-table
     /// insert gives every row of a statement the same identity number,
     /// `seq`, which orders a key's events)

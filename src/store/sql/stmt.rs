@@ -75,10 +75,10 @@ impl Stmt {
             let n_digits = digits.bytes().take_while(u8::is_ascii_digit).count();
             if c == '$' && n_digits > 0 {
                 parts.push(Part::Text(std::mem::take(&mut text)));
-                // more digits than a usize holds: no value has that number
-                parts.push(Part::Param(
-                    digits[..n_digits].parse().unwrap_or(usize::MAX),
-                ));
+                // more digits than a usize holds: past every value, refused
+                // when run
+                let n: usize = digits[..n_digits].parse().unwrap_or(usize::MAX);
+                parts.push(Part::Param(n.min(MAX_PARAMS + 1)));
                 rest = &digits[n_digits..];
             } else {
                 text.push(c);
@@ -208,7 +208,11 @@ impl Stmt {
             Some(_) => Ok(Cow::Owned(self.render(style, 0)?)),
             None => {
                 let r = self.render(style, 0)?;
-                Ok(Cow::Borrowed(&self.plain.get_or_init(|| (style, r)).1))
+                // another thread may have kept another style's meanwhile
+                match self.plain.get_or_init(|| (style, r.clone())) {
+                    (s, kept) if *s == style => Ok(Cow::Borrowed(kept)),
+                    _ => Ok(Cow::Owned(r)),
+                }
             }
         }
     }

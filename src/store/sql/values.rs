@@ -176,7 +176,11 @@ impl Row {
                 let byte = |k: usize| u8::from_str_radix(hex.get(2 * k..2 * k + 2)?, 16).ok();
                 return match (0..hex.len() / 2).map(byte).collect::<Option<Vec<u8>>>() {
                     Some(b) if hex.len() % 2 == 0 => Ok(Some(b)),
-                    _ => Err(unexpected(i, "a bytea in hex format", self.val(i))),
+                    _ => Err(unexpected(
+                        i,
+                        "a bytea in hex format",
+                        &Val::Text(s.chars().take(40).collect::<String>() + "..."),
+                    )),
                 };
             }
         }

@@ -14,6 +14,7 @@ use txbox::Config;
 
 mod claims;
 mod dead_letters;
+mod delayed;
 mod inbox;
 mod migrations;
 mod ordering;
@@ -82,6 +83,8 @@ macro_rules! suite {
             migrations::migrate_twice_is_fine => "mig",
             claims::ping_answers_without_reading_a_table => "ping",
             claims::a_store_does_what_its_capabilities_say => "caps",
+            delayed::a_delayed_event_is_claimed_only_once_due => "due",
+            delayed::a_relay_sends_delayed_events_when_due => "duerel",
         );
     };
     (@tests $module:ident, $backend:expr, $tag:literal; $($group:ident :: $test:ident => $short:literal,)*) => {
