@@ -110,6 +110,7 @@ pub(crate) fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
         t.schema_version().to_owned(),
         // a type left `poll` here by an earlier run would not notify
         format!("{prefix}outbox_quiet_types"),
+        format!("{prefix}outbox_paused_types"),
     ] {
         c.batch_execute(&format!("DROP TABLE IF EXISTS {table}"))?;
     }
@@ -267,6 +268,8 @@ pub(crate) fn fill_keyed(
 #[derive(Default)]
 pub(crate) struct Claims {
     count: AtomicU64,
+    /// a quiet poller's questions when its type's next event is due
+    asked: AtomicU64,
     /// when each claim ended, and how long it took (ms)
     took_ms: Mutex<Vec<(Instant, f64)>>,
     /// only the claims made on the thread of this name are timed (a poller
@@ -287,6 +290,12 @@ impl Claims {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// The statements of the pollers: claims and questions when the next
+    /// event is due.
+    pub(crate) fn statements(&self) -> u64 {
+        self.count() + self.asked.load(Ordering::Relaxed)
+    }
+
     /// The claims made since the last call: when each ended and how long it
     /// took (ms).
     pub(crate) fn take_durations(&self) -> Vec<(Instant, f64)> {
@@ -296,6 +305,11 @@ impl Claims {
 
 impl txbox::metrics::Observer for Claims {
     fn store_call(&self, call: txbox::metrics::StoreCall, took: Duration, _: bool) {
+        if call == txbox::metrics::StoreCall::NextDue {
+            // a quiet type's poll: one statement in place of a claim
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if call == txbox::metrics::StoreCall::Claim {
             self.count.fetch_add(1, Ordering::Relaxed);
             let thread = std::thread::current();
@@ -485,7 +499,8 @@ pub(crate) fn kafka_brokers() -> String {
     std::env::var("TXBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
-pub(crate) const PARTS: [&str; 12] = [
+pub(crate) const PARTS: [&str; 13] = [
+    "delayed",
     "writers",
     "migrate",
     "publish",

@@ -11,6 +11,7 @@
 
 use brokers::broker_throughput;
 use common::*;
+use delayed::delayed_on_time;
 use floor::{ordered_floor, ordered_plan, relay_floor};
 use idle::{idle_cost, idle_direct};
 use instances::{many_instances, many_latency, worker};
@@ -21,6 +22,7 @@ use writers::concurrent_publishers;
 
 mod brokers;
 mod common;
+mod delayed;
 mod floor;
 mod idle;
 mod instances;
@@ -51,7 +53,8 @@ struct Args {
     /// events, 1,000,000 with --full; idle-direct: the broker's share of the
     /// pick-up after idle, one event published directly; ordered: the relay
     /// floor of an ordered type; plan: an ordered claim's EXPLAIN over 100,000
-    /// pending rows, 1,000,000 with --full).
+    /// pending rows, 1,000,000 with --full; delayed: 1,000 events delayed
+    /// 1-10 s, each one's send time minus its due time).
     #[arg(long, value_name = "PART,PART...", value_delimiter = ',',
           value_parser = clap::builder::PossibleValuesParser::new(PARTS))]
     only: Option<Vec<String>>,
@@ -244,6 +247,10 @@ fn main() -> Res<()> {
     if part("migrate") {
         migration_cost(&s, &mut out)?;
         step("migrate");
+    }
+    if part("delayed") {
+        delayed_on_time(&mut out)?;
+        step("delayed events");
     }
     if part("idle-direct") {
         idle_direct(&s, &mut out)?;

@@ -165,11 +165,18 @@ pub enum StoreCall {
     /// A maintenance pass: the recovery of expired leases, a cleanup, a move
     /// to or from the dead letters.
     Maintenance,
+    /// A poller's question when its type's next event is due, asked instead
+    /// of a claim while the type is quiet.
+    NextDue,
 }
 
 /// Every [`StoreCall`], in the order of its index.
-pub(crate) const STORE_CALLS: [StoreCall; 3] =
-    [StoreCall::Claim, StoreCall::Finish, StoreCall::Maintenance];
+pub(crate) const STORE_CALLS: [StoreCall; 4] = [
+    StoreCall::Claim,
+    StoreCall::Finish,
+    StoreCall::Maintenance,
+    StoreCall::NextDue,
+];
 
 impl StoreCall {
     /// Its `call` label in the Prometheus text and the facade.
@@ -178,6 +185,7 @@ impl StoreCall {
             StoreCall::Claim => "claim",
             StoreCall::Finish => "finish",
             StoreCall::Maintenance => "maintenance",
+            StoreCall::NextDue => "next_due",
         }
     }
 

@@ -28,6 +28,17 @@ const TRICKLE: usize = 2;
 /// the event due by the database's clock, not a hair before.
 const DUE_MARGIN: Duration = Duration::from_millis(1);
 
+/// When a type's next event is due.
+enum Due {
+    /// One is due already.
+    Now,
+    /// In this long (`Duration::MAX`: none is pending).
+    In(Duration),
+    /// The store could not say: the claim runs as usual, and reports what
+    /// fails.
+    Unknown,
+}
+
 pub(super) struct Poller {
     ctx: Ctx,
     store: Arc<dyn ClaimStore>,
@@ -109,7 +120,7 @@ impl Poller {
                 // nothing due yet: no claim; sleep until the next event is
                 // due, at most the polling delay (which grows as an empty
                 // poll's does)
-                if let Some(wait) = self.due_in(&mut later) {
+                if let Due::In(wait) = self.due(&mut later) {
                     delay = state.after_batch(0, usize::MAX).min(wait);
                     self.ctx
                         .observer
@@ -132,8 +143,14 @@ impl Poller {
                     quiet = claimed == 0;
                     let next = state.after_batch(claimed, self.pipeline.follow_at());
                     if later && claimed > 0 && !next.is_zero() {
-                        // events of the type are due later: wake for the next
-                        self.due_in(&mut later).map_or(next, |wait| next.min(wait))
+                        // events of the type are due later: wake for the
+                        // next, or claim again at once for one due already
+                        // (this claim found work: no idle loop)
+                        match self.due(&mut later) {
+                            Due::In(wait) => next.min(wait),
+                            Due::Now => Duration::ZERO,
+                            Due::Unknown => next,
+                        }
                     } else {
                         next
                     }
@@ -165,27 +182,25 @@ impl Poller {
         }
     }
 
-    /// How long until the type's next event is due, when none is due now
-    /// (`Duration::MAX` when none is pending); `None` when one is due now, or
-    /// the store could not say (the claim then runs as usual, and reports
-    /// what fails). `later` records whether events are due later.
-    fn due_in(&self, later: &mut bool) -> Option<Duration> {
+    /// When the type's next event is due, as the store says; `later`
+    /// records whether events are due later.
+    fn due(&self, later: &mut bool) -> Due {
         match self.store.next_due(self.pipeline.event_type()) {
             Ok(None) => {
                 *later = false;
-                Some(Duration::MAX)
+                Due::In(Duration::MAX)
             }
             Ok(Some(wait)) if !wait.is_zero() => {
                 *later = true;
-                Some(wait.saturating_add(DUE_MARGIN))
+                Due::In(wait.saturating_add(DUE_MARGIN))
             }
-            Ok(Some(_)) => None,
+            Ok(Some(_)) => Due::Now,
             Err(e) => {
                 log::debug!(
                     "txbox: poller {}: asking when the next event is due: {e}",
                     self.pipeline.event_type()
                 );
-                None
+                Due::Unknown
             }
         }
     }

@@ -446,14 +446,11 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     }
 
     fn next_due(&self, event_type: &str) -> Result<Option<Duration>> {
-        let mut conn = self.pool.get()?;
-        let rows = run_query(
-            &mut *conn,
-            &self.d,
-            &self.d.next_due,
-            &[event_type.into()],
-            &[],
-        )?;
+        let rows = self.observer.timed(StoreCall::NextDue, || {
+            let mut conn = self.pool.get()?;
+            let type_ = [event_type.into()];
+            run_query(&mut *conn, &self.d, &self.d.next_due, &type_, &[])
+        })?;
         let ms = rows
             .first()
             .map(|r| r.get::<Option<f64>>(0))

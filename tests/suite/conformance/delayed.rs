@@ -8,7 +8,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::backend::{Backend, Fixture};
 use crate::common::wait_until;
-use txbox::{Config, Event, EventId, NewEvent, Relay, SendError, Sender};
+use txbox::store::ClaimArgs;
+use txbox::{Config, Event, EventId, NewEvent, OnPoison, Relay, SendError, Sender};
 use uuid::Uuid;
 
 use super::{config, ms};
@@ -31,6 +32,28 @@ pub(super) fn a_delayed_event_is_claimed_only_once_due(b: Backend, p: &str) {
                 .unwrap()
                 .deliver_at(SystemTime::now() - Duration::from_secs(5)),
         ],
+    );
+    // an ordered type: a key's delayed event holds back its later ones
+    let keyed = fx.publish_events(
+        &c,
+        vec![
+            NewEvent::new("f", &1)
+                .unwrap()
+                .key("k")
+                .deliver_after(ms(1500)),
+            NewEvent::new("f", &2).unwrap().key("k"),
+            NewEvent::new("f", &3).unwrap().key("other"),
+        ],
+    );
+    let ordered = || {
+        let args = ClaimArgs::new("f", 10, lease).ordered(OnPoison::Block);
+        let got = fx.store.claim_after(&args, Uuid::now_v7()).unwrap();
+        got.iter().map(|e| e.id).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ordered(),
+        [keyed[2]],
+        "key k waits for its delayed first event"
     );
     let claimed = fx.store.claim("e", 10, lease, Uuid::now_v7()).unwrap();
     let got: Vec<EventId> = claimed.iter().map(|e| e.id).collect();
@@ -55,6 +78,24 @@ pub(super) fn a_delayed_event_is_claimed_only_once_due(b: Backend, p: &str) {
     assert_eq!(claimed.iter().map(|e| e.id).collect::<Vec<_>>(), [ids[0]]);
     assert_eq!(claimed[0].payload_str(), Some("\"later\""));
     assert_eq!(fx.store.next_due("e").unwrap(), None);
+    // published a moment after the others, so due a moment later (the
+    // type's next due time is now all along: its second event waits for the
+    // key, not for the clock)
+    let mut got = Vec::new();
+    wait_until(
+        "key k's first event claimed",
+        Duration::from_secs(10),
+        || {
+            got = ordered();
+            !got.is_empty()
+        },
+    );
+    assert_eq!(got, [keyed[0]], "then the key's first, alone");
+    assert!(
+        before.elapsed() >= ms(1400),
+        "claimed after {:?}",
+        before.elapsed()
+    );
 
     // a delay longer than a year is refused at publish, naming the type
     let outbox = txbox::Outbox::new(&c).unwrap();
