@@ -147,6 +147,7 @@ mod inbox;
 pub mod kafka;
 pub mod metrics;
 mod outbox;
+mod pause;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 mod redact;
@@ -179,6 +180,7 @@ pub use inbox::{RedisCache, RedisCacheBuilder};
 pub use outbox::Outbox;
 #[cfg(feature = "postgres")]
 pub use outbox::{PgPrepared, PgPreparedTx};
+pub use pause::Pauses;
 pub use relay::{Delivery, Relay, RelayProbe, RelayWaker, TypeDelivery};
 pub use sender::{MemorySender, SendError, Sender, SenderFactory};
 #[cfg(feature = "mysql")]

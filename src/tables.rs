@@ -13,6 +13,7 @@ pub struct Tables {
     pub(crate) inbox: String,
     pub(crate) locks: String,
     pub(crate) schema_version: String,
+    pub(crate) paused: String,
     /// Each dialect's statements for these tables, built when first asked.
     #[cfg(any(
         feature = "postgres",
@@ -43,6 +44,7 @@ impl Tables {
             inbox: format!("{prefix}inbox_consumed"),
             locks: format!("{prefix}job_locks"),
             schema_version: format!("{prefix}txbox_schema_version"),
+            paused: format!("{prefix}outbox_paused_types"),
             #[cfg(any(
                 feature = "postgres",
                 feature = "mysql",
@@ -76,6 +78,11 @@ impl Tables {
     /// Lease locks.
     pub fn locks(&self) -> &str {
         &self.locks
+    }
+
+    /// The paused event types (schema PostgreSQL 9, the others 6).
+    pub fn paused(&self) -> &str {
+        &self.paused
     }
 
     /// The schema versions applied after the baseline.

@@ -12,8 +12,12 @@
 //! | `DELETE /dlq/events/{id}` | delete |
 //! | `GET /dlq/blocked?type=T` | the keys of the ordered type `T` (`on_poison = "block"`) waiting behind a dead letter or a FAILED event, `{"keys": [...]}` |
 //! | `POST /dlq/move` | move FAILED outbox events to the dead letters now (with the DLQ off, how they are reached), `{"moved": n}` |
+//! | `GET /types/paused` | the paused event types, `{"paused": [...]}` |
+//! | `POST /types/{type}/pause` | pause the type ([`Pauses::pause`](crate::Pauses::pause)): no relay claims it, `{"paused": true}` when it was running |
+//! | `POST /types/{type}/resume` | resume it, waking the relays, `{"resumed": true}` when it was paused |
 //!
-//! Every DLQ route, reads included (dead letters hold payloads, keys and headers),
+//! `/health` and `/ready` list the paused types (`"paused": [...]`).
+//! Every DLQ and pause route, reads included (dead letters hold payloads, keys and headers),
 //! needs `Authorization: Bearer <token>` with the token given to
 //! [`AdminOptions::token`] (compared in constant time, the scheme in any case);
 //! without a token they are disabled (403). `/health` and `/metrics` are open
@@ -47,6 +51,7 @@ mod http;
 use crate::dlq::Dlq;
 use crate::error::{Error, Result};
 use crate::event::EventId;
+use crate::pause::Pauses;
 use crate::relay::RelayProbe;
 use crate::store::FullStore;
 use crate::store::{DlqFilter, DlqStatus};
@@ -429,6 +434,15 @@ fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body:
         ("POST", ["dlq", "move"]) => dlq
             .move_failed(MOVE_LIMIT)
             .map(|n| json(200, &serde_json::json!({ "moved": n }))),
+        ("GET", ["types", "paused"]) => Pauses::new(store.clone())
+            .list()
+            .map(|p| json(200, &serde_json::json!({ "paused": p }))),
+        ("POST", ["types", t, "pause"]) => decoded(t)
+            .and_then(|t| Pauses::new(store.clone()).pause(&t))
+            .map(|p| json(200, &serde_json::json!({ "paused": p }))),
+        ("POST", ["types", t, "resume"]) => decoded(t)
+            .and_then(|t| Pauses::new(store.clone()).resume(&t))
+            .map(|r| json(200, &serde_json::json!({ "resumed": r }))),
         ("DELETE", ["dlq", "events", id]) => id
             .parse::<EventId>()
             .map_err(Error::from)
@@ -442,7 +456,9 @@ fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body:
             | ["dlq", "events"]
             | ["dlq", "events", _]
             | ["dlq", "move"]
-            | ["dlq", "blocked"],
+            | ["dlq", "blocked"]
+            | ["types", "paused"]
+            | ["types", _, "pause" | "resume"],
         ) => {
             return err(
                 405,
@@ -510,6 +526,12 @@ fn health(store: &Arc<dyn FullStore>, options: &AdminOptions, readiness: bool) -
         "database": database,
         "relays": relays.into_iter().map(|r| r.2).collect::<Vec<_>>(),
     });
+    if database == "ok" {
+        match store.paused() {
+            Ok(paused) => body["paused"] = serde_json::json!(paused),
+            Err(e) => log::warn!("txbox: admin /health: reading the paused types: {e}"),
+        }
+    }
     // PostgreSQL: how full the notification queue is (a listener that stopped
     // reading fills it; at 0.5 commits stop notifying and the relays poll)
     if database == "ok" {
@@ -606,6 +628,15 @@ fn patch(dlq: &Dlq, id: &str, body: &[u8]) -> Result<Resp> {
             .map(|d| serde_json::to_value(d).unwrap_or_default())
             .unwrap_or_else(|_| serde_json::json!({"id": id, "status": patch.status})),
     ))
+}
+
+/// A path segment percent-decoded (an event type may hold any character
+/// but `/`); one that is no UTF-8 is a bad request.
+fn decoded(segment: &str) -> Result<String> {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| Error::InvalidInput(format!("{segment:?} is no UTF-8 once decoded")))
 }
 
 fn query_params(url: &str) -> Vec<(String, String)> {

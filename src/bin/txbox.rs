@@ -21,9 +21,9 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use txbox::{Dlq, DlqFilter, DlqStatus, EventId};
+use txbox::{Dlq, DlqFilter, DlqStatus, EventId, Pauses};
 
-/// Operate a txbox outbox: migrate, status, dead letters.
+/// Operate a txbox outbox: migrate, status, pauses, dead letters.
 #[derive(Parser)]
 #[command(name = "txbox", version)]
 struct Cli {
@@ -49,8 +49,20 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Per event type: pending, in process, failed, and the oldest pending's age
+    /// Per event type: pending, in process, failed, the oldest pending's age,
+    /// and whether it is paused
     Status,
+    /// Pause an event type: no relay claims it until it is resumed
+    /// (publishing goes on)
+    Pause {
+        /// The event type
+        event_type: String,
+    },
+    /// Resume a paused event type (the relays send what waited)
+    Resume {
+        /// The event type
+        event_type: String,
+    },
     /// Dead letters: list, show, move, retry, resolve, delete
     #[command(subcommand)]
     Dlq(DlqCommand),
@@ -247,7 +259,35 @@ fn run(cli: Cli) -> Result<String, Fail> {
             }
         }
         Command::Status => {
-            let rows = store.status()?;
+            /// A type's status and whether it is paused.
+            #[derive(serde::Serialize)]
+            struct Row {
+                #[serde(flatten)]
+                status: txbox::TypeStatus,
+                paused: bool,
+            }
+            let paused = store.paused()?;
+            let mut rows: Vec<Row> = store
+                .status()?
+                .into_iter()
+                .map(|status| Row {
+                    paused: paused.contains(&status.event_type),
+                    status,
+                })
+                .collect();
+            // a paused type with nothing in the outbox is listed too
+            for t in &paused {
+                if !rows.iter().any(|r| &r.status.event_type == t) {
+                    rows.push(Row {
+                        status: txbox::TypeStatus {
+                            event_type: t.clone(),
+                            ..Default::default()
+                        },
+                        paused: true,
+                    });
+                }
+            }
+            rows.sort_by(|a, b| a.status.event_type.cmp(&b.status.event_type));
             listing(
                 as_json,
                 &rows,
@@ -257,8 +297,10 @@ fn run(cli: Cli) -> Result<String, Fail> {
                     "IN PROCESS",
                     "FAILED",
                     "OLDEST PENDING",
+                    "PAUSED",
                 ],
-                |s| {
+                |r| {
+                    let s = &r.status;
                     let lag = s
                         .oldest_pending_age
                         .map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64()));
@@ -268,9 +310,33 @@ fn run(cli: Cli) -> Result<String, Fail> {
                         s.in_process.to_string(),
                         s.failed.to_string(),
                         lag,
+                        if r.paused { "paused" } else { "-" }.into(),
                     ]
                 },
             )?
+        }
+        Command::Pause { event_type } => {
+            let changed = Pauses::new(store.clone()).pause(&event_type)?;
+            if as_json {
+                json(&serde_json::json!({ "event_type": event_type, "paused": changed }))?
+            } else if changed {
+                format!(
+                    "paused {}: no relay claims it until resumed",
+                    printable(&event_type)
+                )
+            } else {
+                format!("{} was paused already", printable(&event_type))
+            }
+        }
+        Command::Resume { event_type } => {
+            let changed = Pauses::new(store.clone()).resume(&event_type)?;
+            if as_json {
+                json(&serde_json::json!({ "event_type": event_type, "resumed": changed }))?
+            } else if changed {
+                format!("resumed {}", printable(&event_type))
+            } else {
+                format!("{} was not paused", printable(&event_type))
+            }
         }
         Command::Dlq(DlqCommand::List {
             event_type,

@@ -41,6 +41,11 @@ impl Observer for Facade {
     fn notify_queue_usage(&self, usage: f64) {
         metrics::gauge!("txbox_notify_queue_usage").set(usage);
     }
+    fn paused(&self, event_types: &[String]) {
+        for t in event_types {
+            metrics::gauge!("txbox_event_type_paused", "event_type" => t.clone()).set(1.0);
+        }
+    }
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
         metrics::histogram!("txbox_store_call_seconds", "call" => call.name())
             .record(took.as_secs_f64());

@@ -248,6 +248,12 @@ pub trait Observer: Send + Sync {
         let _ = usage;
     }
 
+    /// The paused event types ([`Pauses`](crate::Pauses)), read by the
+    /// relay's recovery thread with the outbox's status.
+    fn paused(&self, event_types: &[String]) {
+        let _ = event_types;
+    }
+
     /// A SQL store built from the configuration ([`Config::connect`](crate::Config::connect),
     /// the stores' `connect` and `PgStore::from_pool`) made `call`, which took
     /// `took`; `ok`: it returned no error (a deadlock retried within it is
@@ -277,6 +283,9 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
     }
     fn notify_queue_usage(&self, usage: f64) {
         (**self).notify_queue_usage(usage);
+    }
+    fn paused(&self, event_types: &[String]) {
+        (**self).paused(event_types);
     }
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
         (**self).store_call(call, took, ok);
@@ -322,6 +331,9 @@ impl Observer for ProcessWide {
     }
     fn notify_queue_usage(&self, usage: f64) {
         Self::each(|o| o.notify_queue_usage(usage));
+    }
+    fn paused(&self, event_types: &[String]) {
+        Self::each(|o| o.paused(event_types));
     }
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
         Self::each(|o| o.store_call(call, took, ok));

@@ -65,6 +65,7 @@ pub struct Registry {
     polling_delay: Mutex<BTreeMap<String, f64>>,
     outbox: Mutex<Option<(Vec<TypeStatus>, u64)>>,
     notify_queue_usage: Mutex<Option<f64>>,
+    paused: Mutex<Vec<String>>,
     send_latency: Histogram,
     commit_to_ack: Histogram,
     /// By [`StoreCall::index`].
@@ -96,6 +97,7 @@ impl Registry {
             polling_delay: Mutex::new(BTreeMap::new()),
             outbox: Mutex::new(None),
             notify_queue_usage: Mutex::new(None),
+            paused: Mutex::new(Vec::new()),
             send_latency: Histogram::new(),
             commit_to_ack: Histogram::new(),
             store_calls: std::array::from_fn(|_| Histogram::new()),
@@ -123,6 +125,7 @@ impl Registry {
             dlq_size: outbox.as_ref().map(|o| o.1),
             outbox: outbox.map(|o| o.0).unwrap_or_default(),
             notify_queue_usage: *lock(&self.notify_queue_usage),
+            paused: lock(&self.paused).clone(),
             polling_delay_seconds: lock(&self.polling_delay).clone(),
             send_latency: self.send_latency.snapshot(),
             commit_to_ack: self.commit_to_ack.snapshot(),
@@ -196,6 +199,22 @@ impl Registry {
                 out,
                 "# HELP txbox_notify_queue_usage How full PostgreSQL's notification queue is (0 to 1)\n\
                  # TYPE txbox_notify_queue_usage gauge\ntxbox_notify_queue_usage {u}"
+            );
+        }
+        // 1 for each paused type, 0 for the other types the outbox has
+        let _ = writeln!(
+            out,
+            "# HELP txbox_event_type_paused Whether the event type is paused (no relay claims it)\n\
+             # TYPE txbox_event_type_paused gauge"
+        );
+        let running = s.outbox.iter().map(|t| &t.event_type);
+        let mut types: BTreeMap<&String, u8> = running.map(|t| (t, 0)).collect();
+        types.extend(s.paused.iter().map(|t| (t, 1)));
+        for (t, paused) in types {
+            let _ = writeln!(
+                out,
+                "txbox_event_type_paused{{event_type=\"{}\"}} {paused}",
+                label(t)
             );
         }
         let _ = writeln!(out, "# HELP txbox_polling_delay_seconds Current polling delay\n# TYPE txbox_polling_delay_seconds gauge");
@@ -279,6 +298,9 @@ impl Observer for Registry {
     fn notify_queue_usage(&self, usage: f64) {
         *lock(&self.notify_queue_usage) = Some(usage);
     }
+    fn paused(&self, event_types: &[String]) {
+        *lock(&self.paused) = event_types.to_vec();
+    }
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
         self.store_calls[call.index()].record(took.as_secs_f64());
         if !ok {
@@ -334,6 +356,9 @@ pub struct MetricsSnapshot {
     /// How full PostgreSQL's notification queue is (0 to 1), as of the relay's
     /// last recovery run; at 0.5 commits stop notifying and the relay polls.
     pub notify_queue_usage: Option<f64>,
+    /// The paused event types ([`Pauses`](crate::Pauses)), as of the relay's
+    /// last recovery run.
+    pub paused: Vec<String>,
     /// The current polling delay of each poller, in seconds.
     pub polling_delay_seconds: BTreeMap<String, f64>,
     /// Duration of each batch send (until the broker's acks).

@@ -137,6 +137,10 @@ pub(super) fn jobs(
                     Ok((status, dlq)) => observer.outbox_status(&status, dlq),
                     Err(e) => log::debug!("txbox: refreshing outbox gauges: {e}"),
                 }
+                match gauges.paused() {
+                    Ok(paused) => observer.paused(&paused),
+                    Err(e) => log::debug!("txbox: reading the paused types: {e}"),
+                }
                 match gauges.notify_queue_usage() {
                     Ok(Some(usage)) => observer.notify_queue_usage(usage),
                     Ok(None) => {}

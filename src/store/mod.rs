@@ -409,6 +409,35 @@ pub trait MaintenanceStore: Store {
 
     /// Per-type counts of the outbox (bounded, index-backed queries).
     fn status(&self) -> Result<Vec<TypeStatus>>;
+
+    /// Pauses `event_type`: every relay on these tables stops claiming it
+    /// (the claims skip a paused type; publishing goes on). Returns whether
+    /// it was running. A store without pauses returns
+    /// [`Error::Unsupported`].
+    fn pause(&self, event_type: &str) -> Result<bool> {
+        let _ = event_type;
+        Err(cannot_pause())
+    }
+
+    /// Resumes `event_type` and, where commits notify (PostgreSQL), wakes
+    /// every relay's poller of it. Returns whether it was paused.
+    fn resume(&self, event_type: &str) -> Result<bool> {
+        let _ = event_type;
+        Err(cannot_pause())
+    }
+
+    /// The paused event types, by name (none on a store without pauses).
+    fn paused(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+}
+
+/// The error of a store that cannot pause event types.
+fn cannot_pause() -> Error {
+    Error::Unsupported {
+        what: "pausing an event type".into(),
+        why: "this store keeps no paused types".into(),
+    }
 }
 
 /// The dead letters: what the relay's DLQ threads and [`Dlq`](crate::Dlq) need.

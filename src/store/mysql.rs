@@ -87,6 +87,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         common: sql::common(
             t,
             NOW,
+            " FROM DUAL",
             plus,
             sql::IDS_IN,
             &sql::KeyLookup {
@@ -105,7 +106,9 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         wake: None,
         next_due: format!(
             "SELECT TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(next_attempt_at)) / 1000.0 FROM {o} \
-             WHERE event_type = $1 AND status = 'PENDING'"
+             WHERE event_type = $1 AND status = 'PENDING' \
+               AND NOT EXISTS (SELECT 1 FROM {} WHERE event_type = $1)",
+            t.paused
         )
         .into(),
         claim_select: format!(

@@ -76,7 +76,14 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         max_ids: 1000,
         // no hint: the planner finds the key index on its own; no key walk
         // (untested here), the ordered claims read due events in id order
-        common: sql::common(t, NOW, plus, sql::IDS_IN, &sql::KeyLookup::plain(None)),
+        common: sql::common(
+            t,
+            NOW,
+            " FROM dual",
+            plus,
+            sql::IDS_IN,
+            &sql::KeyLookup::plain(None),
+        ),
         claim_returning: None,
         hold_claim: None,
         wake: None,
@@ -85,7 +92,9 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             "SELECT EXTRACT(DAY FROM w) * 86400000 + EXTRACT(HOUR FROM w) * 3600000 \
                + EXTRACT(MINUTE FROM w) * 60000 + EXTRACT(SECOND FROM w) * 1000 \
              FROM (SELECT MIN(next_attempt_at) - {NOW} AS w FROM {o} \
-               WHERE event_type = $1 AND status = 'PENDING')"
+               WHERE event_type = $1 AND status = 'PENDING' \
+               AND NOT EXISTS (SELECT 1 FROM {} WHERE event_type = $1))",
+            t.paused
         )
         .into(),
         claim_select: format!(

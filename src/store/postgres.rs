@@ -149,6 +149,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         common: sql::common(
             t,
             "now()",
+            "",
             plus,
             "id = ANY(ARRAY(SELECT unnest(ARRAY[{ids}])))",
             // `OFFSET 0` keeps an ordered claim's key look-up a sub-plan run per
@@ -202,11 +203,15 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             ).into(),
             loud: format!("DELETE FROM {q} WHERE event_type = $1").into(),
             queue_usage: "SELECT pg_notification_queue_usage()::float8".into(),
+            // the channel the listeners listen on, the trigger's
+            nudge: format!("SELECT pg_notify('{o}', $1)").into(),
         }),
         claim_select: format!("SELECT {claimed} {}", due("$2", "$3")).into(),
         next_due: format!(
             "SELECT (extract(epoch FROM min(next_attempt_at) - now()) * 1000)::float8 FROM {o} \
-             WHERE event_type = $1 AND status = 'PENDING'"
+             WHERE event_type = $1 AND status = 'PENDING' \
+               AND NOT EXISTS (SELECT 1 FROM {} WHERE event_type = $1)",
+            t.paused
         )
         .into(),
         select_expired: format!(

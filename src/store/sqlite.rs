@@ -65,6 +65,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         common: sql::common(
             t,
             NOW,
+            "",
             plus,
             sql::IDS_IN,
             &sql::KeyLookup::plain(Some(sql::WalkStyle {
@@ -77,7 +78,9 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         wake: None,
         next_due: format!(
             "SELECT (julianday(MIN(next_attempt_at)) - julianday('now')) * 86400000.0 FROM {o} \
-             WHERE event_type = $1 AND status = 'PENDING'"
+             WHERE event_type = $1 AND status = 'PENDING' \
+               AND NOT EXISTS (SELECT 1 FROM {} WHERE event_type = $1)",
+            t.paused
         )
         .into(),
         claim_select: format!(

@@ -1086,3 +1086,113 @@ fn migrate_dry_run_lists_what_would_run_and_changes_nothing() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["pending"].as_array().unwrap().len(), 9);
 }
+
+/// `txbox pause` / `resume` / `status`, the HTTP routes behind the token,
+/// `/health` and the metrics all show a paused type; on PostgreSQL a resume
+/// wakes the relay's poller at once (its polling delay here is 30 s).
+#[test]
+fn a_type_is_paused_and_resumed_from_the_cli_and_http() {
+    let p = "t_ops_pause_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let registry = Arc::new(txbox::metrics::Registry::new());
+    let c = Config::builder()
+        .table_prefix(p)
+        .defaults(|e| e.fixed_polling(Duration::from_secs(30)))
+        .maintenance(|m| m.recovery_interval(Duration::from_millis(200)))
+        .event("order-created", |e| e)
+        .build()
+        .unwrap()
+        .observed(registry.clone());
+    let (code, out, err) = cli(p, &["pause", "order-created"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("paused order-created"), "{out}");
+    let (_, out, _) = cli(p, &["pause", "order-created"]);
+    assert!(out.contains("was paused already"), "{out}");
+    let (code, out, _) = cli(p, &["--json", "status"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["event_type"], "order-created");
+    assert_eq!(v[0]["paused"], true, "listed without events: {v}");
+
+    let sender = MemorySender::new();
+    let relay = Relay::start(fx.store.clone(), &c, sender.clone()).unwrap();
+    fx.publish(&c, "order-created", 5, true);
+    wait_until("the metrics say paused", Duration::from_secs(10), || {
+        registry.snapshot().paused == ["order-created"]
+    });
+    assert!(registry
+        .prometheus()
+        .contains("txbox_event_type_paused{event_type=\"order-created\"} 1"));
+    let server = AdminServer::start(fx.store.clone(), AdminOptions::new().token("s3cret")).unwrap();
+    let (agent, base) = http(&server);
+    let (code, text) = body(agent.get(format!("{base}/health")).call().unwrap());
+    assert_eq!(code, 200);
+    let health: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        health["paused"],
+        serde_json::json!(["order-created"]),
+        "{text}"
+    );
+    let (code, _) = body(agent.get(format!("{base}/types/paused")).call().unwrap());
+    assert_eq!(code, 401, "the pause routes need the token");
+    let (code, text) = body(
+        agent
+            .get(format!("{base}/types/paused"))
+            .header("Authorization", "Bearer s3cret")
+            .call()
+            .unwrap(),
+    );
+    assert_eq!(
+        (code, text.as_str()),
+        (200, r#"{"paused":["order-created"]}"#)
+    );
+    assert_eq!(sender.len(), 0, "nothing sent while paused");
+
+    // resumed over HTTP: the poller, asleep for 30 s, is woken by the resume
+    let resumed_at = std::time::Instant::now();
+    let (code, text) = body(
+        agent
+            .post(format!("{base}/types/order-created/resume"))
+            .header("Authorization", "Bearer s3cret")
+            .send_empty()
+            .unwrap(),
+    );
+    assert_eq!((code, text.as_str()), (200, r#"{"resumed":true}"#));
+    assert_eq!(sender.wait_for(5, Duration::from_secs(10)), 5);
+    assert!(
+        resumed_at.elapsed() < Duration::from_secs(10),
+        "sent {:?} after the resume",
+        resumed_at.elapsed()
+    );
+    // paused again over HTTP (a type name with a space, percent-encoded),
+    // resumed from the command line
+    let (code, text) = body(
+        agent
+            .post(format!("{base}/types/order%20paid/pause"))
+            .header("Authorization", "Bearer s3cret")
+            .send_empty()
+            .unwrap(),
+    );
+    assert_eq!((code, text.as_str()), (200, r#"{"paused":true}"#));
+    let (code, out, _) = cli(p, &["status"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("order paid") && l.ends_with("paused")),
+        "{out}"
+    );
+    let (code, out, _) = cli(p, &["resume", "order paid"]);
+    assert_eq!((code, out.trim()), (0, "resumed order paid"));
+    let (code, _) = body(
+        agent
+            .post(format!("{base}/types/%00/pause"))
+            .header("Authorization", "Bearer s3cret")
+            .send_empty()
+            .unwrap(),
+    );
+    assert_eq!(code, 400, "a type with a control character is refused");
+    server.shutdown();
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+}

@@ -240,6 +240,13 @@ impl<D: Dialect> Store for SqlStore<D> {
     }
 }
 
+/// An event type given to an admin call: 1 to 255 bytes, no control
+/// characters (what a configured type is).
+fn plain_type(event_type: &str) -> Result<()> {
+    crate::config::plain_name(event_type)
+        .map_err(|why| crate::error::Error::InvalidInput(format!("event type {why}")))
+}
+
 /// The fixed parameters of a claim statement: `first`, then for an ordered
 /// claim the key walk's ([`WALK_FROM`], [`WALK_LIMIT`]); what a statement does
 /// not name is bound but unused.
@@ -495,6 +502,39 @@ impl<D: Dialect> MaintenanceStore for SqlStore<D> {
             &[&c.delete_outbox],
             &[],
         )
+    }
+
+    fn pause(&self, event_type: &str) -> Result<bool> {
+        plain_type(event_type)?;
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        match run_execute(&mut *conn, d, &d.common.pause, &[event_type.into()], &[]) {
+            Ok(n) => Ok(n == 1),
+            // paused by another call at the same moment
+            Err(e) if is(&e, crate::error::DatabaseErrorKind::UniqueViolation) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn resume(&self, event_type: &str) -> Result<bool> {
+        plain_type(event_type)?;
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        transaction(&mut *conn, d, |c| {
+            let resumed = run_execute(c, d, &d.common.resume, &[event_type.into()], &[])? == 1;
+            if let (true, Some(w)) = (resumed, &d.wake) {
+                run_query(c, d, &w.nudge, &[event_type.into()], &[])?;
+            }
+            Ok(resumed)
+        })
+    }
+
+    fn paused(&self) -> Result<Vec<String>> {
+        let mut conn = self.pool.get()?;
+        run_query(&mut *conn, &self.d, &self.d.common.paused, &[], &[])?
+            .iter()
+            .map(|r| r.get::<String>(0))
+            .collect()
     }
 
     fn status(&self) -> Result<Vec<TypeStatus>> {

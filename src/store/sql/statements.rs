@@ -96,6 +96,15 @@ pub struct Common {
     pub walk_block: Option<String>,
     /// The outbox table, whose `seq` bounds a claim ([`ClaimArgs::upto`]).
     outbox: String,
+    /// The condition that keeps a claim of type `$1` from a paused type.
+    pub not_paused: String,
+    /// $1 type -> affected rows 1 when it was not paused yet (a concurrent
+    /// pause may fail the insert with a unique violation: paused all the same)
+    pub pause: Stmt,
+    /// $1 type -> affected rows 1 when it was paused
+    pub resume: Stmt,
+    /// -> the paused types, by name
+    pub paused: Stmt,
     /// The dialect's clock: its "now" ...
     pub now: &'static str,
     /// ... and its "now + `$n` milliseconds".
@@ -116,7 +125,8 @@ impl Common {
             args.upto
                 .map_or(String::new(), |n| format!("AND {alias}.seq <= {n} "))
         };
-        let claimed = upto(&self.outbox);
+        // a paused type claims nothing (`$1` is every claim's type)
+        let claimed = upto(&self.outbox) + &self.not_paused;
         let (walk, rule) = match args.ordered {
             None => return template.replace("{order}", &claimed),
             Some(crate::OnPoison::Skip) => (&self.walk_skip, &self.ordered_skip),
@@ -260,11 +270,12 @@ pub(crate) const IDS_IN: &str = "id IN ({ids})";
 pub(crate) fn common(
     t: &Tables,
     now: &'static str,
+    dual: &str,
     plus: fn(&str) -> String,
     finish_ids: &str,
     lookup: &KeyLookup,
 ) -> Common {
-    let (o, d, l, i) = (&t.outbox, &t.dlq, &t.locks, &t.inbox);
+    let (o, d, l, i, p) = (&t.outbox, &t.dlq, &t.locks, &t.inbox, &t.paused);
     // a candidate row (the claim's own `{o}`) waits for an earlier row of its key
     // in `table` with one of `statuses`: one look-up in the key index per row
     let earlier_of = |row: &str, table: &str, statuses: &str| {
@@ -317,6 +328,14 @@ pub(crate) fn common(
         walk_skip,
         walk_block,
         outbox: o.clone(),
+        not_paused: format!("AND NOT EXISTS (SELECT 1 FROM {p} WHERE event_type = $1) "),
+        pause: format!(
+            "INSERT INTO {p} (event_type, paused_at) SELECT $1, {now}{dual} \
+             WHERE NOT EXISTS (SELECT 1 FROM {p} WHERE event_type = $1)"
+        )
+        .into(),
+        resume: format!("DELETE FROM {p} WHERE event_type = $1").into(),
+        paused: format!("SELECT event_type FROM {p} ORDER BY event_type").into(),
         now,
         plus,
         claim_update: format!(
@@ -400,6 +419,8 @@ pub struct WakeSql {
     pub loud: Stmt,
     /// -> how full the cluster's notification queue is, 0 to 1
     pub queue_usage: Stmt,
+    /// $1 type: wakes every relay's poller of it at the commit (a resume)
+    pub nudge: Stmt,
 }
 
 /// The lock that makes migrations of one database take turns.

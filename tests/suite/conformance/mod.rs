@@ -18,6 +18,7 @@ mod delayed;
 mod inbox;
 mod migrations;
 mod ordering;
+mod pause;
 mod relay;
 
 pub(super) fn config(prefix: &str) -> Config {
@@ -85,6 +86,7 @@ macro_rules! suite {
             claims::a_store_does_what_its_capabilities_say => "caps",
             delayed::a_delayed_event_is_claimed_only_once_due => "due",
             delayed::a_relay_sends_delayed_events_when_due => "duerel",
+            pause::a_paused_type_is_sent_by_no_relay_until_resumed => "pause",
         );
     };
     (@tests $module:ident, $backend:expr, $tag:literal; $($group:ident :: $test:ident => $short:literal,)*) => {
