@@ -221,6 +221,20 @@ pub enum Verdict {
     Stop(String),
 }
 
+/// Runs `handler` on `event`, inside a span whose parent is the publisher's
+/// trace context with the feature `trace-context`: what both consumer loops
+/// call for each message.
+#[cfg_attr(not(any(feature = "kafka", feature = "rabbitmq")), allow(dead_code))]
+pub(crate) fn handle(
+    event: &ReceivedEvent,
+    handler: &mut impl FnMut(&ReceivedEvent) -> Verdict,
+) -> Verdict {
+    #[cfg(feature = "trace-context")]
+    return crate::trace::in_consumer_span(event, || handler(event));
+    #[cfg(not(feature = "trace-context"))]
+    handler(event)
+}
+
 /// The `run` form of the consumer loops: `Ok` acks, `Err` retries.
 #[cfg_attr(not(any(feature = "kafka", feature = "rabbitmq")), allow(dead_code))]
 pub(crate) fn verdicts<E: std::fmt::Display>(

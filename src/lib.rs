@@ -158,6 +158,8 @@ pub mod store;
 mod tables;
 #[cfg(any(feature = "postgres", feature = "rabbitmq", feature = "redis"))]
 mod tls;
+#[cfg(feature = "trace-context")]
+pub mod trace;
 mod transaction;
 
 pub use config::{

@@ -195,7 +195,7 @@ impl KafkaConsumer {
                     offset: msg.offset(),
                 },
             );
-            match handler(&event) {
+            match crate::consumer::handle(&event, &mut handler) {
                 Verdict::Ack => {}
                 Verdict::Reject(why) => log::error!(
                     "txbox: kafka message at {} rejected and skipped: {why}",

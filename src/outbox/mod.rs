@@ -148,9 +148,15 @@ impl Outbox {
         T: Transaction + ?Sized,
         I: IntoIterator<Item = NewEvent>,
     {
-        let events: Vec<NewEvent> = events.into_iter().collect();
+        #[allow(unused_mut)]
+        let mut events: Vec<NewEvent> = events.into_iter().collect();
         if events.is_empty() {
             return Ok(Vec::new());
+        }
+        // the current trace context travels in the headers (checked with them)
+        #[cfg(feature = "trace-context")]
+        for e in &mut events {
+            crate::trace::inject(&mut e.headers);
         }
         for e in &events {
             self.check(e)?;

@@ -205,7 +205,7 @@ impl RabbitConsumer {
                     redelivered: delivery.redelivered,
                 },
             );
-            match handler(&event) {
+            match crate::consumer::handle(&event, handler) {
                 Verdict::Ack => consumer.ack(delivery).map_err(amqp)?,
                 Verdict::Reject(why) => {
                     log::error!(

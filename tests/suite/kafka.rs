@@ -641,3 +641,17 @@ fn a_destination_that_is_no_topic_name_is_refused_at_start() {
         .shutdown(Duration::from_secs(10))
         .unwrap();
 }
+
+/// The publisher's trace context reaches the consumer's handler through
+/// Kafka (feature `trace-context`).
+#[cfg(feature = "trace-context")]
+#[test]
+fn the_trace_context_goes_from_publish_to_the_handler() {
+    if !kafka_up() {
+        return;
+    }
+    let topic = format!("txbox-trace-{}", unique());
+    create_topic(&topic, 1);
+    let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
+    crate::trace_context::traced_through("t_kafka_trace_", &topic, sender, |h| consume(&topic, h));
+}

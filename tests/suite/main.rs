@@ -22,5 +22,7 @@ mod postgres_outbox;
 mod postgres_relay;
 mod rabbitmq;
 mod secrets;
+#[cfg(feature = "trace-context")]
+mod trace_context;
 mod wake;
 mod web_service;

@@ -824,3 +824,18 @@ fn routing_keys_are_checked_where_read() {
         "{err}"
     );
 }
+
+/// The publisher's trace context reaches the consumer's handler through
+/// RabbitMQ (feature `trace-context`).
+#[cfg(feature = "trace-context")]
+#[test]
+fn the_trace_context_goes_from_publish_to_the_handler() {
+    if !rabbit_up() {
+        return;
+    }
+    let (exchange, queue) = direct("e");
+    let sender = RabbitSender::builder(&rabbit_url()).build().unwrap();
+    crate::trace_context::traced_through("t_rabbit_trace_", &exchange, sender, |h| {
+        consume(&queue, h)
+    });
+}

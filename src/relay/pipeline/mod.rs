@@ -96,6 +96,10 @@ struct Claimed {
     /// How many of the last events the store could not read
     /// ([`defects_last`]): not handed to the sender.
     defective: usize,
+    /// The send's span, linked to each event's trace context; ended once
+    /// the broker's acks are in.
+    #[cfg(feature = "trace-context")]
+    span: crate::trace::BatchSpan,
 }
 
 /// Moves the events whose row the store could not read ([`HEADER_DEFECT`])
@@ -249,6 +253,8 @@ impl Pipeline {
             }
             let started = Instant::now();
             let sendable = &events[..claimed - defective];
+            #[cfg(feature = "trace-context")]
+            let span = crate::trace::BatchSpan::start(&self.destination, sendable);
             let results = match sendable.is_empty() {
                 true => Some(Vec::new()),
                 false => match run.sender.start(sendable) {
@@ -266,6 +272,8 @@ impl Pipeline {
                 started,
                 results,
                 defective,
+                #[cfg(feature = "trace-context")]
+                span,
             });
         }
         // after a full batch the next claim follows at once: up to in_flight - 1
@@ -392,6 +400,11 @@ impl Pipeline {
                 break;
             };
             let mut results = batch.results.unwrap_or_else(|| run.sender.wait());
+            #[cfg(feature = "trace-context")]
+            {
+                let mut span = batch.span;
+                span.failed(results.iter().filter(|r| r.is_err()).count());
+            }
             let sent = batch.events.len() - batch.defective;
             if batch.defective > 0 {
                 // the refusals follow the sender's results, one per event sent
