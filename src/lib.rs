@@ -138,6 +138,11 @@ pub mod admin;
 mod backoff;
 mod config;
 mod consumer;
+#[cfg(all(
+    feature = "diesel",
+    any(feature = "postgres", feature = "mysql", feature = "sqlite")
+))]
+pub mod diesel;
 mod dlq;
 mod error;
 mod event;

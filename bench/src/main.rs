@@ -17,7 +17,7 @@ use idle::{idle_cost, idle_direct};
 use instances::{many_instances, many_latency, worker};
 use latency::{ensure_queue, pickup_broker, pickup_latency};
 use migrate::migration_cost;
-use publish::{batch_publish, publish_overhead};
+use publish::{batch_publish, diesel_overhead, publish_overhead};
 use writers::concurrent_publishers;
 
 mod brokers;
@@ -54,7 +54,8 @@ struct Args {
     /// pick-up after idle, one event published directly; ordered: the relay
     /// floor of an ordered type; plan: an ordered claim's EXPLAIN over 100,000
     /// pending rows, 1,000,000 with --full; delayed: 1,000 events delayed
-    /// 1-10 s, each one's send time minus its due time).
+    /// 1-10 s, each one's send time minus its due time; diesel: the publish
+    /// overhead in a Diesel transaction).
     #[arg(long, value_name = "PART,PART...", value_delimiter = ',',
           value_parser = clap::builder::PossibleValuesParser::new(PARTS))]
     only: Option<Vec<String>>,
@@ -247,6 +248,10 @@ fn main() -> Res<()> {
     if part("migrate") {
         migration_cost(&s, &mut out)?;
         step("migrate");
+    }
+    if part("diesel") {
+        diesel_overhead(&s, &mut out)?;
+        step("Diesel publish overhead");
     }
     if part("delayed") {
         delayed_on_time(&mut out)?;

@@ -146,3 +146,47 @@ pub(crate) fn batch_publish(s: &Size, out: &mut Vec<Row>) -> Res<()> {
     ));
     Ok(())
 }
+
+/// Part `diesel`: what an event adds to a Diesel transaction
+/// (`txbox::diesel::transaction`), beside the same transaction without one.
+pub(crate) fn diesel_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
+    use diesel::{Connection, RunQueryDsl};
+    let p = "bench_diesel_";
+    let (_store, mut c) = fresh(p)?;
+    c.batch_execute(
+        "DROP TABLE IF EXISTS bench_diesel_orders; \
+         CREATE TABLE bench_diesel_orders (id bigserial PRIMARY KEY, total bigint)",
+    )?;
+    let outbox = Outbox::new(&config(p, EventSettings::default()))?;
+    let mut conn = diesel::PgConnection::establish(&pg_url())?;
+    // in turn: without an event, with one
+    let mut ms: [Vec<f64>; 2] = Default::default();
+    for i in 0..s.txs * 2 {
+        let t = Instant::now();
+        txbox::diesel::transaction(&mut conn, |tx| {
+            diesel::sql_query("INSERT INTO bench_diesel_orders (total) VALUES ($1)")
+                .bind::<diesel::sql_types::BigInt, _>(i as i64)
+                .execute(tx.conn())?;
+            if i % 2 == 1 {
+                let payload = serde_json::json!({"order": i, "total": i});
+                outbox.publish(tx, "bench", &payload)?;
+            }
+            Ok::<_, txbox::Error>(())
+        })?;
+        ms[i % 2].push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let [without, with] = &mut ms;
+    out.push(ms_row(
+        format!("Diesel: publish overhead, median ({} tx)", s.txs),
+        median(with),
+        median(without),
+        "<= 1.3",
+    ));
+    out.push(ms_row(
+        "Diesel: publish overhead, p99",
+        pct(with, 0.99),
+        pct(without, 0.99),
+        "-",
+    ));
+    Ok(())
+}

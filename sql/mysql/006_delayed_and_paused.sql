@@ -5,7 +5,7 @@
 --    due (`NewEvent::deliver_after`, a retry's backoff) and sleeps until then,
 --    one look-up in this index instead of a claim.
 --  - `outbox_paused_types`: the event types paused by an operator
---    (`txbox pause TYPE`, `Dlq::pause`); every relay's claims skip them.
+--    (`txbox pause TYPE`, `Pauses::pause`); every relay's claims skip them.
 --
 -- Locks: the table is new; the index is built online (ALGORITHM = INPLACE,
 -- LOCK = NONE): writes go on while it builds.

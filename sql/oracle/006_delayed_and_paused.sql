@@ -5,7 +5,7 @@
 --    poller that finds nothing to claim asks when its type's next event is
 --    due (`NewEvent::deliver_after`, a retry's backoff) and sleeps until then.
 --  - `outbox_paused_types`: the event types paused by an operator
---    (`txbox pause TYPE`, `Dlq::pause`); every relay's claims skip them.
+--    (`txbox pause TYPE`, `Pauses::pause`); every relay's claims skip them.
 CREATE TABLE {prefix}outbox_paused_types (
     event_type VARCHAR2(255) NOT NULL PRIMARY KEY,
     paused_at  TIMESTAMP WITH TIME ZONE NOT NULL

@@ -4,7 +4,7 @@
 --    poller that finds nothing to claim asks when its type's next event is
 --    due (`NewEvent::deliver_after`, a retry's backoff) and sleeps until then.
 --  - `outbox_paused_types`: the event types paused by an operator
---    (`txbox pause TYPE`, `Dlq::pause`); every relay's claims skip them.
+--    (`txbox pause TYPE`, `Pauses::pause`); every relay's claims skip them.
 CREATE TABLE IF NOT EXISTS {prefix}outbox_paused_types (
     event_type TEXT NOT NULL PRIMARY KEY,
     paused_at  TEXT NOT NULL

@@ -441,7 +441,14 @@ fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body:
             .and_then(|t| Pauses::new(store.clone()).pause(&t))
             .map(|p| json(200, &serde_json::json!({ "paused": p }))),
         ("POST", ["types", t, "resume"]) => decoded(t)
-            .and_then(|t| Pauses::new(store.clone()).resume(&t))
+            .and_then(|t| {
+                let resumed = Pauses::new(store.clone()).resume(&t)?;
+                // this process's relays poll now, whatever the database
+                for relay in &options.relays {
+                    relay.wake(&t);
+                }
+                Ok(resumed)
+            })
             .map(|r| json(200, &serde_json::json!({ "resumed": r }))),
         ("DELETE", ["dlq", "events", id]) => id
             .parse::<EventId>()

@@ -42,9 +42,16 @@ impl Observer for Facade {
         metrics::gauge!("txbox_notify_queue_usage").set(usage);
     }
     fn paused(&self, event_types: &[String]) {
+        // the types paused at the last call: one resumed since goes to 0
+        static LAST: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+        for t in last.iter().filter(|t| !event_types.contains(t)) {
+            metrics::gauge!("txbox_event_type_paused", "event_type" => t.clone()).set(0.0);
+        }
         for t in event_types {
             metrics::gauge!("txbox_event_type_paused", "event_type" => t.clone()).set(1.0);
         }
+        *last = event_types.to_vec();
     }
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
         metrics::histogram!("txbox_store_call_seconds", "call" => call.name())

@@ -334,6 +334,7 @@ impl Relay {
     pub fn probe(&self) -> RelayProbe {
         RelayProbe {
             alive: self.alive.clone(),
+            waker: self.wakers.clone(),
         }
     }
 

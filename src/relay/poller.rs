@@ -142,7 +142,15 @@ impl Poller {
                     };
                     quiet = claimed == 0;
                     let next = state.after_batch(claimed, self.pipeline.follow_at());
-                    if later && claimed > 0 && !next.is_zero() {
+                    if claimed == 0 {
+                        // a claim that found nothing (woken by a commit of
+                        // an event due later, say): sleep no longer than
+                        // until the next one is due
+                        match self.due(&mut later) {
+                            Due::In(wait) => next.min(wait),
+                            Due::Now | Due::Unknown => next,
+                        }
+                    } else if later && !next.is_zero() {
                         // events of the type are due later: wake for the
                         // next, or claim again at once for one due already
                         // (this claim found work: no idle loop)

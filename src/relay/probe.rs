@@ -96,6 +96,8 @@ pub(crate) fn broker_ready(ready: bool) {
 #[derive(Clone)]
 pub struct RelayProbe {
     pub(super) alive: Arc<Threads>,
+    /// Wakes the relay's pollers (the admin endpoint's resume).
+    pub(super) waker: super::RelayWaker,
 }
 
 impl RelayProbe {
@@ -146,6 +148,12 @@ impl RelayProbe {
     pub fn healthy(&self) -> bool {
         let (running, all) = self.threads();
         running == all && all > 0 && self.stuck(Self::STUCK_AFTER) == 0
+    }
+
+    /// Makes the relay's poller of `event_type` poll now (unknown types are
+    /// ignored): what the admin endpoint's resume does for its relays.
+    pub fn wake(&self, event_type: &str) {
+        self.waker.wake(event_type);
     }
 
     /// Healthy, and every poller's broker can be reached.

@@ -73,6 +73,11 @@ pub struct Fixture {
 }
 
 impl Fixture {
+    /// The SQLite database file (the SQLite backend's).
+    pub fn sqlite_path(&self) -> &std::path::Path {
+        &self.sqlite_path
+    }
+
     /// Drops and migrates the tables of `prefix`; `None` (printed) when the database
     /// is not reachable outside CI.
     pub fn new(backend: Backend, prefix: &str) -> Option<Fixture> {

@@ -14,6 +14,8 @@ mod common;
 mod clocks;
 mod conformance;
 mod connections;
+#[cfg(all(feature = "diesel", feature = "mysql", feature = "sqlite"))]
+mod diesel;
 mod inbox;
 mod inbox_brokers;
 mod kafka;

@@ -507,13 +507,16 @@ impl<D: Dialect> MaintenanceStore for SqlStore<D> {
     fn pause(&self, event_type: &str) -> Result<bool> {
         plain_type(event_type)?;
         let d = &self.d;
-        let mut conn = self.pool.get()?;
-        match run_execute(&mut *conn, d, &d.common.pause, &[event_type.into()], &[]) {
-            Ok(n) => Ok(n == 1),
-            // paused by another call at the same moment
-            Err(e) if is(&e, crate::error::DatabaseErrorKind::UniqueViolation) => Ok(false),
-            Err(e) => Err(e),
-        }
+        // two pauses at once: a unique violation (paused already), or on
+        // MySQL a deadlock of their gap locks, tried again
+        self.with_retry("pause", || {
+            let mut conn = self.pool.get()?;
+            match run_execute(&mut *conn, d, &d.common.pause, &[event_type.into()], &[]) {
+                Ok(n) => Ok(n == 1),
+                Err(e) if is(&e, crate::error::DatabaseErrorKind::UniqueViolation) => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
     }
 
     fn resume(&self, event_type: &str) -> Result<bool> {

@@ -186,11 +186,13 @@ pub(super) fn a_relay_sends_delayed_events_when_due(b: Backend, p: &str) {
             t - committed
         );
     }
-    // one claim per event (or fewer), not one per poll of the 1.5 s: the
-    // polls between asked when the next event was due
+    // a claim or two per event (one that comes a hair early by the
+    // database's clock finds nothing; on PostgreSQL the commit's wake-up
+    // claims once), not one per poll of the 1.5 s: the polls between asked
+    // when the next event was due (with the question turned off: 60)
     let used = claims() - claims_before;
     assert!(
-        used <= 2 * ids.len() as u64,
+        used <= 3 * ids.len() as u64,
         "{b:?}: {used} claims for {} delayed events",
         ids.len()
     );

@@ -140,12 +140,13 @@ fn a_rollback_notifies_nobody_and_a_commit_once_per_type() {
     assert_eq!(got, ["a", "b"], "one notification per type and commit");
 }
 
-/// Only a row due now notifies: a FAILED row or one due later (what a held
-/// claim writes back for a failed event) commits without a notification,
-/// and a due PENDING row of the same table still notifies. (Schema 8 asks
-/// this in the trigger's function; schema 6 asked it in a WHEN clause.)
+/// A PENDING row notifies, due now or later; a FAILED one does not. A row
+/// due later (a delayed event, what a held claim writes back for a failed
+/// one) notifies since schema 9, so the woken poller asks when it is due and
+/// sleeps until then (schema 8 returned early for it; schema 6 asked in a
+/// WHEN clause).
 #[test]
-fn a_row_that_is_not_due_notifies_nobody() {
+fn a_pending_row_notifies_due_now_or_later_and_a_failed_one_does_not() {
     let p = "t_rel_notify_due_";
     let Some((_store, mut client)) = fresh(p) else {
         return;
@@ -158,18 +159,61 @@ fn a_row_that_is_not_due_notifies_nobody() {
         )
     };
     client
+        .batch_execute(&format!("BEGIN; {}; COMMIT", insert("FAILED", "now()")))
+        .unwrap();
+    let got = heard(&mut listening, ms(500));
+    assert!(got.is_empty(), "a FAILED row notified: {got:?}");
+    client
         .batch_execute(&format!(
-            "BEGIN; {}; {}; COMMIT",
-            insert("FAILED", "now()"),
+            "BEGIN; {}; COMMIT",
             insert("PENDING", "now() + interval '1 hour'")
         ))
         .unwrap();
-    let got = heard(&mut listening, ms(500));
-    assert!(got.is_empty(), "rows not due notified: {got:?}");
+    assert_eq!(heard(&mut listening, ms(1000)), ["PENDING"], "due later");
     client
         .batch_execute(&format!("BEGIN; {}; COMMIT", insert("PENDING", "now()")))
         .unwrap();
-    assert_eq!(heard(&mut listening, ms(1000)), ["PENDING"]);
+    assert_eq!(heard(&mut listening, ms(1000)), ["PENDING"], "due now");
+}
+
+/// A relay asleep in a 30 s polling delay sends an event delayed 1 s on
+/// time: the commit wakes its poller, which finds nothing due, asks when
+/// the event is, and sleeps until then.
+#[test]
+fn an_idle_relay_sends_a_delayed_event_when_due_not_at_its_next_poll() {
+    let p = "t_rel_wake_delayed_";
+    let Some((store, mut client)) = fresh(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(|e| e.adaptive_polling(Duration::from_secs(30), Duration::from_secs(60), 1.5))
+        .event("d", |e| e)
+        .build()
+        .unwrap();
+    let sender = MemorySender::new();
+    let relay = Relay::start(store, &config, sender.clone()).unwrap();
+    // its first poll found nothing: it sleeps 30 s
+    std::thread::sleep(ms(500));
+    let outbox = Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    outbox
+        .publish_all(
+            &mut tx,
+            [txbox::NewEvent::new("d", &1)
+                .unwrap()
+                .deliver_after(Duration::from_secs(1))],
+        )
+        .unwrap();
+    tx.commit().unwrap();
+    let committed = std::time::Instant::now();
+    assert_eq!(sender.wait_for(1, Duration::from_secs(10)), 1);
+    let took = committed.elapsed();
+    assert!(
+        took >= ms(900) && took < Duration::from_secs(5),
+        "sent {took:?} after the commit, due 1 s after it"
+    );
+    relay.shutdown(Duration::from_secs(5)).unwrap();
 }
 
 /// `wake = "poll"` turns the wake-up off for its type: of two types sleeping in

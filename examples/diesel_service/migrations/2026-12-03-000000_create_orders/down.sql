@@ -1,0 +1,1 @@
+DROP TABLE diesel_service_orders;
