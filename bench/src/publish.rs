@@ -180,7 +180,7 @@ pub(crate) fn diesel_overhead(s: &Size, out: &mut Vec<Row>) -> Res<()> {
         format!("Diesel: publish overhead, median ({} tx)", s.txs),
         median(with),
         median(without),
-        "<= 1.3",
+        "-",
     ));
     out.push(ms_row(
         "Diesel: publish overhead, p99",
