@@ -10,7 +10,7 @@
 //! exists only inside a transaction, so publishing outside one does not
 //! compile:
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! # fn f(outbox: &txbox::Outbox, conn: &mut diesel::PgConnection) -> txbox::Result<()> {
 //! outbox.publish(conn, "order-created", &1)?; // a plain connection is no Transaction
 //! # Ok(()) }
@@ -35,9 +35,20 @@
 //!
 //! A nested [`Tx::transaction`] is a savepoint: rolled back, it drops the
 //! events published inside it and keeps the outer ones. Pooled connections
-//! (`diesel::r2d2`) work the same way through `&mut *pooled`. The relay keeps
-//! its own pool ([`PgStore`](crate::PgStore) and the others); on PostgreSQL a
-//! Diesel commit wakes it as any other does (the wake-up is a trigger).
+//! (`diesel::r2d2`) work the same way through `&mut *pooled` (the pooled
+//! connection itself is refused at compile time). The relay keeps its own
+//! pool ([`PgStore`](crate::PgStore) and the others); on PostgreSQL a Diesel
+//! commit wakes it as any other does (the wake-up is a trigger).
+//!
+//! Two things Diesel leaves to the caller:
+//! - **SQLite:** set a busy timeout on the connection (`PRAGMA busy_timeout =
+//!   5000`), as txbox's own store does: a relay writes the same file, and
+//!   without one a publish that meets its write fails at once with
+//!   "database is locked" (a retryable [`Error::Database`]).
+//! - A connection already inside a transaction (Diesel's
+//!   `begin_test_transaction`, a panic caught while one was open) makes
+//!   [`transaction`] a savepoint: nothing commits until the outer one does,
+//!   so the relay sees nothing before.
 
 use diesel::connection::{Connection, SimpleConnection};
 use diesel::query_builder::BoxedSqlQuery;
@@ -53,19 +64,42 @@ pub struct Tx<'c, C> {
 }
 
 /// Runs `f` in a Diesel transaction on `conn` (`Connection::transaction`):
-/// committed when `f` returns `Ok`, rolled back on `Err` or a panic, with the
-/// events published and the inbox ids recorded in it. `E` is any error a
-/// Diesel error converts into; [`txbox::Error`](crate::Error) does.
+/// committed when `f` returns `Ok`, rolled back on `Err`, with the events
+/// published and the inbox ids recorded in it. `E` is any error a Diesel
+/// error converts into; [`txbox::Error`](crate::Error) does. `conn` is a
+/// `PgConnection`, `MysqlConnection` or `SqliteConnection` ([`Backend`]).
 pub fn transaction<C, T, E, F>(conn: &mut C, f: F) -> std::result::Result<T, E>
 where
-    C: Connection,
+    C: Backend,
     E: From<diesel::result::Error>,
     F: FnOnce(&mut Tx<'_, C>) -> std::result::Result<T, E>,
 {
     conn.transaction(|conn| f(&mut Tx { conn }))
 }
 
-impl<C: Connection> Tx<'_, C> {
+/// A Diesel connection txbox publishes on: `PgConnection`,
+/// `MysqlConnection`, `SqliteConnection` (by the features `postgres`,
+/// `mysql`, `sqlite`). Sealed.
+pub trait Backend: Connection + sealed::Sealed {}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+#[cfg(feature = "postgres")]
+impl sealed::Sealed for diesel::PgConnection {}
+#[cfg(feature = "postgres")]
+impl Backend for diesel::PgConnection {}
+#[cfg(feature = "mysql")]
+impl sealed::Sealed for diesel::MysqlConnection {}
+#[cfg(feature = "mysql")]
+impl Backend for diesel::MysqlConnection {}
+#[cfg(feature = "sqlite")]
+impl sealed::Sealed for diesel::SqliteConnection {}
+#[cfg(feature = "sqlite")]
+impl Backend for diesel::SqliteConnection {}
+
+impl<C: Backend> Tx<'_, C> {
     /// The connection, for the service's own Diesel queries in this
     /// transaction.
     pub fn conn(&mut self) -> &mut C {
@@ -83,8 +117,10 @@ impl<C: Connection> Tx<'_, C> {
     }
 }
 
-/// A Diesel error as txbox's: a unique violation and a lost serialization
-/// keep their kind (the inbox reads the first, retries the second).
+/// A Diesel error as txbox's, of the kind the native drivers give: a unique
+/// violation; retryable for a lost serialization, a deadlock, a lock wait
+/// that timed out and SQLite's "database is locked" (Diesel names the first
+/// only: the others are read off the database's message).
 impl From<diesel::result::Error> for Error {
     fn from(e: diesel::result::Error) -> Self {
         use diesel::result::DatabaseErrorKind as D;
@@ -95,10 +131,29 @@ impl From<diesel::result::Error> for Error {
             diesel::result::Error::DatabaseError(D::SerializationFailure, _) => {
                 DatabaseErrorKind::Retryable
             }
+            diesel::result::Error::DatabaseError(_, info) if transient(info.message()) => {
+                DatabaseErrorKind::Retryable
+            }
             _ => DatabaseErrorKind::Other,
         };
         Error::database(kind, e)
     }
+}
+
+/// Whether a database's error message says the same call may succeed when
+/// tried again (PostgreSQL 40P01 and 55P03, MySQL 1205 and 1213, SQLite
+/// BUSY).
+fn transient(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "deadlock",
+        "could not obtain lock",
+        "lock wait timeout",
+        "database is locked",
+        "database table is locked",
+    ]
+    .iter()
+    .any(|t| m.contains(t))
 }
 
 /// A connection that could not be established.

@@ -84,6 +84,23 @@ fn moved(root: &toml::Table) -> Result<()> {
     Ok(())
 }
 
+/// The value of the environment variable `var`, which the setting at `path`
+/// names (a secret kept out of the file): an error naming both when it is not
+/// set or not UTF-8. The value itself is never part of an error.
+#[cfg(any(feature = "kafka", feature = "rabbitmq"))]
+pub(crate) fn from_env(path: &str, var: &str) -> Result<String> {
+    std::env::var(var).map_err(|e| {
+        let why = match e {
+            std::env::VarError::NotPresent => "which is not set",
+            std::env::VarError::NotUnicode(_) => "which is not UTF-8",
+        };
+        Error::config(
+            path,
+            format!("names the environment variable {var:?}, {why}"),
+        )
+    })
+}
+
 /// The broker's section `name` of a configuration file (`[kafka]`,
 /// `[rabbitmq]`), read by its broker module into `T`; `None` when the file
 /// has none. Errors name the key path, from `name` on.

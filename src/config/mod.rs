@@ -24,7 +24,7 @@ pub use builder::ConfigBuilder;
 #[cfg(feature = "rabbitmq")]
 pub(crate) use duration::serde_optional as optional_duration;
 #[cfg(any(feature = "kafka", feature = "rabbitmq"))]
-pub(crate) use file::broker_section;
+pub(crate) use file::{broker_section, from_env};
 pub use sections::{DlqSettings, InboxSettings, MaintenanceSettings};
 pub use settings::{
     Backoff, ClaimMode, EventOrder, EventSettings, OnPoison, Polling, PollingStrategy, Wake,

@@ -43,7 +43,9 @@ const MAX_MESSAGE_TIMEOUT_MS: u64 = 2_147_483_647;
 
 /// The `[kafka]` table of a configuration file: librdkafka properties (e.g.
 /// `"bootstrap.servers"`), passed through as they are, numbers and booleans as
-/// their text. [`Config::from_toml`](crate::Config::from_toml) reads the same
+/// their text; `[kafka.env]` maps a property to the environment variable that
+/// holds its value (`"sasl.password" = "KAFKA_PASSWORD"`: a secret stays out
+/// of the file). [`Config::from_toml`](crate::Config::from_toml) reads the same
 /// text and leaves this table to the broker. Give them to
 /// [`KafkaSenderBuilder::properties`] or [`KafkaConsumerBuilder::properties`].
 ///
@@ -54,8 +56,28 @@ const MAX_MESSAGE_TIMEOUT_MS: u64 = 2_147_483_647;
 /// # Ok::<(), txbox::Error>(())
 /// ```
 pub fn properties_from_toml(text: &str) -> Result<BTreeMap<String, String>> {
-    let table = crate::config::broker_section::<toml::Table>(text, "kafka")?.unwrap_or_default();
-    table
+    let mut table =
+        crate::config::broker_section::<toml::Table>(text, "kafka")?.unwrap_or_default();
+    // properties whose values come from the environment: `[kafka.env]`
+    // maps a property to the variable that holds it (a password)
+    let from_env = match table.remove("env") {
+        None => BTreeMap::new(),
+        Some(toml::Value::Table(env)) => env
+            .into_iter()
+            .map(|(k, v)| match v {
+                toml::Value::String(var) => {
+                    let path = format!("kafka.env.{k}");
+                    Ok((k, crate::config::from_env(&path, &var)?))
+                }
+                _ => Err(Error::config(
+                    format!("kafka.env.{k}"),
+                    "must be the name of an environment variable",
+                )),
+            })
+            .collect::<Result<BTreeMap<_, _>>>()?,
+        Some(_) => return Err(Error::config("kafka.env", "must be a table")),
+    };
+    let properties: Result<BTreeMap<String, String>> = table
         .into_iter()
         .map(|(k, v)| {
             let v = match v {
@@ -72,7 +94,17 @@ pub fn properties_from_toml(text: &str) -> Result<BTreeMap<String, String>> {
             };
             Ok((k, v))
         })
-        .collect()
+        .collect();
+    let mut properties = properties?;
+    for (k, v) in from_env {
+        if properties.insert(k.clone(), v).is_some() {
+            return Err(Error::config(
+                format!("kafka.env.{k}"),
+                "is set in [kafka] too: keep one",
+            ));
+        }
+    }
+    Ok(properties)
 }
 
 pub(crate) fn client_config(properties: &BTreeMap<String, String>) -> Result<ClientConfig> {

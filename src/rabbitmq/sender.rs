@@ -117,7 +117,9 @@ impl RabbitSender {
 
     /// The sender the `[rabbitmq]` table of a configuration file describes
     /// (the file [`Config::from_toml`](crate::Config::from_toml) reads, which
-    /// leaves this table to the broker): `url` (required), `confirm_timeout`
+    /// leaves this table to the broker): `url`, or `url_env` naming the
+    /// environment variable that holds it (a password stays out of the
+    /// file; the URL is never printed: `Debug` redacts it), `confirm_timeout`
     /// (a duration such as `"10s"`), `max_message_size` (bytes),
     /// `default_routing_key` (every type's without one of its own) and
     /// `[rabbitmq.routing_keys]`, an event type's routing key by its name.
@@ -148,7 +150,8 @@ impl RabbitSender {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         struct Section {
-            url: String,
+            url: Option<String>,
+            url_env: Option<String>,
             #[serde(default, with = "crate::config::optional_duration")]
             confirm_timeout: Option<Duration>,
             max_message_size: Option<usize>,
@@ -162,7 +165,23 @@ impl RabbitSender {
                 "must be set (a [rabbitmq] table with its url)",
             ));
         };
-        let mut builder = RabbitSender::builder(&section.url);
+        let url = match (section.url, section.url_env) {
+            (Some(url), None) => url,
+            (None, Some(var)) => crate::config::from_env("rabbitmq.url_env", &var)?,
+            (Some(_), Some(_)) => {
+                return Err(Error::config(
+                    "rabbitmq",
+                    "has both url and url_env: keep one",
+                ))
+            }
+            (None, None) => {
+                return Err(Error::config(
+                    "rabbitmq.url",
+                    "must be set (or url_env, the environment variable that holds it)",
+                ))
+            }
+        };
+        let mut builder = RabbitSender::builder(&url);
         if let Some(d) = section.confirm_timeout {
             builder = builder.confirm_timeout(d);
         }

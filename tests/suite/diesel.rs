@@ -146,7 +146,8 @@ pub(super) fn a_diesel_transaction_commits_or_drops_its_events(b: Backend, p: &s
             [
                 txbox::NewEvent::new("f", &"later")?.deliver_after(Duration::from_secs(3600)),
                 txbox::NewEvent::bytes("f", vec![0u8, 159, 146, 150], "application/octet-stream")
-                    .key("k"),
+                    .key("k")
+                    .header("source", "diesel"),
             ],
         )
     });
@@ -158,6 +159,7 @@ pub(super) fn a_diesel_transaction_commits_or_drops_its_events(b: Backend, p: &s
     assert_eq!(f.len(), 1, "{b:?}: the delayed one waits");
     assert_eq!(f[0].payload, [0u8, 159, 146, 150]);
     assert_eq!(f[0].key.as_deref(), Some("k"));
+    assert_eq!(f[0].headers["source"], "diesel");
     conn.batch(&format!("DROP TABLE {p}orders"));
 }
 
@@ -201,6 +203,28 @@ pub(super) fn the_inbox_on_diesel_handles_once_and_publishes_on_commit(b: Backen
     let again: Result<Handled<()>, Error> =
         in_tx!(&mut conn, |tx| { inbox.handle_in(tx, other, |_| Ok(())) });
     assert!(matches!(again.unwrap(), Handled::Consumed(())), "{b:?}");
+}
+
+/// A `diesel::r2d2` pooled connection publishes the same way, through
+/// `&mut *pooled`.
+#[test]
+fn a_pooled_diesel_connection_publishes() {
+    use diesel::r2d2::{ConnectionManager, Pool};
+    let p = "t_diesel_pool_";
+    let Some(fx) = Fixture::new(Backend::Postgres, p) else {
+        return;
+    };
+    let c = config(p);
+    let outbox = Outbox::new(&c).unwrap();
+    let pool = Pool::builder()
+        .max_size(2)
+        .build(ConnectionManager::<diesel::PgConnection>::new(pg_url()))
+        .unwrap();
+    let mut pooled = pool.get().unwrap();
+    let published: Result<EventId, Error> =
+        txbox::diesel::transaction(&mut *pooled, |tx| outbox.publish(tx, "e", &"pooled"));
+    published.unwrap();
+    assert_eq!(pending(&fx, "e"), ["\"pooled\""]);
 }
 
 /// PostgreSQL's wake-up on commit fires for a Diesel commit too (it is a

@@ -14,7 +14,12 @@ mod common;
 mod clocks;
 mod conformance;
 mod connections;
-#[cfg(all(feature = "diesel", feature = "mysql", feature = "sqlite"))]
+#[cfg(all(
+    feature = "diesel",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite"
+))]
 mod diesel;
 mod inbox;
 mod inbox_brokers;
@@ -23,6 +28,8 @@ mod ops;
 mod postgres_outbox;
 mod postgres_relay;
 mod rabbitmq;
+#[cfg(feature = "cli")]
+mod relay_process;
 mod secrets;
 #[cfg(feature = "trace-context")]
 mod trace_context;

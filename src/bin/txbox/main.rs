@@ -21,9 +21,12 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+
+mod relay;
 use txbox::{Dlq, DlqFilter, DlqStatus, EventId, Pauses};
 
-/// Operate a txbox outbox: migrate, status, pauses, dead letters.
+/// Operate a txbox outbox: migrate, status, pauses, dead letters; run the
+/// relay from a file.
 #[derive(Parser)]
 #[command(name = "txbox", version)]
 struct Cli {
@@ -66,6 +69,28 @@ enum Command {
     /// Dead letters: list, show, move, retry, resolve, delete
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Run the relay from a TOML file until SIGTERM or SIGINT (the event
+    /// types, the broker, [relay], [admin], [log]); --once: deliver what is
+    /// due now and exit
+    Relay {
+        /// The configuration file
+        #[arg(long, value_name = "FILE")]
+        config: String,
+        /// Deliver every event due now, print a summary per type, and exit
+        /// (1 when some event was not sent)
+        #[arg(long)]
+        once: bool,
+        /// The log's format (default: the file's [log] format, text)
+        #[arg(long, value_enum, value_name = "text|json")]
+        log_format: Option<relay::LogFormat>,
+    },
+    /// Check a relay's TOML file and print the effective settings of each
+    /// event type (the defaults merged); errors name the key path
+    Check {
+        /// The configuration file
+        #[arg(long, value_name = "FILE")]
+        config: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -210,6 +235,27 @@ fn listing<T: serde::Serialize>(
 }
 
 fn run(cli: Cli) -> Result<String, Fail> {
+    // the relay's commands read the database from their file
+    match &cli.command {
+        Command::Check { config } => {
+            return relay::check(&relay::RelayFile::read(config)?, cli.json)
+        }
+        Command::Relay {
+            config,
+            once,
+            log_format,
+        } => {
+            let file = relay::RelayFile::read(config)?;
+            file.init_log(*log_format);
+            let url = cli.database_url.as_deref();
+            return if *once {
+                relay::once(&file, url, cli.json)
+            } else {
+                relay::run(&file, url)
+            };
+        }
+        _ => {}
+    }
     let url = cli
         .database_url
         .clone()
@@ -225,6 +271,9 @@ fn run(cli: Cli) -> Result<String, Fail> {
         .connect(&url)?;
     let dlq = Dlq::new(store.clone());
     Ok(match cli.command {
+        Command::Relay { .. } | Command::Check { .. } => {
+            return Err(Fail::Run("the relay's commands run above".into()))
+        }
         Command::Migrate { dry_run: true } => {
             let pending = store.pending_migrations()?;
             if as_json {

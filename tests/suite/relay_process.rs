@@ -1,0 +1,413 @@
+//! `txbox relay`: the relay as a process of its own, spawned from the built
+//! binary against the real PostgreSQL and brokers.
+
+use std::collections::HashSet;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use txbox::{Config, EventId, NewEvent, Outbox, StopSignal};
+
+/// A relay process and where its output goes.
+struct Spawned {
+    child: Child,
+}
+
+impl Spawned {
+    /// `txbox <args>` with `env` set.
+    fn start(args: &[&str], env: &[(&str, &str)]) -> Spawned {
+        let child = Command::new(env!("CARGO_BIN_EXE_txbox"))
+            .args(args)
+            .env_remove("RUST_LOG")
+            .env_remove("TXBOX_DATABASE_URL")
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Spawned { child }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    }
+
+    /// Waits for the exit (within `wait`): its code and everything it wrote.
+    fn finish(mut self, wait: Duration) -> (i32, String) {
+        let deadline = Instant::now() + wait;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("the relay process did not exit within {wait:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        (status.code().unwrap_or(-1), out)
+    }
+}
+
+/// Writes `text` to a file of its own; its path.
+fn file(name: &str, text: &str) -> String {
+    let path = std::env::temp_dir().join(format!("txbox-{name}-{}.toml", unique()));
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// A fresh direct exchange and a queue bound to it with the key `e`.
+fn exchange() -> (String, String) {
+    let u = unique();
+    let (exchange, queue) = (format!("txbox-proc-ex-{u}"), format!("txbox-proc-q-{u}"));
+    durable_queue(&exchange, &queue, "e");
+    (exchange, queue)
+}
+
+fn rabbit_consumer(queue: &str, h: Handler) -> (StopSignal, std::thread::JoinHandle<()>) {
+    let consumer = txbox::rabbitmq::RabbitConsumer::builder(&rabbit_url(), queue)
+        .prefetch(200)
+        .build();
+    spawn_loop(move |s| consumer.run(s, h).unwrap())
+}
+
+/// The relay file of type `e` to `destination` through RabbitMQ, whose URL
+/// is in the environment variable `T_RABBIT_URL`.
+fn rabbit_file(p: &str, destination: &str) -> String {
+    format!(
+        "table_prefix = \"{p}\"\ndatabase_url = \"{}\"\n\
+         [defaults.polling]\nmin = \"20ms\"\nmax = \"200ms\"\n\
+         [events.e]\ndestination = \"{destination}\"\n\
+         [rabbitmq]\nurl_env = \"T_RABBIT_URL\"\n\
+         [relay]\nshutdown_timeout = \"20s\"\n[log]\nlevel = \"info\"\n",
+        pg_url()
+    )
+}
+
+/// Events published from Rust and from `psql` through the SQL function
+/// (`txbox_publish`) reach RabbitMQ through the relay process, which exits
+/// 0 on SIGTERM.
+#[test]
+fn the_relay_process_sends_what_rust_and_sql_published_and_stops_on_sigterm() {
+    let p = "t_proc_rabbit_";
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
+    if !service_up("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    let (ex, queue) = exchange();
+    let path = file("rabbit", &rabbit_file(p, &ex));
+    let relay = Spawned::start(
+        &["relay", "--config", &path, "--log-format", "json"],
+        &[("T_RABBIT_URL", &rabbit_url())],
+    );
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let mut tx = client.transaction().unwrap();
+    let from_rust = Outbox::new(&config)
+        .unwrap()
+        .publish(&mut tx, "e", &serde_json::json!({"from": "rust"}))
+        .unwrap();
+    tx.commit().unwrap();
+    let psql = Command::new("psql")
+        .args([
+            &pg_url(),
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-qtAc",
+            &format!(
+                "BEGIN; SELECT {p}txbox_publish('e', '{{\"from\": \"sql\"}}', 'k-1', '{{\"source\": \"psql\"}}'); COMMIT;"
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        psql.status.success(),
+        "{}",
+        String::from_utf8_lossy(&psql.stderr)
+    );
+    let from_sql: EventId = String::from_utf8_lossy(&psql.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let got = consume_events(2, |h| rabbit_consumer(&queue, h));
+    let ids: HashSet<EventId> = got.iter().filter_map(|e| e.id).collect();
+    assert_eq!(ids, HashSet::from([from_rust, from_sql]));
+    let sql = got.iter().find(|e| e.id == Some(from_sql)).unwrap();
+    assert_eq!(sql.event_type.as_deref(), Some("e"));
+    assert_eq!(sql.key.as_deref(), Some("k-1"));
+    assert_eq!(sql.headers["source"], "psql");
+    assert_eq!(sql.payload, br#"{"from": "sql"}"#);
+    // a UUIDv7 made by the database: time-ordered, version 7
+    assert_eq!(from_sql.as_uuid().get_version_num(), 7);
+    relay.signal("-TERM");
+    let (code, out) = relay.finish(Duration::from_secs(30));
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with('{') && l.contains("\"level\":\"INFO\"")),
+        "JSON log lines: {out}"
+    );
+}
+
+/// SIGTERM during a burst of 10,000: the process exits 0, every event it
+/// sent was acked and marked, the rest wait as PENDING, none IN_PROCESS.
+#[test]
+fn sigterm_during_a_burst_loses_nothing_and_leaves_nothing_in_process() {
+    let p = "t_proc_burst_";
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
+    if !service_up("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    let (ex, queue) = exchange();
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    for chunk in 0..10 {
+        let mut tx = client.transaction().unwrap();
+        outbox
+            .publish_all(
+                &mut tx,
+                NewEvent::batch("e", chunk * 1000..(chunk + 1) * 1000).unwrap(),
+            )
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    let path = file("burst", &rabbit_file(p, &ex));
+    let relay = Spawned::start(
+        &["relay", "--config", &path],
+        &[("T_RABBIT_URL", &rabbit_url())],
+    );
+    wait_until("the burst under way", Duration::from_secs(60), || {
+        count(&mut client, p, "PROCESSED") >= 1000
+    });
+    relay.signal("-TERM");
+    let (code, out) = relay.finish(Duration::from_secs(60));
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(count(&mut client, p, "IN_PROCESS"), 0, "{out}");
+    let processed = count(&mut client, p, "PROCESSED");
+    let pending = count(&mut client, p, "PENDING");
+    assert_eq!(processed + pending, 10_000, "every event sent or waiting");
+    // each one marked sent is at the broker
+    let got = consume_events(processed as usize, |h| rabbit_consumer(&queue, h));
+    let at_broker: HashSet<EventId> = got.iter().filter_map(|e| e.id).collect();
+    let marked: HashSet<EventId> = client
+        .query(
+            &format!("SELECT id FROM {p}outbox_events WHERE status = 'PROCESSED'"),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| EventId::from_uuid(r.get(0)))
+        .collect();
+    assert!(
+        marked.is_subset(&at_broker),
+        "a PROCESSED event never reached RabbitMQ"
+    );
+}
+
+/// Through Kafka too, and `--once` delivers what is due and exits 0.
+#[test]
+fn the_relay_process_sends_to_kafka_and_once_exits_when_done() {
+    let p = "t_proc_kafka_";
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
+    if !service_up("Kafka", &kafka_brokers()) {
+        return;
+    }
+    let topic = format!("txbox-proc-{}", unique());
+    create_topic(&topic, 1);
+    let text = format!(
+        "table_prefix = \"{p}\"\n[events.e]\ndestination = \"{topic}\"\n\
+         [kafka]\n\"bootstrap.servers\" = \"{}\"\n",
+        kafka_brokers()
+    );
+    let path = file("kafka", &text);
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = Outbox::new(&config)
+        .unwrap()
+        .publish_all(&mut tx, NewEvent::batch("e", 0..5).unwrap())
+        .unwrap();
+    tx.commit().unwrap();
+    let once = Spawned::start(
+        &["relay", "--config", &path, "--once"],
+        &[("TXBOX_DATABASE_URL", &pg_url())],
+    );
+    let (code, out) = once.finish(Duration::from_secs(60));
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("e: sent 5, retried 0, failed 0, released 0"),
+        "{out}"
+    );
+    assert_eq!(count(&mut client, p, "PROCESSED"), 5);
+    let got = consume_events(5, |h| {
+        let consumer =
+            txbox::kafka::KafkaConsumer::builder(&kafka_brokers(), &format!("g-{topic}"))
+                .build()
+                .unwrap();
+        let parts = consumer
+            .partitions(&topic, Duration::from_secs(10))
+            .unwrap();
+        consumer.assign(&topic, &parts).unwrap();
+        spawn_loop(move |s| consumer.run(s, h).unwrap())
+    });
+    let at_broker: HashSet<EventId> = got.iter().filter_map(|e| e.id).collect();
+    assert_eq!(at_broker, ids.into_iter().collect());
+}
+
+/// `--once` exits non-zero when some event was not sent (unroutable:
+/// RabbitMQ returned it), saying how many.
+#[test]
+fn once_exits_non_zero_when_some_event_was_not_sent() {
+    let p = "t_proc_once_fail_";
+    let Some((_store, mut client)) = fresh(p) else {
+        return;
+    };
+    if !service_up("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let mut tx = client.transaction().unwrap();
+    Outbox::new(&config)
+        .unwrap()
+        .publish_all(&mut tx, NewEvent::batch("e", 0..3).unwrap())
+        .unwrap();
+    tx.commit().unwrap();
+    // an exchange no queue is bound to: every message comes back
+    let path = file("unroutable", &rabbit_file(p, "amq.direct"));
+    let once = Spawned::start(
+        &["relay", "--config", &path, "--once"],
+        &[("T_RABBIT_URL", &rabbit_url())],
+    );
+    let (code, out) = once.finish(Duration::from_secs(60));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("3 events were not sent"), "{out}");
+    assert_eq!(count(&mut client, p, "PENDING"), 3, "they wait");
+}
+
+/// A bad file: exit 2 with the key path (`relay` and `check` alike); a
+/// secret the file names is never in the output, whatever fails; `check`
+/// prints the effective settings with the defaults merged.
+#[test]
+fn a_bad_file_exits_2_with_the_key_path_and_no_secret_is_ever_printed() {
+    let secret = "TopSecret-7f3a";
+    let url = format!("amqp://guest:{secret}@127.0.0.1:5672");
+    let env = [
+        ("T_RABBIT_URL", url.as_str()),
+        ("TXBOX_DATABASE_URL", "postgres://x"),
+    ];
+    for (text, want) in [
+        (
+            "[events.e.polling]\nmultiplier = 0.5\n[rabbitmq]\nurl_env = \"T_RABBIT_URL\"\n",
+            "events.e.polling.multiplier must be between 1.0 and 100",
+        ),
+        (
+            "[events.e]\n[rabbitmq]\nurl_env = \"T_RABBIT_URL\"\n[relay]\nshutdown_timeout = \"soon\"\n",
+            "relay.shutdown_timeout has invalid duration",
+        ),
+        (
+            "[events.e]\n[rabbitmq]\nurl_env = \"T_NOT_SET\"\n",
+            "rabbitmq.url_env names the environment variable \"T_NOT_SET\", which is not set",
+        ),
+        ("[events.e]\n", "no broker"),
+        (
+            "[events.e]\n[rabbitmq]\nurl_env = \"T_RABBIT_URL\"\n[admin]\nport = 1\n",
+            "admin",
+        ),
+    ] {
+        let path = file("bad", text);
+        for command in ["relay", "check"] {
+            let (code, out) = Spawned::start(&[command, "--config", &path], &env)
+                .finish(Duration::from_secs(30));
+            assert_eq!(code, 2, "{command} {text:?}: {out}");
+            assert!(out.contains(want), "{command} {text:?}: {out}");
+            assert!(!out.contains(secret), "the secret in the output: {out}");
+        }
+    }
+    // a good file: `check` prints each type's settings, the defaults merged
+    let path = file(
+        "good",
+        "[defaults]\nmax_retries = 7\n[events.e]\nbatch_size = 50\n\
+         [rabbitmq]\nurl_env = \"T_RABBIT_URL\"\n",
+    );
+    let (code, out) =
+        Spawned::start(&["check", "--config", &path], &env).finish(Duration::from_secs(30));
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("[events.e]") && out.contains("batch_size = 50"),
+        "{out}"
+    );
+    assert!(
+        out.contains("max_retries = 7") && out.contains("broker rabbitmq"),
+        "{out}"
+    );
+    assert!(!out.contains(secret), "{out}");
+    // the relay connects with the secret (refused: a wrong password) and
+    // logs the failure at debug without it
+    if service_up("RabbitMQ", "127.0.0.1:5672") {
+        let p = "t_proc_secret_";
+        if fresh(p).is_none() {
+            return;
+        }
+        let text = format!(
+            "table_prefix = \"{p}\"\ndatabase_url = \"{}\"\n[events.e]\n\
+             [rabbitmq]\nurl_env = \"T_RABBIT_URL\"\n[log]\nlevel = \"debug\"\n",
+            pg_url()
+        );
+        let path = file("secret", &text);
+        let config = Config::builder()
+            .table_prefix(p)
+            .event("e", |e| e)
+            .build()
+            .unwrap();
+        let mut client = client().unwrap();
+        let mut tx = client.transaction().unwrap();
+        Outbox::new(&config)
+            .unwrap()
+            .publish(&mut tx, "e", &1)
+            .unwrap();
+        tx.commit().unwrap();
+        let (code, out) = Spawned::start(&["relay", "--config", &path, "--once"], &env)
+            .finish(Duration::from_secs(60));
+        assert_eq!(code, 1, "{out}");
+        assert!(!out.contains(secret), "the secret in the output: {out}");
+    }
+}
