@@ -230,7 +230,14 @@ pub(crate) fn handle(
     handler: &mut impl FnMut(&ReceivedEvent) -> Verdict,
 ) -> Verdict {
     #[cfg(feature = "trace-context")]
-    return crate::trace::in_consumer_span(event, || handler(event));
+    return crate::trace::in_consumer_span(
+        crate::trace::Received {
+            event_type: event.event_type.as_deref(),
+            id: event.id,
+            headers: &event.headers,
+        },
+        || handler(event),
+    );
     #[cfg(not(feature = "trace-context"))]
     handler(event)
 }

@@ -31,8 +31,7 @@ use opentelemetry::trace::{Link, SpanKind, TraceContextExt, Tracer};
 use opentelemetry::{global, Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 
-use crate::consumer::ReceivedEvent;
-use crate::event::Event;
+use crate::event::{Event, EventId};
 
 /// The W3C trace context header publish records.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
@@ -123,12 +122,19 @@ impl BatchSpan {
     }
 }
 
+/// A received message, as much of it as its span needs.
+pub(crate) struct Received<'a> {
+    pub(crate) event_type: Option<&'a str>,
+    pub(crate) id: Option<EventId>,
+    pub(crate) headers: &'a BTreeMap<String, String>,
+}
+
 /// Runs `handle` inside a span whose parent is the context `event` carries
 /// (the publisher's), attached as the current context meanwhile.
-pub(crate) fn in_consumer_span<T>(event: &ReceivedEvent, handle: impl FnOnce() -> T) -> T {
-    let parent = extract(&event.headers);
+pub(crate) fn in_consumer_span<T>(event: Received<'_>, handle: impl FnOnce() -> T) -> T {
+    let parent = extract(event.headers);
     let tracer = global::tracer(TRACER);
-    let name = event.event_type.as_deref().unwrap_or("event");
+    let name = event.event_type.unwrap_or("event");
     let mut builder = tracer
         .span_builder(format!("{name} process"))
         .with_kind(SpanKind::Consumer)

@@ -68,6 +68,23 @@ impl Spawned {
     }
 }
 
+/// Publishes `n` events of type `e` on the tables of `p`, in one
+/// transaction; their ids.
+fn publish(client: &mut postgres::Client, p: &str, n: usize) -> Vec<EventId> {
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let mut tx = client.transaction().unwrap();
+    let ids = Outbox::new(&config)
+        .unwrap()
+        .publish_all(&mut tx, NewEvent::batch("e", 0..n).unwrap())
+        .unwrap();
+    tx.commit().unwrap();
+    ids
+}
+
 /// Writes `text` to a file of its own; its path.
 fn file(name: &str, text: &str) -> String {
     let path = std::env::temp_dir().join(format!("txbox-{name}-{}.toml", unique()));
@@ -185,21 +202,8 @@ fn sigterm_during_a_burst_loses_nothing_and_leaves_nothing_in_process() {
         return;
     }
     let (ex, queue) = exchange();
-    let config = Config::builder()
-        .table_prefix(p)
-        .event("e", |e| e)
-        .build()
-        .unwrap();
-    let outbox = Outbox::new(&config).unwrap();
-    for chunk in 0..10 {
-        let mut tx = client.transaction().unwrap();
-        outbox
-            .publish_all(
-                &mut tx,
-                NewEvent::batch("e", chunk * 1000..(chunk + 1) * 1000).unwrap(),
-            )
-            .unwrap();
-        tx.commit().unwrap();
+    for _ in 0..10 {
+        publish(&mut client, p, 1000);
     }
     let path = file("burst", &rabbit_file(p, &ex));
     let relay = Spawned::start(
@@ -252,17 +256,7 @@ fn the_relay_process_sends_to_kafka_and_once_exits_when_done() {
         kafka_brokers()
     );
     let path = file("kafka", &text);
-    let config = Config::builder()
-        .table_prefix(p)
-        .event("e", |e| e)
-        .build()
-        .unwrap();
-    let mut tx = client.transaction().unwrap();
-    let ids = Outbox::new(&config)
-        .unwrap()
-        .publish_all(&mut tx, NewEvent::batch("e", 0..5).unwrap())
-        .unwrap();
-    tx.commit().unwrap();
+    let ids = publish(&mut client, p, 5);
     let once = Spawned::start(
         &["relay", "--config", &path, "--once"],
         &[("TXBOX_DATABASE_URL", &pg_url())],
@@ -300,17 +294,7 @@ fn once_exits_non_zero_when_some_event_was_not_sent() {
     if !service_up("RabbitMQ", "127.0.0.1:5672") {
         return;
     }
-    let config = Config::builder()
-        .table_prefix(p)
-        .event("e", |e| e)
-        .build()
-        .unwrap();
-    let mut tx = client.transaction().unwrap();
-    Outbox::new(&config)
-        .unwrap()
-        .publish_all(&mut tx, NewEvent::batch("e", 0..3).unwrap())
-        .unwrap();
-    tx.commit().unwrap();
+    publish(&mut client, p, 3);
     // an exchange no queue is bound to: every message comes back
     let path = file("unroutable", &rabbit_file(p, "amq.direct"));
     let once = Spawned::start(
@@ -393,21 +377,80 @@ fn a_bad_file_exits_2_with_the_key_path_and_no_secret_is_ever_printed() {
             pg_url()
         );
         let path = file("secret", &text);
-        let config = Config::builder()
-            .table_prefix(p)
-            .event("e", |e| e)
-            .build()
-            .unwrap();
-        let mut client = client().unwrap();
-        let mut tx = client.transaction().unwrap();
-        Outbox::new(&config)
-            .unwrap()
-            .publish(&mut tx, "e", &1)
-            .unwrap();
-        tx.commit().unwrap();
+        publish(&mut client().unwrap(), p, 1);
         let (code, out) = Spawned::start(&["relay", "--config", &path, "--once"], &env)
             .finish(Duration::from_secs(60));
         assert_eq!(code, 1, "{out}");
         assert!(!out.contains(secret), "the secret in the output: {out}");
+    }
+}
+
+/// A broker that accepts connections and never answers: a relay thread
+/// that connects to it stays busy until its connect times out (10 s).
+fn silent_broker() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("amqp://guest:guest@{}", listener.local_addr().unwrap());
+    listener.set_nonblocking(true).unwrap();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = accepted.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until {
+            if let Ok((s, _)) = listener.accept() {
+                held.push(s);
+                seen.fetch_add(1, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    (url, accepted)
+}
+
+/// A relay whose thread is stuck at the shutdown deadline exits 1 saying how
+/// many threads were busy; a second signal exits at once (130).
+#[test]
+fn a_missed_deadline_exits_1_and_a_second_signal_exits_at_once() {
+    for (p, second) in [("t_proc_deadline_", false), ("t_proc_twice_", true)] {
+        let Some((_store, mut client)) = fresh(p) else {
+            return;
+        };
+        publish(&mut client, p, 1);
+        let (url, accepted) = silent_broker();
+        let timeout = if second { "30s" } else { "1s" };
+        let text = format!(
+            "table_prefix = \"{p}\"\ndatabase_url = \"{}\"\n[events.e]\n\
+             [rabbitmq]\nurl_env = \"T_RABBIT_URL\"\n[relay]\nshutdown_timeout = \"{timeout}\"\n",
+            pg_url()
+        );
+        let path = file("deadline", &text);
+        let relay = Spawned::start(&["relay", "--config", &path], &[("T_RABBIT_URL", &url)]);
+        // its poller connects to the silent broker, and waits there
+        wait_until(
+            "a connection to the silent broker",
+            Duration::from_secs(20),
+            || accepted.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        );
+        let stopping = Instant::now();
+        relay.signal("-TERM");
+        if second {
+            std::thread::sleep(Duration::from_millis(500));
+            relay.signal("-INT");
+        }
+        let (code, out) = relay.finish(Duration::from_secs(30));
+        if second {
+            assert_eq!(code, 130, "{out}");
+            assert!(
+                stopping.elapsed() < Duration::from_secs(5),
+                "{:?}",
+                stopping.elapsed()
+            );
+        } else {
+            assert_eq!(code, 1, "{out}");
+            assert!(out.contains("1 relay threads still busy"), "{out}");
+            // never sent: pending (released at the deadline if it was claimed)
+            assert_eq!(count(&mut client, p, "PENDING"), 1, "{out}");
+        }
     }
 }

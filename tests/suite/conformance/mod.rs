@@ -46,6 +46,27 @@ pub(super) fn four_relays_turn(b: Backend) -> std::sync::MutexGuard<'static, ()>
         .unwrap_or_else(|p| p.into_inner())
 }
 
+/// A relay per sender on the tables of `fx`: the first on its store, the
+/// others on stores of their own.
+pub(super) fn relays_of(
+    fx: &crate::common::backend::Fixture,
+    c: &Config,
+    senders: &[txbox::MemorySender],
+) -> Vec<txbox::Relay> {
+    senders
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let store = if i == 0 {
+                fx.store.clone()
+            } else {
+                fx.another_store()
+            };
+            txbox::Relay::start(store, c, s.clone()).unwrap()
+        })
+        .collect()
+}
+
 /// The suite, instantiated per backend; each test gets its own table prefix
 /// (`c<tag>_<short>_`).
 macro_rules! suite {

@@ -17,18 +17,7 @@ pub(super) fn a_paused_type_is_sent_by_no_relay_until_resumed(b: Backend, p: &st
     let c = config(p);
     let pauses = Pauses::new(fx.store.clone());
     let senders: Vec<MemorySender> = (0..4).map(|_| MemorySender::new()).collect();
-    let mut relays: Vec<Relay> = senders
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let store = if i == 0 {
-                fx.store.clone()
-            } else {
-                fx.another_store()
-            };
-            Relay::start(store, &c, s.clone()).unwrap()
-        })
-        .collect();
+    let mut relays: Vec<Relay> = super::relays_of(&fx, &c, &senders);
     let sent_of = |t: &str| {
         senders
             .iter()

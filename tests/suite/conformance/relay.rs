@@ -22,18 +22,7 @@ pub(super) fn four_relays_deliver_every_event_exactly_once(b: Backend, p: &str) 
         published.extend(fx.publish(&c, "e", 1000, true));
     }
     let senders: Vec<MemorySender> = (0..4).map(|_| MemorySender::new()).collect();
-    let relays: Vec<Relay> = senders
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let store = if i == 0 {
-                fx.store.clone()
-            } else {
-                fx.another_store()
-            };
-            Relay::start(store, &c, s.clone()).unwrap()
-        })
-        .collect();
+    let relays: Vec<Relay> = super::relays_of(&fx, &c, &senders);
     let total = || senders.iter().map(MemorySender::len).sum::<usize>();
     wait_until("10,000 deliveries", Duration::from_secs(180), || {
         total() >= 10_000
