@@ -16,9 +16,14 @@
 --  - `txbox_publish(event_type, payload, event_key, headers)`: a service in
 --    any language publishes inside its own transaction with one call,
 --    writing what `Outbox::publish` writes (a UUIDv7 id made here from the
---    database's clock, the JSON payload as text, the headers as a JSON
---    object, due now) and waking the relay the same way (the trigger).
---    Returns the event id. `txbox_uuid_v7()` makes the id.
+--    database's clock, the JSON payload as given, byte for byte: `json`,
+--    not `jsonb`, which would reformat it; the headers as a JSON object of
+--    strings, due now) and waking the relay the same way (the trigger).
+--    It refuses what `publish` refuses (a type, key or header name out of
+--    bounds, a reserved header). Returns the event id. `txbox_uuid_v7()`
+--    makes the id (from md5 and random(): no pgcrypto before 13). The
+--    caller's role needs INSERT on the outbox table, USAGE on its sequence
+--    and SELECT on `outbox_quiet_types`, as any publisher's.
 --
 -- Locks: the table is new; the function is replaced (no table lock); the
 -- index is built CONCURRENTLY, beside the writers (it waits for the
@@ -32,8 +37,10 @@ CREATE TABLE IF NOT EXISTS {prefix}outbox_paused_types (
     paused_at  timestamptz  NOT NULL DEFAULT now()
 );
 CREATE OR REPLACE FUNCTION {prefix}txbox_wake() RETURNS trigger LANGUAGE plpgsql AS $$ DECLARE seen text; mark text; BEGIN IF NEW.status <> 'PENDING' OR current_setting('txbox.wake', true) = 'off' THEN RETURN NULL; END IF; PERFORM pg_advisory_xact_lock_shared(hashtextextended(TG_TABLE_NAME || ' ' || NEW.event_type, 0)); IF NOT pg_try_advisory_xact_lock(hashtext(TG_TABLE_NAME), hashtext(NEW.event_type)) THEN RETURN NULL; END IF; seen := coalesce(current_setting('txbox.notified', true), ''); mark := E'\n' || TG_TABLE_NAME || ' ' || NEW.event_type || E'\n'; IF strpos(seen, mark) > 0 THEN RETURN NULL; END IF; PERFORM set_config('txbox.notified', seen || mark, true); IF pg_notification_queue_usage() >= (CASE WHEN current_setting('txbox.queue_limit', true) ~ '^[0-9]*[.]?[0-9]+$' THEN current_setting('txbox.queue_limit', true)::float8 ELSE 0.5 END) OR EXISTS (SELECT 1 FROM {prefix}outbox_quiet_types q WHERE q.event_type = NEW.event_type) THEN RETURN NULL; END IF; PERFORM pg_notify(TG_TABLE_NAME, NEW.event_type); RETURN NULL; END $$;
-CREATE OR REPLACE FUNCTION {prefix}txbox_uuid_v7() RETURNS uuid LANGUAGE sql VOLATILE AS $$ SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3) FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid $$;
-CREATE OR REPLACE FUNCTION {prefix}txbox_publish(p_event_type text, p_payload jsonb, p_event_key text DEFAULT NULL, p_headers jsonb DEFAULT '{}') RETURNS uuid LANGUAGE plpgsql AS $$ DECLARE new_id uuid := {prefix}txbox_uuid_v7(); BEGIN IF p_event_type IS NULL OR length(p_event_type) = 0 OR octet_length(p_event_type) > 255 THEN RAISE EXCEPTION 'txbox_publish: the event type must be 1 to 255 bytes'; END IF; IF p_payload IS NULL THEN RAISE EXCEPTION 'txbox_publish: the payload must not be NULL'; END IF; IF p_headers IS NOT NULL AND jsonb_typeof(p_headers) <> 'object' THEN RAISE EXCEPTION 'txbox_publish: the headers must be a JSON object'; END IF; INSERT INTO {prefix}outbox_events (id, event_type, event_key, headers, payload, next_attempt_at) VALUES (new_id, p_event_type, p_event_key, coalesce(p_headers, '{}'), p_payload::text, now()); RETURN new_id; END $$;
+CREATE OR REPLACE FUNCTION {prefix}txbox_uuid_v7() RETURNS uuid LANGUAGE sql VOLATILE AS $$ SELECT encode(set_bit(set_bit(set_bit(set_bit(set_bit(set_bit(overlay(decode(md5(random()::text || clock_timestamp()::text || random()::text), 'hex') PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3) FROM 1 FOR 6), 55, 0), 54, 1), 53, 1), 52, 1), 71, 1), 70, 0), 'hex')::uuid $$;
+-- a pre-release of 0.3 took the payload as jsonb (which reformats it)
+DROP FUNCTION IF EXISTS {prefix}txbox_publish(text, jsonb, text, jsonb);
+CREATE OR REPLACE FUNCTION {prefix}txbox_publish(p_event_type text, p_payload json, p_event_key text DEFAULT NULL, p_headers jsonb DEFAULT '{}') RETURNS uuid LANGUAGE plpgsql AS $$ DECLARE new_id uuid := {prefix}txbox_uuid_v7(); BEGIN IF p_event_type IS NULL OR octet_length(p_event_type) NOT BETWEEN 1 AND 255 OR p_event_type ~ '[[:cntrl:]]' THEN RAISE EXCEPTION 'txbox_publish: the event type must be 1 to 255 bytes without control characters'; END IF; IF p_payload IS NULL THEN RAISE EXCEPTION 'txbox_publish: the payload must not be NULL'; END IF; IF octet_length(p_event_key) > 255 THEN RAISE EXCEPTION 'txbox_publish: the key must be at most 255 bytes'; END IF; IF p_headers IS NOT NULL AND (jsonb_typeof(p_headers) <> 'object' OR EXISTS (SELECT 1 FROM jsonb_each(p_headers) h WHERE jsonb_typeof(h.value) <> 'string' OR octet_length(h.key) NOT BETWEEN 1 AND 255 OR h.key ~ '[[:cntrl:]]' OR lower(h.key) LIKE 'txbox-%' OR lower(h.key) = 'content-type')) THEN RAISE EXCEPTION 'txbox_publish: the headers must be a JSON object of strings, names of 1 to 255 bytes, none reserved (txbox-*, content-type)'; END IF; INSERT INTO {prefix}outbox_events (id, event_type, event_key, headers, payload, next_attempt_at) VALUES (new_id, p_event_type, p_event_key, coalesce(p_headers, '{}'), p_payload::text, now()); RETURN new_id; END $$;
 COMMIT;
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {prefix}outbox_events_due_idx
     ON {prefix}outbox_events (event_type, next_attempt_at)

@@ -291,13 +291,16 @@ fn init_log(level: &str, format: LogFormat) {
     if let Ok(filters) = std::env::var("RUST_LOG") {
         b.parse_filters(&filters);
     }
-    // amiquip's debug records spell out the AMQP login, password and all:
-    // never below info, whatever the level asks (a secret is never logged)
-    b.filter_module("amiquip", log::LevelFilter::Info);
-    if format == LogFormat::Json {
-        b.format(|buf, record| {
-            let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now());
-            writeln!(
+    b.format(move |buf, record| {
+        // amiquip's debug records spell out the AMQP login, password and
+        // all: none below info is written, whatever the filters ask (a
+        // secret is never logged)
+        if record.target().starts_with("amiquip") && record.level() > log::Level::Info {
+            return Ok(());
+        }
+        let ts = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+        match format {
+            LogFormat::Json => writeln!(
                 buf,
                 "{}",
                 serde_json::json!({
@@ -306,9 +309,16 @@ fn init_log(level: &str, format: LogFormat) {
                     "target": record.target(),
                     "msg": record.args().to_string(),
                 })
-            )
-        });
-    }
+            ),
+            LogFormat::Text => writeln!(
+                buf,
+                "{ts} {:<5} {}: {}",
+                record.level(),
+                record.target(),
+                record.args()
+            ),
+        }
+    });
     let _ = b.try_init();
 }
 
@@ -433,6 +443,23 @@ pub(crate) fn run(file: &RelayFile, cli_url: Option<&str>) -> Result<String, Fai
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
         .map_err(|e| Fail::Run(format!("listening for signals: {e}")))?;
+    // what can still refuse to start is asked before the relay claims
+    // anything: a relay dropped without its shutdown would leave its
+    // batches to their lease
+    #[cfg(feature = "admin-http")]
+    let admin_token = match file
+        .process
+        .admin
+        .as_ref()
+        .and_then(|a| a.token_env.as_ref())
+    {
+        Some(var) => Some(std::env::var(var).map_err(|_| {
+            bad(format!(
+                "admin.token_env names the environment variable {var:?}, which is not set"
+            ))
+        })?),
+        None => None,
+    };
     let store = file.store(cli_url)?;
     let relay = txbox::Relay::start(store.clone(), &file.config, file.sender()?)?;
     #[cfg(feature = "admin-http")]
@@ -442,17 +469,20 @@ pub(crate) fn run(file: &RelayFile, cli_url: Option<&str>) -> Result<String, Fai
                 .addr(a.addr.clone())
                 .protect_health_and_metrics(a.protect_health_and_metrics)
                 .relay(relay.probe());
-            if let Some(var) = &a.token_env {
-                let token = std::env::var(var).map_err(|_| {
-                    bad(format!(
-                        "admin.token_env names the environment variable {var:?}, which is not set"
-                    ))
-                })?;
+            if let Some(token) = admin_token {
                 options = options.token(token);
             }
-            let server = txbox::admin::AdminServer::start(store.clone(), options)?;
-            log::info!("txbox: admin endpoint on {}", server.addr());
-            Some(server)
+            match txbox::admin::AdminServer::start(store.clone(), options) {
+                Ok(server) => {
+                    log::info!("txbox: admin endpoint on {}", server.addr());
+                    Some(server)
+                }
+                Err(e) => {
+                    // stopped as on a signal: nothing left claimed
+                    let _ = relay.shutdown(file.process.relay.shutdown_timeout);
+                    return Err(e.into());
+                }
+            }
         }
         None => None,
     };
