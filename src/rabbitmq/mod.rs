@@ -20,16 +20,18 @@
 //! the unconfirmed messages of every batch in flight and is opened again on a later
 //! batch, with backoff.
 //!
-//! The sender is in `sender.rs`, the consumer loop in `consumer.rs`; each item
+//! The sender as the relay is given it is in `factory.rs`, each relay thread's channel in
+//! `sender.rs`, the consumer loop in `consumer.rs`; each item
 //! has one path: `txbox::rabbitmq::...`.
 
 use std::time::Duration;
 
 mod consumer;
+mod factory;
 mod sender;
 
 pub use consumer::{OnError, RabbitConsumer, RabbitConsumerBuilder};
-pub use sender::{RabbitSender, RabbitSenderBuilder, DEFAULT_MAX_MESSAGE_SIZE};
+pub use factory::{RabbitSender, RabbitSenderBuilder, DEFAULT_MAX_MESSAGE_SIZE};
 
 /// Opens an AMQP connection (`amqp://`, or `amqps://` over TLS) with
 /// `TCP_NODELAY` set, giving up on a broker that does not finish the handshake

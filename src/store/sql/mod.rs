@@ -8,6 +8,7 @@
 
 mod engine;
 mod held;
+mod maintenance;
 mod migrate;
 mod render;
 mod rows;
