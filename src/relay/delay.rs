@@ -68,6 +68,12 @@ impl PollState {
         }
     }
 
+    /// The wait after a poll that found nothing (or a quiet poller's
+    /// question that found nothing due): the current delay, which grows.
+    pub fn after_empty(&mut self) -> Duration {
+        self.after_batch(0, usize::MAX)
+    }
+
     /// The wait after a failed poll: doubling from `min` up to [`MAX_ERROR_DELAY`]
     /// (or the poll delay, when that is shorter).
     pub fn after_error(&mut self) -> Duration {

@@ -121,7 +121,11 @@ impl Poller {
                 // due, at most the polling delay (which grows as an empty
                 // poll's does)
                 if let Due::In(wait) = self.due(&mut later) {
-                    delay = state.after_batch(0, usize::MAX).min(wait);
+                    let grown = state.after_empty();
+                    delay = grown.min(wait);
+                    // waking when an event is due, the poll claims it
+                    // without asking again
+                    quiet = wait > grown;
                     self.ctx
                         .observer
                         .polling_delay(self.pipeline.event_type(), delay);
@@ -147,7 +151,10 @@ impl Poller {
                         // an event due later, say): sleep no longer than
                         // until the next one is due
                         match self.due(&mut later) {
-                            Due::In(wait) => next.min(wait),
+                            Due::In(wait) => {
+                                quiet = wait > next;
+                                next.min(wait)
+                            }
                             Due::Now | Due::Unknown => next,
                         }
                     } else if later && !next.is_zero() {
