@@ -655,3 +655,39 @@ fn the_trace_context_goes_from_publish_to_the_handler() {
     let sender = KafkaSender::builder(&kafka_brokers()).build().unwrap();
     crate::trace_context::traced_through("t_kafka_trace_", &topic, sender, |h| consume(&topic, h));
 }
+
+/// `[kafka.env]` takes a property's value from the environment variable it
+/// names; a variable not set is an error naming the key and the variable,
+/// never a value; a property set both ways is refused.
+#[test]
+fn kafka_properties_come_from_the_environment_variables_the_file_names() {
+    let var = format!("T_KAFKA_SECRET_{}", unique());
+    let text = |var: &str| {
+        format!("[kafka]\n\"bootstrap.servers\" = \"b:9092\"\n[kafka.env]\n\"sasl.password\" = \"{var}\"\n")
+    };
+    let err = txbox::kafka::properties_from_toml(&text(&var))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(&format!(
+            "kafka.env.sasl.password names the environment variable \"{var}\", which is not set"
+        )),
+        "{err}"
+    );
+    // a variable of this test's own: nothing else reads it
+    std::env::set_var(&var, "s3cret-value");
+    let properties = txbox::kafka::properties_from_toml(&text(&var)).unwrap();
+    assert_eq!(properties["sasl.password"], "s3cret-value");
+    assert_eq!(properties["bootstrap.servers"], "b:9092");
+    let both =
+        format!("[kafka]\n\"sasl.password\" = \"x\"\n[kafka.env]\n\"sasl.password\" = \"{var}\"\n");
+    let err = txbox::kafka::properties_from_toml(&both)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("kafka.env.sasl.password is set in [kafka] too"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret-value"), "{err}");
+    std::env::remove_var(&var);
+}

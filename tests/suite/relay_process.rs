@@ -145,10 +145,24 @@ fn the_relay_process_sends_what_rust_and_sql_published_and_stops_on_sigterm() {
         return;
     }
     let (ex, queue) = exchange();
-    let path = file("rabbit", &rabbit_file(p, &ex));
+    // the admin endpoint on a port free a moment ago, its token from the
+    // environment
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let text = format!(
+        "{}[admin]\naddr = \"127.0.0.1:{port}\"\ntoken_env = \"T_ADMIN_TOKEN\"\n",
+        rabbit_file(p, &ex)
+    );
+    let path = file("rabbit", &text);
     let relay = Spawned::start(
         &["relay", "--config", &path, "--log-format", "json"],
-        &[("T_RABBIT_URL", &rabbit_url())],
+        &[
+            ("T_RABBIT_URL", &rabbit_url()),
+            ("T_ADMIN_TOKEN", "admin-s3cret"),
+        ],
     );
     let config = Config::builder()
         .table_prefix(p)
@@ -191,6 +205,36 @@ fn the_relay_process_sends_what_rust_and_sql_published_and_stops_on_sigterm() {
     assert_eq!(sql.headers["source"], "psql");
     // byte for byte, as given (jsonb would have made it {"n": 1000, "from": "sql"})
     assert_eq!(sql.payload, br#"{"from":  "sql", "n": 1e3}"#);
+    // the process's admin endpoint: health with its relay, the metrics,
+    // the token from the environment on the pause routes
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut health = agent.get(format!("{base}/health")).call().unwrap();
+    let body = health.body_mut().read_to_string().unwrap();
+    assert_eq!(health.status().as_u16(), 200, "{body}");
+    assert!(
+        body.contains("\"running\":7"),
+        "the relay's threads: {body}"
+    );
+    let mut metrics = agent.get(format!("{base}/metrics")).call().unwrap();
+    assert!(metrics
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+        .contains("txbox_events_sent_total"));
+    let paused = |token: &str| {
+        agent
+            .get(format!("{base}/types/paused"))
+            .header("Authorization", format!("Bearer {token}"))
+            .call()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!((paused("admin-s3cret"), paused("wrong")), (200, 401));
     // a UUIDv7 made by the database: time-ordered, version 7
     assert_eq!(from_sql.as_uuid().get_version_num(), 7);
     assert_eq!(from_sql.as_uuid().get_variant(), uuid::Variant::RFC4122);
