@@ -326,38 +326,51 @@ fn init_log(level: &str, format: LogFormat) {
 /// merged), the broker and the process's sections.
 pub(crate) fn check(file: &RelayFile, as_json: bool) -> Result<String, Fail> {
     let c = &file.config;
-    let types: Vec<_> = c
+    // each type's settings, once, for either output
+    let types: Vec<(&str, Vec<(&str, String)>)> = c
         .events()
         .map(|(t, s)| {
-            serde_json::json!({
-                "event_type": t,
-                "destination": s.destination.as_deref().unwrap_or(t),
-                "batch_size": s.batch_size,
-                "in_flight": s.in_flight,
-                "polling": format!("{:?}", s.polling),
-                "max_retries": s.max_retries,
-                "backoff": format!("{:?}", s.backoff),
-                "lease": format!("{:?}", s.lease),
-                "claim": s.claim.to_string(),
-                "wake": s.wake.to_string(),
-                "ordering": s.ordering.to_string(),
-                "on_poison": s.on_poison.to_string(),
-            })
+            let settings = vec![
+                (
+                    "destination",
+                    format!("{:?}", s.destination.as_deref().unwrap_or(t)),
+                ),
+                ("batch_size", s.batch_size.to_string()),
+                ("in_flight", s.in_flight.to_string()),
+                ("polling", format!("{:?}", s.polling)),
+                ("max_retries", s.max_retries.to_string()),
+                ("backoff", format!("{:?}", s.backoff)),
+                ("lease", format!("{:?}", s.lease)),
+                ("claim", s.claim.to_string()),
+                ("wake", s.wake.to_string()),
+                ("ordering", s.ordering.to_string()),
+                ("on_poison", s.on_poison.to_string()),
+            ];
+            (t, settings)
         })
         .collect();
     let p = &file.process;
-    let summary = serde_json::json!({
-        "table_prefix": c.table_prefix(),
-        "broker": file.broker_name(),
-        "shutdown_timeout": format!("{:?}", p.relay.shutdown_timeout),
-        "admin": p.admin.as_ref().map(|a| a.addr.clone()),
-        "events": types,
-    });
     if as_json {
+        let events: serde_json::Map<String, serde_json::Value> = types
+            .iter()
+            .map(|(t, settings)| {
+                let fields = settings
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), v.clone().into()));
+                ((*t).to_owned(), serde_json::Value::Object(fields.collect()))
+            })
+            .collect();
+        let summary = serde_json::json!({
+            "table_prefix": c.table_prefix(),
+            "broker": file.broker_name(),
+            "shutdown_timeout": format!("{:?}", p.relay.shutdown_timeout),
+            "admin": p.admin.as_ref().map(|a| a.addr.clone()),
+            "events": events,
+        });
         return serde_json::to_string_pretty(&summary).map_err(|e| Fail::Run(e.to_string()));
     }
     let mut out = format!(
-        "ok: table prefix {:?}, broker {}, shutdown timeout {:?}{}\n",
+        "ok: table prefix {:?}, broker {}, shutdown timeout {:?}{}",
         c.table_prefix(),
         file.broker_name(),
         p.relay.shutdown_timeout,
@@ -365,26 +378,13 @@ pub(crate) fn check(file: &RelayFile, as_json: bool) -> Result<String, Fail> {
             .as_ref()
             .map_or(String::new(), |a| format!(", admin on {}", a.addr))
     );
-    for (t, s) in c.events() {
-        out.push_str(&format!(
-            "[events.{}]\n  destination = {:?}\n  batch_size = {}\n  in_flight = {}\n  polling = {:?}\n  \
-             max_retries = {}\n  backoff = {:?}\n  lease = {:?}\n  claim = {}\n  wake = {}\n  \
-             ordering = {}\n  on_poison = {}\n",
-            super::printable(t),
-            s.destination.as_deref().unwrap_or(t),
-            s.batch_size,
-            s.in_flight,
-            s.polling,
-            s.max_retries,
-            s.backoff,
-            s.lease,
-            s.claim,
-            s.wake,
-            s.ordering,
-            s.on_poison,
-        ));
+    for (t, settings) in types {
+        out.push_str(&format!("\n[events.{}]", super::printable(t)));
+        for (k, v) in settings {
+            out.push_str(&format!("\n  {k} = {v}"));
+        }
     }
-    Ok(out.trim_end().to_owned())
+    Ok(out)
 }
 
 /// `txbox relay --once`: everything due now, on this thread; a summary per
