@@ -499,7 +499,8 @@ pub(crate) fn kafka_brokers() -> String {
     std::env::var("TXBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
-pub(crate) const PARTS: [&str; 14] = [
+pub(crate) const PARTS: [&str; 15] = [
+    "soak",
     "diesel",
     "delayed",
     "writers",

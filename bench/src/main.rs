@@ -18,6 +18,7 @@ use instances::{many_instances, many_latency, worker};
 use latency::{ensure_queue, pickup_broker, pickup_latency};
 use migrate::migration_cost;
 use publish::{batch_publish, diesel_overhead, publish_overhead};
+use soak::soak;
 use writers::concurrent_publishers;
 
 mod brokers;
@@ -29,6 +30,7 @@ mod instances;
 mod latency;
 mod migrate;
 mod publish;
+mod soak;
 mod writers;
 
 use std::sync::Arc;
@@ -53,7 +55,8 @@ struct Args {
     /// events, 1,000,000 with --full; idle-direct: the broker's share of the
     /// pick-up after idle, one event published directly; ordered: the relay
     /// floor of an ordered type; plan: an ordered claim's EXPLAIN over 100,000
-    /// pending rows, 1,000,000 with --full; delayed: 1,000 events delayed
+    /// pending rows, 1,000,000 with --full; soak: the relay under a held
+    /// snapshot beside a run without, see --soak-secs; delayed: 1,000 events delayed
     /// 1-10 s, each one's send time minus its due time; diesel: the publish
     /// overhead in a Diesel transaction).
     #[arg(long, value_name = "PART,PART...", value_delimiter = ',',
@@ -109,6 +112,14 @@ struct Args {
     #[arg(long, value_name = "N,N...", value_delimiter = ',', default_value = "1,8,32,64",
           value_parser = clap::value_parser!(u64).range(1..=256))]
     writers: Vec<u64>,
+    /// How long each of part `soak`'s two runs lasts (quick 40; full 600,
+    /// the ten minutes; 1800 for its half hour).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(12..))]
+    soak_secs: Option<u64>,
+    /// Events per second part `soak`'s four publishers make together.
+    #[arg(long, value_name = "N", default_value = "1000",
+          value_parser = clap::value_parser!(u64).range(4..=20_000))]
+    soak_rate: u64,
 }
 
 fn main() -> Res<()> {
@@ -256,6 +267,11 @@ fn main() -> Res<()> {
     if part("delayed") {
         delayed_on_time(&mut out)?;
         step("delayed events");
+    }
+    if part("soak") {
+        let secs = args.soak_secs.unwrap_or(if full { 600 } else { 40 });
+        soak(secs, args.soak_rate, &mut out)?;
+        step("soak under a held snapshot");
     }
     if part("idle-direct") {
         idle_direct(&s, &mut out)?;

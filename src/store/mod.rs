@@ -220,9 +220,21 @@ pub struct Capabilities {
     /// DDL runs in a transaction, so a migration file is all or nothing
     /// (PostgreSQL, SQLite); elsewhere each DDL statement commits on its own.
     pub transactional_ddl: bool,
+    /// An unordered type's claims start at a floor the store keeps
+    /// (PostgreSQL): a long transaction that holds the database's snapshot
+    /// does not make them walk the dead rows below it. A caller resuming a
+    /// backlog passes no [`ClaimArgs::after`]: the floor resumes it.
+    pub floor_claims: bool,
 }
 
 impl Capabilities {
+    /// With claims from a floor or without.
+    #[must_use]
+    pub fn floor_claims(mut self, yes: bool) -> Self {
+        self.floor_claims = yes;
+        self
+    }
+
     /// With held claims or without.
     #[must_use]
     pub fn held_claims(mut self, yes: bool) -> Self {

@@ -102,6 +102,8 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             },
         ),
         claim_returning: None,
+        floors: None,
+        publish_plus: None,
         hold_claim: None,
         wake: None,
         next_due: format!(

@@ -85,6 +85,8 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             &sql::KeyLookup::plain(None),
         ),
         claim_returning: None,
+        floors: None,
+        publish_plus: None,
         hold_claim: None,
         wake: None,
         // no row limit in SQL: the fetch size limits it ($2 is not bound)

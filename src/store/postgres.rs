@@ -43,6 +43,10 @@ pub(crate) const SCHEMA_8: &str = include_str!("../../sql/postgres/008_lean_wake
 /// Schema version 9: the pending events' due-time index (delayed events) and
 /// the paused event types.
 pub(crate) const SCHEMA_9: &str = include_str!("../../sql/postgres/009_delayed_and_paused.sql");
+/// Schema version 10: claims from a floor (the pending events in insert
+/// order, those due after their insert apart), numbers taken after the
+/// transaction's id.
+pub(crate) const SCHEMA_10: &str = include_str!("../../sql/postgres/010_flat_claims.sql");
 
 /// A connection pool of the `postgres` crate, as [`PgStore`] uses it: TLS
 /// through `T`, txbox's own ([`PgTls`], what [`PgStore::connect`] makes) unless
@@ -89,14 +93,16 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
          to_char(created_at AT TIME ZONE 'UTC', {TS}), to_char(moved_at AT TIME ZONE 'UTC', {TS}), payload_bytes, content_type"
     );
     let filter = "($1::text IS NULL OR event_type = $1) AND ($2::text IS NULL OR status = $2)";
-    // what every claim takes: due PENDING rows of type $1 above an id, oldest first,
-    // skipping rows another claim holds; and what it returns of them
+    // what every claim takes: due PENDING rows of type $1 above an id, in insert
+    // order (the pending index's, schema 10), skipping rows another claim holds;
+    // and what it returns of them
     let due = |after: &str, limit: &str| {
         format!(
             "FROM {o} WHERE event_type = $1 AND id > {after} AND status = 'PENDING' \
-             AND next_attempt_at <= now() {{order}} ORDER BY id LIMIT {limit} FOR UPDATE SKIP LOCKED"
+             AND next_attempt_at <= now() {{order}} ORDER BY seq LIMIT {limit} FOR UPDATE SKIP LOCKED"
         )
     };
+    let paused = &t.paused;
     let claimed =
         "id, event_type, event_key, headers::text, payload, attempts, payload_bytes, content_type";
     Catalog {
@@ -104,6 +110,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         begin: "BEGIN",
         schema: &[
             SCHEMA, SCHEMA_2, SCHEMA_3, SCHEMA_4, SCHEMA_5, SCHEMA_6, SCHEMA_7, SCHEMA_8, SCHEMA_9,
+            SCHEMA_10,
         ],
         transactional_ddl: true,
         online_index: Some(sql::OnlineIndex {
@@ -175,6 +182,47 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
              WHERE id = ANY(ARRAY(SELECT id {})) RETURNING {claimed}",
             due("$5", "$2")
         )).map(Into::into),
+        // an unordered claim from the floor $5: the events due that wait below
+        // it (their due time after their insert), then those above it in
+        // insert order; each part locks what it takes
+        floors: Some(sql::FloorSql {
+            // the snapshot is the statement's, taken before the sequence is read;
+            // the transaction's id is taken after (its commit waits for no
+            // flush: a tick lost in a crash is no loss)
+            tick: format!(
+                "SELECT set_config('synchronous_commit', 'off', true), \
+                   CASE WHEN is_called THEN last_value ELSE last_value - 1 END, \
+                   txid_snapshot_xmin(txid_current_snapshot()), txid_current(), \
+                   CASE WHEN EXISTS (SELECT 1 FROM {paused} WHERE event_type = $1) THEN 1 ELSE 0 END::int8 \
+                 FROM {}outbox_events_seq",
+                t.prefix
+            ).into(),
+            claim: format!(
+                "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $3, \
+                   lease_until = now() + $4 * interval '1 millisecond' \
+                 WHERE id = ANY(ARRAY(SELECT id FROM ( \
+                   SELECT * FROM (SELECT id FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
+                     AND next_attempt_at > created_at AND next_attempt_at <= now() AND seq <= $5 {{order}}\
+                     ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED) waited \
+                   UNION ALL SELECT * FROM (SELECT id FROM {o} WHERE event_type = $1 AND seq > $5 \
+                     AND status = 'PENDING' AND next_attempt_at <= now() {{order}}\
+                     ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED) fresh \
+                 ) c LIMIT $2)) RETURNING {claimed}, seq"
+            ).into(),
+            next_due: format!(
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM {paused} WHERE event_type = $1) THEN NULL ELSE \
+                   (extract(epoch FROM least( \
+                     (SELECT min(next_attempt_at) FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
+                        AND next_attempt_at > created_at), \
+                     (SELECT min(next_attempt_at) FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
+                        AND seq > $2)) - now()) * 1000)::float8 END"
+            ).into(),
+        }),
+        // a delay counts from the publish call: `now()` is the transaction's
+        // start, which may be minutes before
+        publish_plus: Some(|ms_param| {
+            format!("statement_timestamp() + {ms_param} * interval '1 millisecond'")
+        }),
         hold_claim: Some(sql::HoldClaim {
             // the script's rows come back as text: a binary payload as `\x` and
             // its hex digits, whatever the server's `bytea_output` says

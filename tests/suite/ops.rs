@@ -1043,28 +1043,28 @@ fn migrate_dry_run_lists_what_would_run_and_changes_nothing() {
     );
     let mut c = crate::common::client().unwrap();
     c.batch_execute(&format!(
-        "DELETE FROM {p}txbox_schema_version WHERE version = 9"
+        "DELETE FROM {p}txbox_schema_version WHERE version = 10"
     ))
     .unwrap();
     let pending = fx.store.pending_migrations().unwrap();
     let versions: Vec<i64> = pending.iter().map(|m| m.version).collect();
-    assert_eq!(versions, vec![9]);
+    assert_eq!(versions, vec![10]);
     assert!(pending[0]
         .title
-        .starts_with("txbox schema 9 for PostgreSQL"));
+        .starts_with("txbox schema 10 for PostgreSQL"));
     assert!(pending[0]
         .sql
-        .contains(&format!("{p}outbox_events_due_idx")));
+        .contains(&format!("{p}outbox_events_fresh_idx")));
     let (code, out, _) = cli(p, &["migrate", "--dry-run"]);
     assert_eq!(code, 0);
-    assert!(out.contains("-- version 9: txbox schema 9"), "{out}");
+    assert!(out.contains("-- version 10: txbox schema 10"), "{out}");
     assert!(!out.contains("{prefix}"), "the prefix is filled in");
     // nothing changed
     assert_eq!(fx.store.pending_migrations().unwrap().len(), 1);
     let (code, out, _) = cli(p, &["--json", "migrate", "--dry-run"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["pending"][0]["version"], 9);
+    assert_eq!(v["pending"][0]["version"], 10);
     fx.store.migrate().unwrap();
     assert!(fx.store.pending_migrations().unwrap().is_empty());
     // a database without the tables: every file
@@ -1084,7 +1084,7 @@ fn migrate_dry_run_lists_what_would_run_and_changes_nothing() {
     let (code, out, _) = cli(fresh, &["--json", "migrate", "--dry-run"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["pending"].as_array().unwrap().len(), 9);
+    assert_eq!(v["pending"].as_array().unwrap().len(), 10);
 }
 
 /// `txbox pause` / `resume` / `status`, the HTTP routes behind the token,

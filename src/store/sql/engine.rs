@@ -31,6 +31,8 @@ pub struct SqlStore<D: Dialect> {
     /// The configuration's observer, told how long each claim, finish and
     /// maintenance pass took.
     pub(crate) observer: Observed,
+    /// Where each unordered type's claims start ([`FloorSql`]).
+    pub(crate) floors: super::Floors,
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -44,6 +46,7 @@ impl<D: Dialect> SqlStore<D> {
             d,
             migrate_lock_timeout: config.maintenance.migrate_lock_timeout,
             observer: config.observer.clone(),
+            floors: super::Floors::default(),
         })
     }
 
@@ -202,6 +205,9 @@ impl<D: Dialect> SqlStore<D> {
         let d = &self.d;
         let mut rows = self.with_retry("claim", || {
             let mut conn = self.pool.get()?;
+            if let (Some(f), None, None) = (&d.floors, args.ordered, args.after) {
+                return self.claim_floored(f, args, token, &mut *conn);
+            }
             if let Some(one) = &d.claim_returning {
                 let fixed = claim_params(
                     args,
@@ -388,6 +394,11 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     fn next_due(&self, event_type: &str) -> Result<Option<Duration>> {
         let rows = self.observer.timed(StoreCall::NextDue, || {
             let mut conn = self.pool.get()?;
+            if let Some(f) = &self.d.floors {
+                let floor = self.floors.floor(event_type).unwrap_or(i64::MIN);
+                let params = [event_type.into(), Val::Int(floor)];
+                return run_query(&mut *conn, &self.d, &f.next_due, &params, &[]);
+            }
             let type_ = [event_type.into()];
             run_query(&mut *conn, &self.d, &self.d.next_due, &type_, &[])
         })?;

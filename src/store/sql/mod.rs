@@ -7,6 +7,7 @@
 //! style (`$n`, `?`, `?n`, `:n`) once and knows the order its values are bound in.
 
 mod engine;
+mod floor;
 mod held;
 mod maintenance;
 mod migrate;
@@ -19,6 +20,7 @@ mod values;
 pub(crate) use crate::store::split_statements;
 pub use engine::SqlStore;
 pub(crate) use engine::*;
+pub(crate) use floor::{FloorSql, Floors};
 pub(crate) use held::*;
 pub(crate) use render::*;
 pub(crate) use rows::*;
@@ -36,6 +38,7 @@ impl Catalog {
             .notifications(self.wake.is_some())
             .key_walk(self.common.walk_skip.is_some())
             .transactional_ddl(self.transactional_ddl)
+            .floor_claims(self.floors.is_some())
     }
 
     /// Every statement template of the dialect, named.
@@ -93,6 +96,11 @@ impl Catalog {
         out.push(("finish_held.failed", c.finish_held.failed.template()));
         if let Some(r) = &self.claim_returning {
             out.push(("claim_returning", r.template()));
+        }
+        if let Some(f) = &self.floors {
+            out.push(("floor_tick", f.tick.template()));
+            out.push(("floor_claim", f.claim.template()));
+            out.push(("floor_next_due", f.next_due.template()));
         }
         if let Some(r) = &self.inbox_legacy {
             out.push(("inbox_legacy", r.template()));
@@ -239,7 +247,8 @@ mod tests {
                     .held_claims(true)
                     .notifications(true)
                     .key_walk(true)
-                    .transactional_ddl(true),
+                    .transactional_ddl(true)
+                    .floor_claims(true),
                 "sqlite" => none.key_walk(true).transactional_ddl(true),
                 _ => none, // MySQL/MariaDB, Oracle
             };

@@ -198,10 +198,10 @@ fn insert_events_sql(d: &Catalog, rows: usize, shape: Shape) -> String {
         ("", "")
     };
     let width = shape.width();
-    // a delayed event's due time: the database's clock plus its delay (the
-    // row's last value)
+    // a delayed event's due time: the database's clock at the publish call
+    // plus its delay (the row's last value)
     let due = if shape.delayed {
-        (d.common.plus)(&format!("${width}"))
+        (d.publish_plus.unwrap_or(d.common.plus))(&format!("${width}"))
     } else {
         d.common.now.to_owned()
     };

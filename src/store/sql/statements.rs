@@ -350,8 +350,11 @@ pub(crate) fn common(
         // a held claim's rows are locked by its transaction: nothing else changes
         // them, and naming their status would again pick the pending index
         finish_held: Finish::new(o, now, plus, finish_ids, "1 = 1", "1 = 1"),
+        // due now, which is after its insert: where claims start at a floor,
+        // it waits among the events due after their insert, which every
+        // claim reads ([`super::FloorSql`])
         recover: format!(
-            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL \
+            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL, next_attempt_at = {now} \
              WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
         ).into(),
         delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})").into(),
@@ -516,6 +519,13 @@ pub struct Catalog {
     /// $5 only ids above this one); without it: `claim_select` then `claim_update` in
     /// a transaction.
     pub claim_returning: Option<Ordered>,
+    /// Unordered claims from a floor ([`super::FloorSql`]); `None`: every
+    /// claim reads the type's due events from the lowest id.
+    pub floors: Option<super::FloorSql>,
+    /// A delayed event's due time at publish, "`$n` milliseconds after the
+    /// publish call"; `None`: [`Common::plus`], where "now" is the
+    /// statement's time already (PostgreSQL's `now()` is the transaction's).
+    pub publish_plus: Option<fn(&str) -> String>,
     /// The statements of a held claim ([`crate::ClaimMode::Lock`]); `None`: the
     /// dialect cannot hold claims.
     pub hold_claim: Option<HoldClaim>,

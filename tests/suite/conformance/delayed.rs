@@ -198,3 +198,58 @@ pub(super) fn a_relay_sends_delayed_events_when_due(b: Backend, p: &str) {
     );
     relay.shutdown(Duration::from_secs(10)).unwrap();
 }
+
+/// A delay counts from the publish call, not from the start of the
+/// transaction it is published in: a batch job's transaction that has been
+/// open longer than the delay does not make its delayed events due at once
+/// (`deliver_after`), nor before the time asked for (`deliver_at`).
+pub(super) fn a_long_transaction_does_not_shorten_a_delay(b: Backend, p: &str) {
+    let Some(fx) = Fixture::new(b, p) else { return };
+    let c = config(p);
+    let outbox = txbox::Outbox::new(&c).unwrap();
+    let lease = Duration::from_secs(60);
+    let published = fx.in_tx(
+        |tx| {
+            // the transaction has begun (its first statement), then the job
+            // works for longer than the delay before it publishes
+            outbox.publish(tx, "f", &"started").unwrap();
+            std::thread::sleep(ms(2000));
+            let at = SystemTime::now() + ms(1500);
+            outbox
+                .publish_all(
+                    tx,
+                    [
+                        NewEvent::new("e", &"after")
+                            .unwrap()
+                            .deliver_after(ms(1500)),
+                        NewEvent::new("e", &"at").unwrap().deliver_at(at),
+                    ],
+                )
+                .unwrap();
+            Instant::now()
+        },
+        |_| true,
+    );
+    let claimed = fx.store.claim("e", 10, lease, Uuid::now_v7()).unwrap();
+    assert!(
+        claimed.is_empty() || published.elapsed() >= ms(1400),
+        "{b:?}: due {:?} after the publish call, 1.5 s asked: {:?}",
+        published.elapsed(),
+        claimed.iter().map(|e| e.payload_str()).collect::<Vec<_>>()
+    );
+    let wait = fx.store.next_due("e").unwrap().expect("two pending");
+    assert!(wait > ms(500), "{b:?}: due in {wait:?}");
+    wait_until("the delayed events due", Duration::from_secs(10), || {
+        fx.store
+            .claim("e", 10, lease, Uuid::now_v7())
+            .unwrap()
+            .len()
+            == 2
+            || fx.counts("e").pending == 0
+    });
+    assert!(
+        published.elapsed() >= ms(1400),
+        "{b:?}: claimed {:?} after the publish call",
+        published.elapsed()
+    );
+}

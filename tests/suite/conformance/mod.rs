@@ -107,6 +107,7 @@ macro_rules! suite {
             claims::a_store_does_what_its_capabilities_say => "caps",
             delayed::a_delayed_event_is_claimed_only_once_due => "due",
             delayed::a_relay_sends_delayed_events_when_due => "duerel",
+            delayed::a_long_transaction_does_not_shorten_a_delay => "duelong",
             pause::a_paused_type_is_sent_by_no_relay_until_resumed => "pause",
         );
     };

@@ -15,4 +15,5 @@ mod connections;
 mod delivery;
 mod errors;
 mod held;
+mod snapshot;
 mod wake;

@@ -1,0 +1,330 @@
+//! Claims from a floor (PostgreSQL, schema 10): an unordered type's claim
+//! reads only the pending index's entries above the highest insert number
+//! below which every event is known to be settled, so a long transaction
+//! that keeps VACUUM from removing the dead entries below does not make
+//! every claim walk them (issue 45; `sql/postgres/010_flat_claims.sql`).
+//!
+//! The floor is a fact about the table, not about one relay, so the store
+//! keeps it, per event type, for every caller of its claims:
+//!
+//! - A *tick* reads the insert sequence's last number `M`, then takes a
+//!   transaction id `X` of its own. Every transaction that took a number up
+//!   to `M` had its id before that (the default `txbox_next_seq()` takes the
+//!   id first), so its id is below `X`. Once a later tick's snapshot has no
+//!   transaction older than `X` running, every event numbered up to `M` is
+//!   committed (and seen by any later statement) or rolled back: `M` is
+//!   *settled*.
+//! - A claim that read everything due above the floor (it came back short of
+//!   its limit) raises the floor to the settled mark; a full one raises it to
+//!   the last number it took at most. What waits below the floor (a delayed
+//!   event, a retry, a released or recovered event, a dead letter sent back)
+//!   has a due time after its insert and so an entry in the index of those,
+//!   which every claim reads beside.
+//! - What a claim skipped because another held it locked, and that one then
+//!   gave back by rolling back (a lost connection), is below the floor with no
+//!   such entry: every [`SWEEP_EVERY`] a claim scans from the lowest number.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::{ms, run_query, Conn, Dialect, Row, SqlStore, Stmt, Val};
+use crate::error::Result;
+use crate::store::ClaimArgs;
+
+/// How often a claim scans from the lowest number all the same.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// Ticks kept while none settles (a writing transaction stays open): any
+/// subset of them stays sound, only coarser.
+const TICKS_KEPT: usize = 64;
+
+/// The statements of claims from a floor.
+pub struct FloorSql {
+    /// $1 type -> anything, the insert mark (read after the statement's
+    /// snapshot), the snapshot's oldest running transaction id, the
+    /// statement's own transaction id (taken after the mark was read), 1 when
+    /// the type is paused (else 0).
+    pub tick: Stmt,
+    /// $1 type, $2 limit, $3 token, $4 lease ms, $5 floor -> the claimed rows
+    /// (the columns of every claim), their `seq` last: the events due that
+    /// wait below the floor, then those above it in insert order.
+    pub claim: super::Ordered,
+    /// $1 type, $2 floor -> the milliseconds until the type's next event is
+    /// due, as [`super::Catalog::next_due`], from the index of those waiting
+    /// and the events above the floor.
+    pub next_due: Stmt,
+}
+
+/// One tick: see the module's docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tick {
+    /// The insert sequence's last number, read after the snapshot.
+    mark: i64,
+    /// The snapshot's oldest running transaction id.
+    xmin: i64,
+    /// The tick's own transaction id, taken after the mark was read.
+    xid: i64,
+}
+
+/// A type's floor, the ticks not settled yet, and the sweep.
+#[derive(Debug, Default)]
+pub(crate) struct Floor {
+    /// Every event numbered up to this is sent, claimed, or waits with a due
+    /// time after its insert; `None`: not known yet (claims scan from the
+    /// lowest number).
+    floor: Option<i64>,
+    /// The highest settled mark.
+    settled: Option<i64>,
+    ticks: VecDeque<Tick>,
+    /// A scan from the lowest number under way: where its next claim starts.
+    sweep: Option<i64>,
+    /// When the last sweep began.
+    swept: Option<Instant>,
+}
+
+impl Floor {
+    /// Takes a tick in, settling what it settles.
+    fn tick(&mut self, t: Tick) {
+        // a mark is settled once a later tick sees no transaction older than
+        // the id taken after it was read
+        while self.ticks.front().is_some_and(|first| t.xmin >= first.xid) {
+            if let Some(done) = self.ticks.pop_front() {
+                self.settled = Some(self.settled.map_or(done.mark, |s| s.max(done.mark)));
+            }
+        }
+        self.ticks.push_back(t);
+        if self.ticks.len() > TICKS_KEPT {
+            self.ticks.remove(1);
+        }
+    }
+
+    /// Where the next claim starts (`i64::MIN`: the lowest number): the floor,
+    /// or a sweep's next step when one is due or under way.
+    fn start(&mut self, now: Instant) -> i64 {
+        if self.sweep.is_none()
+            && self
+                .swept
+                .is_none_or(|at| now.duration_since(at) >= SWEEP_EVERY)
+        {
+            self.sweep = Some(i64::MIN);
+            self.swept = Some(now);
+        }
+        match self.sweep {
+            Some(at) => at,
+            None => self.floor.unwrap_or(i64::MIN),
+        }
+    }
+
+    /// After a claim from `from` that took events numbered `taken`, at most
+    /// `limit` of them, bounded by `upto`: raises the floor as far as that
+    /// claim read everything due, and moves a sweep on.
+    fn claimed(&mut self, from: i64, taken: &[i64], limit: usize, upto: Option<i64>) {
+        let complete = taken.len() < limit;
+        // the claim read every due event numbered in (from, read_to]
+        let read_to = if complete {
+            Some(upto.unwrap_or(i64::MAX))
+        } else {
+            taken.iter().copied().filter(|s| *s > from).max()
+        };
+        if self.sweep == Some(from) {
+            self.sweep = match read_to {
+                _ if complete => None,
+                Some(to) if self.floor.is_some_and(|f| to >= f) => None,
+                Some(to) => Some(to),
+                None => Some(from), // a batch of waiting events alone: again
+            };
+        }
+        let (Some(settled), Some(to)) = (self.settled, read_to) else {
+            return;
+        };
+        // what is known below the floor and what this claim read join up
+        let joins = match self.floor {
+            None => from == i64::MIN,
+            Some(f) => from <= f,
+        };
+        let to = settled.min(to);
+        if joins && self.floor.is_none_or(|f| to > f) {
+            self.floor = Some(to);
+        }
+    }
+}
+
+/// The floors of a store, by event type.
+#[derive(Debug, Default)]
+pub(crate) struct Floors(Mutex<HashMap<String, Floor>>);
+
+impl Floors {
+    fn with<R>(&self, event_type: &str, f: impl FnOnce(&mut Floor) -> R) -> R {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(all.entry(event_type.to_owned()).or_default())
+    }
+
+    /// The floor of `event_type` as it is (for [`FloorSql::next_due`]).
+    pub(crate) fn floor(&self, event_type: &str) -> Option<i64> {
+        self.with(event_type, |f| f.floor)
+    }
+}
+
+/// A tick's row: (the session setting it made), mark, xmin, xid, paused.
+fn tick_of(row: &Row) -> Result<(Tick, bool)> {
+    Ok((
+        Tick {
+            mark: row.get(1)?,
+            xmin: row.get(2)?,
+            xid: row.get(3)?,
+        },
+        row.get::<i64>(4)? != 0,
+    ))
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// An unordered claim from the type's floor: a tick, the claim, and the
+    /// floor raised as far as the claim read. Returns the claimed rows.
+    pub(super) fn claim_floored(
+        &self,
+        f: &FloorSql,
+        args: &ClaimArgs<'_>,
+        token: Uuid,
+        conn: &mut dyn Conn,
+    ) -> Result<Vec<Row>> {
+        let d = &self.d;
+        let event_type = args.event_type;
+        let type_ = [Val::Text(event_type.to_owned())];
+        // the ticks of a type are taken one at a time, so each is taken
+        // after the one before it (in time, which settling relies on)
+        let (from, paused) = self.floors.with(event_type, |fl| -> Result<_> {
+            let rows = run_query(conn, d, &f.tick, &type_, &[])?;
+            let (tick, paused) = tick_of(rows.first().ok_or_else(|| {
+                crate::error::Error::Internal("the floor's tick returned no row".into())
+            })?)?;
+            fl.tick(tick);
+            Ok((fl.start(Instant::now()), paused))
+        })?;
+        let fixed = [
+            Val::Text(event_type.to_owned()),
+            Val::Int(args.limit as i64),
+            Val::Id(token),
+            ms(args.lease),
+            Val::Int(from),
+        ];
+        let rows = run_query(conn, d, &f.claim.claim(&d.common, args), &fixed, &[])?;
+        let seq_at = 8;
+        let taken = rows
+            .iter()
+            .map(|r| r.get::<i64>(seq_at))
+            .collect::<Result<Vec<_>>>()?;
+        if !paused {
+            self.floors.with(event_type, |fl| {
+                fl.claimed(from, &taken, args.limit, args.upto)
+            });
+        }
+        Ok(rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(mark: i64, xmin: i64, xid: i64) -> Tick {
+        Tick { mark, xmin, xid }
+    }
+
+    #[test]
+    fn a_mark_settles_once_no_transaction_older_than_its_ticks_id_runs() {
+        let mut f = Floor::default();
+        f.tick(t(10, 100, 105));
+        assert_eq!(f.settled, None, "no later tick yet");
+        // transactions that took numbers up to 10 are older than 105
+        f.tick(t(20, 101, 107));
+        assert_eq!(f.settled, None, "101..104 may still run");
+        f.tick(t(30, 105, 110));
+        assert_eq!(f.settled, Some(10), "nothing older than 105 runs");
+        f.tick(t(31, 111, 112));
+        assert_eq!(f.settled, Some(30), "nor older than 110");
+        assert_eq!(f.ticks.len(), 1);
+    }
+
+    /// A type that has its floor at `floor`, settled up to `settled`.
+    fn at(floor: Option<i64>, settled: i64) -> Floor {
+        let mut f = Floor::default();
+        f.tick(t(settled, 1, 1));
+        f.tick(t(settled + 1000, 1, 2));
+        assert_eq!(f.settled, Some(settled));
+        f.floor = floor;
+        f.swept = Some(Instant::now());
+        f
+    }
+
+    #[test]
+    fn the_floor_rises_only_as_far_as_a_claim_read() {
+        let now = Instant::now();
+        let mut f = Floor::default();
+        assert_eq!(f.start(now), i64::MIN, "a sweep first");
+        f.claimed(i64::MIN, &[], 10, None);
+        assert_eq!(f.floor, None, "nothing settled: no floor");
+        assert_eq!(f.start(now), i64::MIN, "nor a floor to start from");
+        let mut f = at(None, 50);
+        // short of the limit: everything up to the settled mark was read
+        f.claimed(i64::MIN, &[3, 4], 10, None);
+        assert_eq!(f.floor, Some(50));
+        assert_eq!(f.start(now), 50);
+        let mut f = at(Some(50), 60);
+        // a full claim: read up to the last number it took above the floor
+        // (7 is a retry from below it)
+        f.claimed(50, &[7, 55, 58], 3, None);
+        assert_eq!(f.floor, Some(58));
+        // a full claim of retries alone says nothing of what is above
+        f.claimed(58, &[1, 2, 3], 3, None);
+        assert_eq!(f.floor, Some(58));
+        // bounded by an insert mark: read up to it
+        f.claimed(58, &[59], 10, Some(59));
+        assert_eq!(f.floor, Some(59));
+        f.claimed(59, &[], 10, None);
+        assert_eq!(f.floor, Some(60), "the settled mark bounds it");
+        // a claim from a higher number than the floor tells nothing below it
+        let mut f = at(None, 60);
+        f.claimed(40, &[], 10, None);
+        assert_eq!(f.floor, None);
+    }
+
+    #[test]
+    fn a_sweep_goes_on_until_it_reads_to_the_floor() {
+        let mut f = at(Some(500), 600);
+        let now = Instant::now();
+        assert_eq!(f.start(now), 500, "swept a moment ago");
+        let later = now + SWEEP_EVERY;
+        assert_eq!(f.start(later), i64::MIN, "a sweep is due");
+        f.claimed(i64::MIN, &[10, 20], 2, None);
+        assert_eq!(f.start(later), 20, "a full step: the sweep goes on");
+        f.claimed(20, &[1, 2], 2, None);
+        assert_eq!(f.start(later), 20, "waiting events alone: from there again");
+        f.claimed(20, &[30, 520], 2, None);
+        assert_eq!(f.start(later), 520, "past the floor: done");
+        assert_eq!(f.floor, Some(520), "and the floor rose with it");
+        let mut f = at(Some(500), 600);
+        let later = Instant::now() + SWEEP_EVERY;
+        assert_eq!(f.start(later), i64::MIN);
+        f.claimed(i64::MIN, &[10], 2, None);
+        assert_eq!(
+            f.start(later),
+            600,
+            "short of the limit: done, and read to the settled mark"
+        );
+    }
+
+    #[test]
+    fn ticks_kept_stay_bounded_while_none_settles() {
+        let mut f = Floor::default();
+        for i in 0..1000 {
+            f.tick(t(i, 5, 10 + i));
+        }
+        assert_eq!(f.ticks.len(), TICKS_KEPT);
+        assert_eq!(f.settled, None);
+        // the long transaction ends: every tick kept settles
+        f.tick(t(2000, 2000, 2001));
+        assert_eq!(f.settled, Some(999));
+    }
+}
