@@ -33,7 +33,6 @@ struct Clock {
     delivered: AtomicU64,
 }
 
-#[derive(Clone)]
 struct Stamp(Arc<Clock>);
 
 impl Sender for Stamp {
@@ -117,7 +116,11 @@ fn one_run(secs: u64, rate: u64, held: bool) -> Res<Run> {
         .observed(claims.clone());
     let store = Arc::new(PgStore::connect(&url_as(&app), &cfg)?);
     let clock = Arc::new(Clock::default());
-    let relay = Relay::start(store, &cfg, Stamp(clock.clone()))?;
+    let factory = {
+        let clock = clock.clone();
+        move || -> txbox::Result<Box<dyn Sender>> { Ok(Box::new(Stamp(clock.clone()))) }
+    };
+    let relay = Relay::start(store, &cfg, factory)?;
     let start = Instant::now();
     let run_for = Duration::from_secs(secs);
     let window = run_for / 6;
@@ -126,32 +129,35 @@ fn one_run(secs: u64, rate: u64, held: bool) -> Res<Run> {
     let publishers: Vec<_> = (0..4)
         .map(|w| {
             let (cfg, clock, stop) = (cfg.clone(), clock.clone(), stop.clone());
-            std::thread::spawn(move || -> Res<Vec<(Instant, f64)>> {
-                let outbox = Outbox::new(&cfg)?;
-                let mut pc = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
-                let insert = format!("INSERT INTO {p}orders (n) VALUES ($1)");
-                let every = Duration::from_secs_f64(4.0 / rate as f64);
-                let mut latencies = Vec::new();
-                let mut next = start + every.mul_f64(w as f64 / 4.0);
-                let mut n: i64 = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let now = Instant::now();
-                    if next > now {
-                        std::thread::sleep(next - now);
+            std::thread::spawn(move || -> Result<Vec<(Instant, f64)>, String> {
+                let publish = || -> Res<Vec<(Instant, f64)>> {
+                    let outbox = Outbox::new(&cfg)?;
+                    let mut pc = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
+                    let insert = format!("INSERT INTO {p}orders (n) VALUES ($1)");
+                    let every = Duration::from_secs_f64(4.0 / rate as f64);
+                    let mut latencies = Vec::new();
+                    let mut next = start + every.mul_f64(w as f64 / 4.0);
+                    let mut n: i64 = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let now = Instant::now();
+                        if next > now {
+                            std::thread::sleep(next - now);
+                        }
+                        next += every;
+                        let began = Instant::now();
+                        let mut tx = pc.transaction()?;
+                        tx.execute(&insert, &[&n])?;
+                        let id = outbox.publish(&mut tx, "bench", &serde_json::json!({"n": n}))?;
+                        tx.commit()?;
+                        let done = Instant::now();
+                        clock.committed.lock().unwrap().insert(id, done);
+                        clock.published.fetch_add(1, Ordering::Relaxed);
+                        latencies.push((done, (done - began).as_secs_f64() * 1000.0));
+                        n += 1;
                     }
-                    next += every;
-                    let began = Instant::now();
-                    let mut tx = pc.transaction()?;
-                    tx.execute(&insert, &[&n])?;
-                    let id = outbox.publish(&mut tx, "bench", &serde_json::json!({"n": n}))?;
-                    tx.commit()?;
-                    let done = Instant::now();
-                    clock.committed.lock().unwrap().insert(id, done);
-                    clock.published.fetch_add(1, Ordering::Relaxed);
-                    latencies.push((done, (done - began).as_secs_f64() * 1000.0));
-                    n += 1;
-                }
-                Ok(latencies)
+                    Ok(latencies)
+                };
+                publish().map_err(|e| e.to_string())
             })
         })
         .collect();
@@ -262,11 +268,13 @@ fn with_autovacuum<T>(f: impl FnOnce() -> Res<T>) -> Res<T> {
     let was: String = c.query_one("SHOW autovacuum", &[])?.get(0);
     if was != "on" {
         eprintln!("bench: soak: autovacuum turned on for the part (it was {was})");
-        c.batch_execute("ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()")?;
+        c.batch_execute("ALTER SYSTEM SET autovacuum = on")?;
+        c.batch_execute("SELECT pg_reload_conf()")?;
     }
     let r = f();
     if was != "on" {
-        c.batch_execute("ALTER SYSTEM RESET autovacuum; SELECT pg_reload_conf()")?;
+        c.batch_execute("ALTER SYSTEM RESET autovacuum")?;
+        c.batch_execute("SELECT pg_reload_conf()")?;
     }
     r
 }

@@ -184,7 +184,13 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         )).map(Into::into),
         // an unordered claim from the floor $5: the events due that wait below
         // it (their due time after their insert), then those above it in
-        // insert order; each part locks what it takes
+        // insert order; each part locks what it takes. An event due at its
+        // insert is due whatever this statement's `now()` says: that is its
+        // transaction's start, which may come before the start of a
+        // publisher's transaction that commits before the claim's snapshot
+        // is taken (the statement is planned in between); filtered out, such
+        // an event would be left below the floor with no entry in the index
+        // of those that wait
         floors: Some(sql::FloorSql {
             // the snapshot is the statement's, taken before the sequence is read;
             // the transaction's id is taken after (its commit waits for no
@@ -205,7 +211,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
                      AND next_attempt_at > created_at AND next_attempt_at <= now() AND seq <= $5 {{order}}\
                      ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED) waited \
                    UNION ALL SELECT * FROM (SELECT id FROM {o} WHERE event_type = $1 AND seq > $5 \
-                     AND status = 'PENDING' AND next_attempt_at <= now() {{order}}\
+                     AND status = 'PENDING' AND (next_attempt_at <= created_at OR next_attempt_at <= now()) {{order}}\
                      ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED) fresh \
                  ) c LIMIT $2)) RETURNING {claimed}, seq"
             ).into(),

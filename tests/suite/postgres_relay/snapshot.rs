@@ -213,3 +213,38 @@ fn txbox_publish_refuses_headers_publish_refuses() {
     )
     .unwrap();
 }
+
+/// An event due at its insert, from a publisher whose transaction began
+/// after the claim's (the claim's `now()` is its own transaction's start,
+/// taken before the statement is planned; the publisher commits meanwhile):
+/// the claim from the floor takes it, for no later claim would read it
+/// below the floor (seen in the soak: 12 events left for the sweep).
+#[test]
+fn an_event_due_at_its_insert_is_claimed_whatever_the_claims_clock_says() {
+    let p = "t_snap_clock_";
+    let Some((store, mut c)) = fresh(p) else {
+        return;
+    };
+    let args = ClaimArgs::new("e", 200, Duration::from_secs(60));
+    // the first claims of a store scan from the lowest number and set its floor
+    for _ in 0..3 {
+        assert!(store.claim_after(&args, Uuid::now_v7()).unwrap().is_empty());
+    }
+    // as its publisher's transaction left it: due at its insert, which is
+    // later than the claim's `now()`
+    let id = Uuid::now_v7();
+    c.execute(
+        &format!(
+            "INSERT INTO {p}outbox_events (id, event_type, payload, created_at, next_attempt_at) \
+             VALUES ($1, 'e', '1', now() + interval '2 s', now() + interval '2 s')"
+        ),
+        &[&id],
+    )
+    .unwrap();
+    let got = store.claim_after(&args, Uuid::now_v7()).unwrap();
+    assert_eq!(
+        got.iter().map(|e| e.id.as_uuid()).collect::<Vec<_>>(),
+        [id],
+        "claimed at once"
+    );
+}
