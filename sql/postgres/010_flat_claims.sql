@@ -34,8 +34,8 @@
 --    below its number until it ends, so its events are claimed at its
 --    commit, not skipped. A writing transaction that stays open keeps the
 --    floor where it is meanwhile (set `idle_in_transaction_session_timeout`).
---    Every 30 s a claim scans from the lowest number all the same (the rows
---    another claim held locked and gave back when its connection was lost).
+--    Stuck recovery makes due again the events another claim held locked
+--    and gave back unchanged below the floor (its connection was lost).
 --  - `txbox_publish()` refuses headers over 65,536 bytes (names and values,
 --    and 8 per header), as `publish` does: a RabbitMQ frame cannot carry
 --    more.

@@ -223,6 +223,11 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
                      (SELECT min(next_attempt_at) FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
                         AND seq > $2)) - now()) * 1000)::float8 END"
             ).into(),
+            sweep: format!(
+                "UPDATE {o} SET next_attempt_at = greatest(now(), created_at + interval '1 microsecond') \
+                 WHERE id = ANY(ARRAY(SELECT id FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
+                   AND seq <= $2 AND next_attempt_at <= created_at LIMIT $3 FOR UPDATE SKIP LOCKED))"
+            ).into(),
         }),
         // a delay counts from the publish call: `now()` is the transaction's
         // start, which may be minutes before

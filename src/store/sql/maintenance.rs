@@ -85,14 +85,15 @@ fn plain_type(event_type: &str) -> Result<()> {
 impl<D: Dialect> MaintenanceStore for SqlStore<D> {
     fn recover_expired(&self, limit: usize) -> Result<u64> {
         let c = &self.d.common;
-        self.select_apply(
+        let expired = self.select_apply(
             "recovery",
             &self.d.select_expired,
             limit,
             None,
             &[&c.recover],
             &[],
-        )
+        )?;
+        Ok(expired + self.sweep_below_floors(limit)?)
     }
 
     fn delete_processed(&self, ttl: Duration, limit: usize) -> Result<u64> {

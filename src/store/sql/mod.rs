@@ -101,6 +101,7 @@ impl Catalog {
             out.push(("floor_tick", f.tick.template()));
             out.push(("floor_claim", f.claim.template()));
             out.push(("floor_next_due", f.next_due.template()));
+            out.push(("floor_sweep", f.sweep.template()));
         }
         if let Some(r) = &self.inbox_legacy {
             out.push(("inbox_legacy", r.template()));

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use txbox::store::{ClaimArgs, ClaimStore};
-use txbox::{Config, MemorySender, Outbox, PgStore, Relay};
+use txbox::{Config, MaintenanceStore, MemorySender, Outbox, PgStore, Relay};
 use uuid::Uuid;
 
 use crate::common::*;
@@ -176,7 +176,7 @@ fn a_late_commit_below_the_floor_is_delivered_at_once() {
     }
     assert!(!sender.sent().iter().any(|e| e.id == early));
     tx.commit().unwrap();
-    // well before the store's periodic scan from the lowest number (30 s)
+    // well before stuck recovery's pass (60 s), which would find it too
     wait_until("the late commit sent", Duration::from_secs(5), || {
         sender.sent().iter().any(|e| e.id == early)
     });
@@ -247,4 +247,49 @@ fn an_event_due_at_its_insert_is_claimed_whatever_the_claims_clock_says() {
         [id],
         "claimed at once"
     );
+}
+
+/// An event given back unchanged below the floor (another claim held it
+/// locked while this store's claims passed it, and its connection was lost
+/// before it committed): no claim from the floor reads it, stuck recovery
+/// makes it due again, and the next claim takes it.
+#[test]
+fn an_event_given_back_below_the_floor_is_claimed_after_recovery() {
+    let p = "t_snap_back_";
+    let Some((store, mut c)) = fresh(p) else {
+        return;
+    };
+    let config = config(p);
+    let outbox = Outbox::new(&config).unwrap();
+    let args = ClaimArgs::new("e", 200, Duration::from_secs(60));
+    // the store's ticks settle a mark past the event while its type is
+    // paused (its claims take nothing)
+    assert!(store.pause("e").unwrap());
+    let mut tx = c.transaction().unwrap();
+    let id = outbox.publish(&mut tx, "e", &"given back").unwrap();
+    tx.commit().unwrap();
+    for _ in 0..2 {
+        assert!(store.claim_after(&args, Uuid::now_v7()).unwrap().is_empty());
+    }
+    assert!(store.resume("e").unwrap());
+    // a claim elsewhere holds it locked while this store claims
+    let mut other = client().unwrap();
+    let mut held = other.transaction().unwrap();
+    held.execute(
+        &format!("SELECT 1 FROM {p}outbox_events WHERE id = $1 FOR UPDATE"),
+        &[&id.as_uuid()],
+    )
+    .unwrap();
+    assert!(
+        store.claim_after(&args, Uuid::now_v7()).unwrap().is_empty(),
+        "locked: skipped"
+    );
+    held.rollback().unwrap();
+    assert!(
+        store.claim_after(&args, Uuid::now_v7()).unwrap().is_empty(),
+        "given back below the floor, a claim does not read it"
+    );
+    assert_eq!(store.recover_expired(100).unwrap(), 1);
+    let again = store.claim_after(&args, Uuid::now_v7()).unwrap();
+    assert_eq!(again.iter().map(|e| e.id).collect::<Vec<_>>(), [id]);
 }
