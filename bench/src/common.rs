@@ -499,8 +499,9 @@ pub(crate) fn kafka_brokers() -> String {
     std::env::var("TXBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
-pub(crate) const PARTS: [&str; 15] = [
+pub(crate) const PARTS: [&str; 16] = [
     "soak",
+    "soak-mysql",
     "diesel",
     "delayed",
     "writers",

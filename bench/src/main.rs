@@ -19,6 +19,7 @@ use latency::{ensure_queue, pickup_broker, pickup_latency};
 use migrate::migration_cost;
 use publish::{batch_publish, diesel_overhead, publish_overhead};
 use soak::soak;
+use soak_mysql::soak_mysql;
 use writers::concurrent_publishers;
 
 mod brokers;
@@ -31,6 +32,7 @@ mod latency;
 mod migrate;
 mod publish;
 mod soak;
+mod soak_mysql;
 mod writers;
 
 use std::sync::Arc;
@@ -56,7 +58,9 @@ struct Args {
     /// pick-up after idle, one event published directly; ordered: the relay
     /// floor of an ordered type; plan: an ordered claim's EXPLAIN over 100,000
     /// pending rows, 1,000,000 with --full; soak: the relay under a held
-    /// snapshot beside a run without, see --soak-secs; delayed: 1,000 events delayed
+    /// snapshot beside a run without, see --soak-secs; soak-mysql: a claim's
+    /// index reads on MySQL/MariaDB after --events events under a held
+    /// consistent snapshot; delayed: 1,000 events delayed
     /// 1-10 s, each one's send time minus its due time; diesel: the publish
     /// overhead in a Diesel transaction).
     #[arg(long, value_name = "PART,PART...", value_delimiter = ',',
@@ -272,6 +276,10 @@ fn main() -> Res<()> {
         let secs = args.soak_secs.unwrap_or(if full { 600 } else { 40 });
         soak(secs, args.soak_rate, &mut out)?;
         step("soak under a held snapshot");
+    }
+    if part("soak-mysql") {
+        soak_mysql(s.floor, &mut out)?;
+        step("MySQL/MariaDB claims under a held snapshot");
     }
     if part("idle-direct") {
         idle_direct(&s, &mut out)?;

@@ -13,9 +13,9 @@
 --    insert order (`seq`). The relay's claims read it from a floor, the
 --    highest number below which every event is known to be committed or
 --    rolled back (see `txbox_next_seq`), sent, or waiting in the index
---    below; a claim reads only the entries above it. It replaces
---    `outbox_events_pending_idx` (by id): each event has one entry in one
---    of them, as before.
+--    below; a claim reads only the entries above it. (`outbox_events_pending_idx`,
+--    by id, stays: the key walk of ordered types reads it, and so do
+--    relays of 0.3 during a rolling upgrade.)
 --  - `outbox_events_later_idx`: the pending events whose due time is after
 --    their insert: delayed events, retries waiting for their backoff, events
 --    released after a broker outage or recovered after a lease, dead letters
@@ -23,7 +23,7 @@
 --    only what waits, and the claims read it beside the floor's. With the
 --    floor's index it answers "when is the next event due" too, so schema 9's
 --    `outbox_events_due_idx` (an entry for every event) goes: a publish
---    writes one index entry fewer than in 0.3.
+--    writes as many index entries as in 0.3.
 --  - `txbox_next_seq()`: the default of `seq`. It gives the transaction its
 --    id before it takes the number, so that "every transaction that took a
 --    number up to N has ended" can be read off snapshots: the relay reads
@@ -40,14 +40,17 @@
 --    and 8 per header), as `publish` does: a RabbitMQ frame cannot carry
 --    more.
 --
--- A relay of 0.3 still running during a rolling upgrade claims in id order
--- through an index gone: it reads the type's pending events and sorts them
--- (correct, slower while a backlog waits). Upgrade the relays soon after.
+-- A relay of 0.3 still running during a rolling upgrade claims as before;
+-- its stuck recovery leaves a recovered event due at its insert, which the
+-- new relays' claims find only at their own recovery's next pass (once a
+-- `recovery_interval`). A new relay on a schema older than 10 claims as 0.3
+-- did until the schema is current (it asks every 30 s).
 --
 -- Locks: the function is new; setting the column's default takes the outbox
 -- table's ACCESS EXCLUSIVE lock for a moment (no rows are read or written;
 -- the wait is bounded by `maintenance.migrate_lock_timeout`); the indexes
--- are built and the old one dropped CONCURRENTLY, beside the writers.
+-- are built and schema 9's due-time index dropped CONCURRENTLY, beside the
+-- writers.
 --
 -- `migrate` applies this file once, after 009, each part up to a COMMIT or
 -- an index build on its own. By hand: replace `{prefix}` and run it once
@@ -63,6 +66,5 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS {prefix}outbox_events_fresh_idx
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {prefix}outbox_events_later_idx
     ON {prefix}outbox_events (event_type, next_attempt_at)
     WHERE status = 'PENDING' AND next_attempt_at > created_at;
-DROP INDEX CONCURRENTLY IF EXISTS {prefix}outbox_events_pending_idx;
 DROP INDEX CONCURRENTLY IF EXISTS {prefix}outbox_events_due_idx;
 INSERT INTO {prefix}txbox_schema_version (version) VALUES (10);

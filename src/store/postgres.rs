@@ -192,19 +192,21 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         // an event would be left below the floor with no entry in the index
         // of those that wait
         floors: Some(sql::FloorSql {
+            since: 10,
             // the snapshot is the statement's, taken before the sequence is read;
             // the transaction's id is taken after (its commit waits for no
             // flush: a tick lost in a crash is no loss)
             tick: format!(
                 "SELECT set_config('synchronous_commit', 'off', true), \
                    CASE WHEN is_called THEN last_value ELSE last_value - 1 END, \
-                   txid_snapshot_xmin(txid_current_snapshot()), txid_current(), \
-                   CASE WHEN EXISTS (SELECT 1 FROM {paused} WHERE event_type = $1) THEN 1 ELSE 0 END::int8 \
+                   txid_snapshot_xmin(txid_current_snapshot()), txid_current() \
                  FROM {}outbox_events_seq",
                 t.prefix
             ).into(),
+            // the claimed rows, then one row (no id) that says whether the
+            // type was paused on the claim's own snapshot
             claim: format!(
-                "UPDATE {o} SET status = 'IN_PROCESS', claim_token = $3, \
+                "WITH claimed AS (UPDATE {o} SET status = 'IN_PROCESS', claim_token = $3, \
                    lease_until = now() + $4 * interval '1 millisecond' \
                  WHERE id = ANY(ARRAY(SELECT id FROM ( \
                    SELECT * FROM (SELECT id FROM {o} WHERE event_type = $1 AND status = 'PENDING' \
@@ -213,7 +215,10 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
                    UNION ALL SELECT * FROM (SELECT id FROM {o} WHERE event_type = $1 AND seq > $5 \
                      AND status = 'PENDING' AND (next_attempt_at <= created_at OR next_attempt_at <= now()) {{order}}\
                      ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED) fresh \
-                 ) c LIMIT $2)) RETURNING {claimed}, seq"
+                 ) c LIMIT $2)) RETURNING {claimed}, seq) \
+                 SELECT *, 0::int8 FROM claimed UNION ALL \
+                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+                   CASE WHEN EXISTS (SELECT 1 FROM {paused} WHERE event_type = $1) THEN 1 ELSE 0 END::int8"
             ).into(),
             next_due: format!(
                 "SELECT CASE WHEN EXISTS (SELECT 1 FROM {paused} WHERE event_type = $1) THEN NULL ELSE \
@@ -231,8 +236,13 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         }),
         // a delay counts from the publish call: `now()` is the transaction's
         // start, which may be minutes before
+        // (an event of the same insert without a delay is due at `now()`,
+        // as any other: due at its insert)
         publish_plus: Some(|ms_param| {
-            format!("statement_timestamp() + {ms_param} * interval '1 millisecond'")
+            format!(
+                "CASE WHEN {ms_param} <= 0 THEN now() \
+                 ELSE statement_timestamp() + {ms_param} * interval '1 millisecond' END"
+            )
         }),
         hold_claim: Some(sql::HoldClaim {
             // the script's rows come back as text: a binary payload as `\x` and

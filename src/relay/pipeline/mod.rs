@@ -224,14 +224,14 @@ impl Pipeline {
         // anything else (or every RESCAN_EVERY batches) scans from the lowest id.
         // An ordered type's next claim starts at its key cursor instead: its
         // candidates (the keys' first events) have any id; and a store whose
-        // claims start at a floor resumes the backlog itself.
+        // leased claims start at a floor resumes the backlog itself.
         let scanned = self.resume.map_or(0, |(_, n)| n);
         self.resume = match events.last() {
             Some(last)
                 if claimed >= s.batch_size
                     && scanned + 1 < Relay::RESCAN_EVERY
                     && s.key_order().is_none()
-                    && !run.store.capabilities().floor_claims =>
+                    && !(s.claim == ClaimMode::Lease && run.store.capabilities().floor_claims) =>
             {
                 Some((last.id, scanned + 1))
             }

@@ -206,7 +206,12 @@ impl<D: Dialect> SqlStore<D> {
         let mut rows = self.with_retry("claim", || {
             let mut conn = self.pool.get()?;
             if let (Some(f), None, None) = (&d.floors, args.ordered, args.after) {
-                return self.claim_floored(f, args, token, &mut *conn);
+                let ready = self
+                    .floors
+                    .schema_ready(|| Ok(self.schema_version(&mut *conn)? >= f.since))?;
+                if ready {
+                    return self.claim_floored(f, args, token, &mut *conn);
+                }
             }
             if let Some(one) = &d.claim_returning {
                 let fixed = claim_params(
@@ -394,8 +399,8 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
     fn next_due(&self, event_type: &str) -> Result<Option<Duration>> {
         let rows = self.observer.timed(StoreCall::NextDue, || {
             let mut conn = self.pool.get()?;
-            if let Some(f) = &self.d.floors {
-                let floor = self.floors.floor(event_type).unwrap_or(i64::MIN);
+            // from the floor once one is known (until then as 0.3 asked)
+            if let (Some(f), Some(floor)) = (&self.d.floors, self.floors.floor(event_type)) {
                 let params = [event_type.into(), Val::Int(floor)];
                 return run_query(&mut *conn, &self.d, &f.next_due, &params, &[]);
             }

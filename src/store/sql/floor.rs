@@ -30,7 +30,8 @@
 //!   time after 10 minutes at 1,000 events/s under a held snapshot.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
@@ -44,14 +45,18 @@ const TICKS_KEPT: usize = 64;
 
 /// The statements of claims from a floor.
 pub struct FloorSql {
-    /// $1 type -> anything, the insert mark (read after the statement's
-    /// snapshot), the snapshot's oldest running transaction id, the
-    /// statement's own transaction id (taken after the mark was read), 1 when
-    /// the type is paused (else 0).
+    /// The schema version that gives them what they need (the number's
+    /// default, the indexes); an older schema claims as 0.3 did.
+    pub since: i64,
+    /// -> anything, the insert mark (read after the statement's snapshot),
+    /// the snapshot's oldest running transaction id, the statement's own
+    /// transaction id (taken after the mark was read).
     pub tick: Stmt,
     /// $1 type, $2 limit, $3 token, $4 lease ms, $5 floor -> the claimed rows
-    /// (the columns of every claim), their `seq` last: the events due that
-    /// wait below the floor, then those above it in insert order.
+    /// (the columns of every claim, then their `seq`, then 0): the events due
+    /// that wait below the floor, then those above it in insert order; and
+    /// last one row with no id whose last column is 1 when the type was
+    /// paused on the claim's snapshot (else 0).
     pub claim: super::Ordered,
     /// $1 type, $2 floor -> the milliseconds until the type's next event is
     /// due, as [`super::Catalog::next_due`], from the index of those waiting
@@ -87,8 +92,19 @@ pub(crate) struct Floor {
 }
 
 impl Floor {
-    /// Takes a tick in, settling what it settles.
+    /// Takes a tick in, settling what it settles. A sequence or a transaction
+    /// id that went back (a restore, a failover to a replica behind, a
+    /// sequence restarted) forgets all that was known: claims read from the
+    /// lowest number until the floor is known again.
     fn tick(&mut self, t: Tick) {
+        let back = self
+            .ticks
+            .back()
+            .is_some_and(|last| t.xid < last.xid || t.mark < last.mark)
+            || self.settled.is_some_and(|s| t.mark < s);
+        if back {
+            *self = Floor::default();
+        }
         // a mark is settled once a later tick sees no transaction older than
         // the id taken after it was read
         while self.ticks.front().is_some_and(|first| t.xmin >= first.xid) {
@@ -110,7 +126,16 @@ impl Floor {
     /// After a claim from `from` that took events numbered `taken`, at most
     /// `limit` of them, bounded by `upto`: raises the floor as far as that
     /// claim read everything due.
-    fn claimed(&mut self, from: i64, taken: &[i64], limit: usize, upto: Option<i64>) {
+    /// `settled` is the settled mark when the claim began: one settled by a
+    /// later tick may cover commits the claim's snapshot did not see.
+    fn claimed(
+        &mut self,
+        from: i64,
+        settled: Option<i64>,
+        taken: &[i64],
+        limit: usize,
+        upto: Option<i64>,
+    ) {
         let complete = taken.len() < limit;
         // the claim read every due event numbered in (from, read_to]
         let read_to = if complete {
@@ -118,7 +143,7 @@ impl Floor {
         } else {
             taken.iter().copied().filter(|s| *s > from).max()
         };
-        let (Some(settled), Some(to)) = (self.settled, read_to) else {
+        let (Some(settled), Some(to)) = (settled, read_to) else {
             return;
         };
         // what is known below the floor and what this claim read join up
@@ -133,14 +158,30 @@ impl Floor {
     }
 }
 
-/// The floors of a store, by event type.
+/// The floors of a store, by event type (each type's behind a lock of its
+/// own: a tick of one type that waits on the database holds no other back),
+/// and whether the schema has what they need.
 #[derive(Debug, Default)]
-pub(crate) struct Floors(Mutex<HashMap<String, Floor>>);
+pub(crate) struct Floors {
+    types: Mutex<HashMap<String, Arc<Mutex<Floor>>>>,
+    /// The schema is at version 10 or later (asked until it is, at most once
+    /// per [`SCHEMA_ASKED_EVERY`]).
+    schema: Mutex<(bool, Option<Instant>)>,
+}
+
+/// How often a store whose schema is older than the floors asks again.
+const SCHEMA_ASKED_EVERY: Duration = Duration::from_secs(30);
 
 impl Floors {
+    fn of(&self, event_type: &str) -> Arc<Mutex<Floor>> {
+        let mut all = self.types.lock().unwrap_or_else(|p| p.into_inner());
+        all.entry(event_type.to_owned()).or_default().clone()
+    }
+
     fn with<R>(&self, event_type: &str, f: impl FnOnce(&mut Floor) -> R) -> R {
-        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        f(all.entry(event_type.to_owned()).or_default())
+        let floor = self.of(event_type);
+        let mut floor = floor.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut floor)
     }
 
     /// The floor of `event_type` as it is (for [`FloorSql::next_due`]).
@@ -150,23 +191,45 @@ impl Floors {
 
     /// Every type's floor that is known.
     fn all(&self) -> Vec<(String, i64)> {
-        let all = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        all.iter()
-            .filter_map(|(t, f)| Some((t.clone(), f.floor?)))
+        let all: Vec<_> = {
+            let all = self.types.lock().unwrap_or_else(|p| p.into_inner());
+            all.iter().map(|(t, f)| (t.clone(), f.clone())).collect()
+        };
+        all.into_iter()
+            .filter_map(|(t, f)| {
+                let floor = f.lock().unwrap_or_else(|p| p.into_inner()).floor?;
+                Some((t, floor))
+            })
             .collect()
+    }
+
+    /// Whether the schema has the floors' default and indexes (version 10):
+    /// `ask` reads the version, once until it is, then every
+    /// [`SCHEMA_ASKED_EVERY`]. A relay started before `migrate` claims as 0.3
+    /// did meanwhile.
+    pub(crate) fn schema_ready(&self, ask: impl FnOnce() -> Result<bool>) -> Result<bool> {
+        let mut s = self.schema.lock().unwrap_or_else(|p| p.into_inner());
+        if s.0 {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if s.1
+            .is_some_and(|at| now.duration_since(at) < SCHEMA_ASKED_EVERY)
+        {
+            return Ok(false);
+        }
+        *s = (ask()?, Some(now));
+        Ok(s.0)
     }
 }
 
-/// A tick's row: (the session setting it made), mark, xmin, xid, paused.
-fn tick_of(row: &Row) -> Result<(Tick, bool)> {
-    Ok((
-        Tick {
-            mark: row.get(1)?,
-            xmin: row.get(2)?,
-            xid: row.get(3)?,
-        },
-        row.get::<i64>(4)? != 0,
-    ))
+/// A tick's row: (the session setting it made), mark, xmin, xid.
+fn tick_of(row: &Row) -> Result<Tick> {
+    Ok(Tick {
+        mark: row.get(1)?,
+        xmin: row.get(2)?,
+        xid: row.get(3)?,
+    })
 }
 
 impl<D: Dialect> SqlStore<D> {
@@ -181,16 +244,22 @@ impl<D: Dialect> SqlStore<D> {
     ) -> Result<Vec<Row>> {
         let d = &self.d;
         let event_type = args.event_type;
-        let type_ = [Val::Text(event_type.to_owned())];
         // the ticks of a type are taken one at a time, so each is taken
-        // after the one before it (in time, which settling relies on)
-        let (from, paused) = self.floors.with(event_type, |fl| -> Result<_> {
-            let rows = run_query(conn, d, &f.tick, &type_, &[])?;
-            let (tick, paused) = tick_of(rows.first().ok_or_else(|| {
+        // after the one before it
+        let (from, settled) = self.floors.with(event_type, |fl| -> Result<_> {
+            let rows = run_query(conn, d, &f.tick, &[], &[])?;
+            fl.tick(tick_of(rows.first().ok_or_else(|| {
                 crate::error::Error::Internal("the floor's tick returned no row".into())
-            })?)?;
-            fl.tick(tick);
-            Ok((fl.start(), paused))
+            })?)?);
+            // `deliver_pending` (bounded by an insert mark) reads from the
+            // lowest number: a store of its own has no recovery thread to
+            // find what was given back below the floor
+            let from = if args.upto.is_some() {
+                i64::MIN
+            } else {
+                fl.start()
+            };
+            Ok((from, fl.settled))
         })?;
         let fixed = [
             Val::Text(event_type.to_owned()),
@@ -199,7 +268,16 @@ impl<D: Dialect> SqlStore<D> {
             ms(args.lease),
             Val::Int(from),
         ];
-        let rows = run_query(conn, d, &f.claim.claim(&d.common, args), &fixed, &[])?;
+        let mut rows = run_query(conn, d, &f.claim.claim(&d.common, args), &fixed, &[])?;
+        // the last row says whether the type was paused
+        let paused = match rows.pop() {
+            Some(last) if matches!(last.val(0), Val::Null) => last.get::<i64>(9)? != 0,
+            _ => {
+                return Err(crate::error::Error::Internal(
+                    "the floor's claim returned no row of its pause".into(),
+                ))
+            }
+        };
         let seq_at = 8;
         let taken = rows
             .iter()
@@ -207,7 +285,7 @@ impl<D: Dialect> SqlStore<D> {
             .collect::<Result<Vec<_>>>()?;
         if !paused {
             self.floors.with(event_type, |fl| {
-                fl.claimed(from, &taken, args.limit, args.upto)
+                fl.claimed(from, settled, &taken, args.limit, args.upto)
             });
         }
         Ok(rows)
@@ -281,31 +359,53 @@ mod tests {
     fn the_floor_rises_only_as_far_as_a_claim_read() {
         let mut f = Floor::default();
         assert_eq!(f.start(), i64::MIN, "from the lowest number first");
-        f.claimed(i64::MIN, &[], 10, None);
+        f.claimed(i64::MIN, f.settled, &[], 10, None);
         assert_eq!(f.floor, None, "nothing settled: no floor");
         assert_eq!(f.start(), i64::MIN, "nor a floor to start from");
         let mut f = at(None, 50);
         // short of the limit: everything up to the settled mark was read
-        f.claimed(i64::MIN, &[3, 4], 10, None);
+        f.claimed(i64::MIN, f.settled, &[3, 4], 10, None);
         assert_eq!(f.floor, Some(50));
         assert_eq!(f.start(), 50);
         let mut f = at(Some(50), 60);
         // a full claim: read up to the last number it took above the floor
         // (7 is a retry from below it)
-        f.claimed(50, &[7, 55, 58], 3, None);
+        f.claimed(50, f.settled, &[7, 55, 58], 3, None);
         assert_eq!(f.floor, Some(58));
         // a full claim of retries alone says nothing of what is above
-        f.claimed(58, &[1, 2, 3], 3, None);
+        f.claimed(58, f.settled, &[1, 2, 3], 3, None);
         assert_eq!(f.floor, Some(58));
         // bounded by an insert mark: read up to it
-        f.claimed(58, &[59], 10, Some(59));
+        f.claimed(58, f.settled, &[59], 10, Some(59));
         assert_eq!(f.floor, Some(59));
-        f.claimed(59, &[], 10, None);
+        f.claimed(59, f.settled, &[], 10, None);
         assert_eq!(f.floor, Some(60), "the settled mark bounds it");
         // a claim from a higher number than the floor tells nothing below it
         let mut f = at(None, 60);
-        f.claimed(40, &[], 10, None);
+        f.claimed(40, f.settled, &[], 10, None);
         assert_eq!(f.floor, None);
+    }
+
+    #[test]
+    fn a_claim_raises_the_floor_to_the_mark_settled_when_it_began() {
+        let mut f = at(Some(10), 50);
+        let when_it_began = f.settled;
+        // another caller's tick, after this claim's snapshot, settles more
+        f.tick(t(1100, 5000, 5001));
+        assert_eq!(f.settled, Some(1050));
+        f.claimed(10, when_it_began, &[], 10, None);
+        assert_eq!(f.floor, Some(50));
+    }
+
+    #[test]
+    fn a_sequence_or_an_id_that_went_back_forgets_the_floor() {
+        let mut f = at(Some(40), 50);
+        f.tick(t(5, 1, 3));
+        assert_eq!((f.floor, f.settled), (None, None), "the sequence restarted");
+        let mut f = at(Some(40), 50);
+        f.tick(t(2000, 1, 0));
+        assert_eq!((f.floor, f.settled), (None, None), "ids from before");
+        assert_eq!(f.start(), i64::MIN);
     }
 
     #[test]

@@ -16,7 +16,7 @@ impl<D: Dialect> SqlStore<D> {
     /// (a new database, or txbox 0.1's) or none is recorded in it yet; any
     /// other error reading it (a lost connection, a missing grant) is an
     /// error, never taken for an empty schema.
-    fn schema_version(&self, c: &mut dyn Conn) -> Result<i64> {
+    pub(super) fn schema_version(&self, c: &mut dyn Conn) -> Result<i64> {
         let sql = Stmt::new(format!(
             "SELECT COALESCE(MAX(version), 0) FROM {}",
             self.tables.schema_version
