@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use mysql::prelude::Queryable;
 use txbox::store::{ClaimArgs, ClaimStore, Outcome};
-use txbox::{Config, MySqlStore, NewEvent, Outbox, Store};
+use txbox::{Config, MySqlStore, NewEvent, Outbox};
 use uuid::Uuid;
 
 use crate::common::*;
