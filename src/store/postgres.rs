@@ -103,6 +103,9 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         )
     };
     let paused = &t.paused;
+    // the insert sequence's last number: every row inserted so far has it or less
+    let last_number = "CASE WHEN is_called THEN last_value ELSE last_value - 1 END";
+    let seq = format!("{}outbox_events_seq", t.prefix);
     let claimed =
         "id, event_type, event_key, headers::text, payload, attempts, payload_bytes, content_type";
     Catalog {
@@ -143,12 +146,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         error_code: |_| None,
         version_table: format!("SELECT 1 WHERE to_regclass('{}') IS NOT NULL", t.schema_version).into(),
         ping: "SELECT 1".into(),
-        // the sequence's last number: every row inserted so far has it or less
-        insert_mark: format!(
-            "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END \
-             FROM {}outbox_events_seq",
-            t.prefix
-        ).into(),
+        insert_mark: format!("SELECT {last_number} FROM {seq}").into(),
         max_ids: 1000,
         // the ids through a sub-select, whose size the planner cannot see: given
         // 200 ids outright, it seq-scans a table that was never analyzed (a fresh or
@@ -197,11 +195,8 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             // the transaction's id is taken after (its commit waits for no
             // flush: a tick lost in a crash is no loss)
             tick: format!(
-                "SELECT set_config('synchronous_commit', 'off', true), \
-                   CASE WHEN is_called THEN last_value ELSE last_value - 1 END, \
-                   txid_snapshot_xmin(txid_current_snapshot()), txid_current() \
-                 FROM {}outbox_events_seq",
-                t.prefix
+                "SELECT set_config('synchronous_commit', 'off', true), {last_number}, \
+                   txid_snapshot_xmin(txid_current_snapshot()), txid_current() FROM {seq}"
             ).into(),
             // the claimed rows, then one row (no id) that says whether the
             // type was paused on the claim's own snapshot

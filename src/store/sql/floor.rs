@@ -30,6 +30,7 @@
 //!   time after 10 minutes at 1,000 events/s under a held snapshot.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -142,11 +143,13 @@ impl Floor {
     /// After a claim from `from` that took events numbered `taken`, at most
     /// `limit` of them, bounded by `upto`: raises the floor as far as that
     /// claim read everything due.
-    /// `settled` is the settled mark when the claim began: one settled by a
-    /// later tick may cover commits the claim's snapshot did not see.
+    /// `resumed`: it resumed a backlog ([`Floor::start`]); `settled` is the
+    /// settled mark when the claim began: one settled by a later tick may
+    /// cover commits the claim's snapshot did not see.
     fn claimed(
         &mut self,
         from: i64,
+        resumed: bool,
         settled: Option<i64>,
         taken: &[i64],
         limit: usize,
@@ -159,7 +162,6 @@ impl Floor {
         } else {
             taken.iter().copied().filter(|s| *s > from).max()
         };
-        let resumed = self.resume.is_some();
         self.resume = match read_to {
             _ if complete => None,
             Some(to) => Some(to),
@@ -189,9 +191,11 @@ impl Floor {
 #[derive(Debug, Default)]
 pub(crate) struct Floors {
     types: Mutex<HashMap<String, Arc<Mutex<Floor>>>>,
-    /// The schema is at version 10 or later (asked until it is, at most once
-    /// per [`SCHEMA_ASKED_EVERY`]).
-    schema: Mutex<(bool, Option<Instant>)>,
+    /// The schema is at version 10 or later: once it is, it stays so.
+    schema_ready: AtomicBool,
+    /// When the schema was last found older (asked again after
+    /// [`SCHEMA_ASKED_EVERY`]).
+    schema_asked: Mutex<Option<Instant>>,
 }
 
 /// How often a store whose schema is older than the floors asks again.
@@ -233,18 +237,18 @@ impl Floors {
     /// [`SCHEMA_ASKED_EVERY`]. A relay started before `migrate` claims as 0.3
     /// did meanwhile.
     pub(crate) fn schema_ready(&self, ask: impl FnOnce() -> Result<bool>) -> Result<bool> {
-        let mut s = self.schema.lock().unwrap_or_else(|p| p.into_inner());
-        if s.0 {
+        if self.schema_ready.load(Ordering::Relaxed) {
             return Ok(true);
         }
+        let mut asked = self.schema_asked.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        if s.1
-            .is_some_and(|at| now.duration_since(at) < SCHEMA_ASKED_EVERY)
-        {
+        if asked.is_some_and(|at| now.duration_since(at) < SCHEMA_ASKED_EVERY) {
             return Ok(false);
         }
-        *s = (ask()?, Some(now));
-        Ok(s.0)
+        let ready = ask()?;
+        *asked = Some(now);
+        self.schema_ready.store(ready, Ordering::Relaxed);
+        Ok(ready)
     }
 }
 
@@ -271,10 +275,10 @@ impl<D: Dialect> SqlStore<D> {
         let event_type = args.event_type;
         // the ticks of a type are taken one at a time, so each is taken
         // after the one before it
-        let (from, settled) = self.floors.with(event_type, |fl| -> Result<_> {
+        let (from, resumed, settled) = self.floors.with(event_type, |fl| -> Result<_> {
             let (from, resumed) = fl.start();
             if resumed {
-                return Ok((from, fl.settled));
+                return Ok((from, true, fl.settled));
             }
             let now = Instant::now();
             // until a mark is settled, at every claim
@@ -293,7 +297,7 @@ impl<D: Dialect> SqlStore<D> {
             // lowest number: a store of its own has no recovery thread to
             // find what was given back below the floor
             let from = if args.upto.is_some() { i64::MIN } else { from };
-            Ok((from, fl.settled))
+            Ok((from, false, fl.settled))
         })?;
         let fixed = [
             Val::Text(event_type.to_owned()),
@@ -319,7 +323,7 @@ impl<D: Dialect> SqlStore<D> {
             .collect::<Result<Vec<_>>>()?;
         if !paused {
             self.floors.with(event_type, |fl| {
-                fl.claimed(from, settled, &taken, args.limit, args.upto)
+                fl.claimed(from, resumed, settled, &taken, args.limit, args.upto)
             });
         }
         Ok(rows)
@@ -393,37 +397,37 @@ mod tests {
     fn the_floor_rises_only_as_far_as_a_claim_read() {
         let mut f = Floor::default();
         assert_eq!(f.start(), (i64::MIN, false), "from the lowest number first");
-        f.claimed(i64::MIN, f.settled, &[], 10, None);
+        f.claimed(i64::MIN, f.start().1, f.settled, &[], 10, None);
         assert_eq!(f.floor, None, "nothing settled: no floor");
         assert_eq!(f.start(), (i64::MIN, false), "nor a floor to start from");
         let mut f = at(None, 50);
         // short of the limit: everything up to the settled mark was read
-        f.claimed(i64::MIN, f.settled, &[3, 4], 10, None);
+        f.claimed(i64::MIN, f.start().1, f.settled, &[3, 4], 10, None);
         assert_eq!(f.floor, Some(50));
         assert_eq!(f.start(), (50, false));
         let mut f = at(Some(50), 60);
         // a full claim: read up to the last number it took above the floor
         // (7 is a retry from below it); the next resumes there
-        f.claimed(50, f.settled, &[7, 55, 58], 3, None);
+        f.claimed(50, f.start().1, f.settled, &[7, 55, 58], 3, None);
         assert_eq!(f.floor, Some(58));
         assert_eq!(f.start(), (58, true));
         // a resumed claim raises no floor, and a full one of waiting events
         // alone resumes where it began
-        f.claimed(58, f.settled, &[1, 2, 3], 3, None);
+        f.claimed(58, f.start().1, f.settled, &[1, 2, 3], 3, None);
         assert_eq!((f.floor, f.start()), (Some(58), (58, true)));
-        f.claimed(58, f.settled, &[70, 71, 72], 3, None);
+        f.claimed(58, f.start().1, f.settled, &[70, 71, 72], 3, None);
         assert_eq!((f.floor, f.start()), (Some(58), (72, true)));
         // short: the backlog is drained, the next claim is from the floor
-        f.claimed(72, f.settled, &[73], 10, None);
+        f.claimed(72, f.start().1, f.settled, &[73], 10, None);
         assert_eq!((f.floor, f.start()), (Some(58), (58, false)));
         // bounded by an insert mark: read up to it
-        f.claimed(58, f.settled, &[59], 10, Some(59));
+        f.claimed(58, f.start().1, f.settled, &[59], 10, Some(59));
         assert_eq!(f.floor, Some(59));
-        f.claimed(59, f.settled, &[], 10, None);
+        f.claimed(59, f.start().1, f.settled, &[], 10, None);
         assert_eq!(f.floor, Some(60), "the settled mark bounds it");
         // a claim from a higher number than the floor tells nothing below it
         let mut f = at(None, 60);
-        f.claimed(40, f.settled, &[], 10, None);
+        f.claimed(40, f.start().1, f.settled, &[], 10, None);
         assert_eq!(f.floor, None);
     }
 
@@ -434,7 +438,7 @@ mod tests {
         // another caller's tick, after this claim's snapshot, settles more
         f.tick(t(1100, 5000, 5001));
         assert_eq!(f.settled, Some(1050));
-        f.claimed(10, when_it_began, &[], 10, None);
+        f.claimed(10, false, when_it_began, &[], 10, None);
         assert_eq!(f.floor, Some(50));
     }
 
