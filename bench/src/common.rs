@@ -99,10 +99,11 @@ pub(crate) fn with_literals(sql: &str, values: &[&str]) -> Res<String> {
     Ok(out)
 }
 
-pub(crate) fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
-    let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
+/// Every table txbox makes under `prefix`, on any dialect: a fresh run
+/// drops them first.
+pub(crate) fn tables_of(prefix: &str) -> Res<Vec<String>> {
     let t = txbox::store::Tables::new(prefix)?;
-    for table in [
+    Ok(vec![
         t.outbox().to_owned(),
         t.dlq().to_owned(),
         t.inbox().to_owned(),
@@ -111,7 +112,14 @@ pub(crate) fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
         // a type left `poll` here by an earlier run would not notify
         format!("{prefix}outbox_quiet_types"),
         format!("{prefix}outbox_paused_types"),
-    ] {
+        // SQLite's counter of insert numbers
+        format!("{prefix}outbox_seq"),
+    ])
+}
+
+pub(crate) fn fresh(prefix: &str) -> Res<(Arc<PgStore>, postgres::Client)> {
+    let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
+    for table in tables_of(prefix)? {
         c.batch_execute(&format!("DROP TABLE IF EXISTS {table}"))?;
     }
     let store = Arc::new(PgStore::connect(

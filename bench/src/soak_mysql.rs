@@ -30,16 +30,8 @@ fn one(events: usize, held: bool) -> Res<f64> {
     };
     let pool = mysql::Pool::new(mysql_url().as_str())?;
     let mut c = pool.get_conn()?;
-    for t in [
-        "outbox_events",
-        "outbox_dead_letters",
-        "inbox_consumed",
-        "job_locks",
-        "txbox_schema_version",
-        "outbox_paused_types",
-        "outbox_seq",
-    ] {
-        c.query_drop(format!("DROP TABLE IF EXISTS {p}{t}"))?;
+    for table in tables_of(p)? {
+        c.query_drop(format!("DROP TABLE IF EXISTS {table}"))?;
     }
     let cfg = Config::builder()
         .table_prefix(p)

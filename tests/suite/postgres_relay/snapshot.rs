@@ -62,6 +62,15 @@ fn ended(c: &mut postgres::Client, app: &str) {
     });
 }
 
+/// Publishes events `range` of type `e` in one committed transaction.
+fn publish_range(c: &mut postgres::Client, outbox: &Outbox, range: std::ops::Range<usize>) {
+    let mut tx = c.transaction().unwrap();
+    outbox
+        .publish_all(&mut tx, txbox::NewEvent::batch("e", range).unwrap())
+        .unwrap();
+    tx.commit().unwrap();
+}
+
 /// A client named `app`.
 fn named(app: &str) -> postgres::Client {
     postgres::Client::connect(&pg_url_as(app), postgres::NoTls).unwrap()
@@ -100,14 +109,7 @@ fn claims_under_a_held_snapshot_do_not_walk_the_dead_rows() {
     let outbox = Outbox::new(&config).unwrap();
     let mut publisher = named(&format!("{app}-publisher"));
     for chunk in 0..40 {
-        let mut tx = publisher.transaction().unwrap();
-        outbox
-            .publish_all(
-                &mut tx,
-                txbox::NewEvent::batch("e", chunk * 500..(chunk + 1) * 500).unwrap(),
-            )
-            .unwrap();
-        tx.commit().unwrap();
+        publish_range(&mut publisher, &outbox, chunk * 500..(chunk + 1) * 500);
     }
     drop(publisher);
     let sent = sender.wait_for(20_000, Duration::from_secs(120));
@@ -164,14 +166,7 @@ fn a_late_commit_below_the_floor_is_delivered_at_once() {
     let mut tx = late.transaction().unwrap();
     let early = outbox.publish(&mut tx, "e", &"early").unwrap();
     for chunk in 0..10 {
-        let mut t = c.transaction().unwrap();
-        outbox
-            .publish_all(
-                &mut t,
-                txbox::NewEvent::batch("e", chunk * 300..(chunk + 1) * 300).unwrap(),
-            )
-            .unwrap();
-        t.commit().unwrap();
+        publish_range(&mut c, &outbox, chunk * 300..(chunk + 1) * 300);
         assert!(sender.wait_for((chunk + 1) * 300, Duration::from_secs(30)) >= (chunk + 1) * 300);
     }
     assert!(!sender.sent().iter().any(|e| e.id == early));
