@@ -3,8 +3,8 @@
 //!
 //! | route | |
 //! |---|---|
-//! | `GET /health` | 200 when the database answers and every relay thread runs, none stuck (busy with one piece of work longer than [`AdminOptions::stuck_after`]), else 503 |
-//! | `GET /ready` | 200 when healthy and every relay's broker can be reached, else 503 (a broker outage: the events wait) |
+//! | `GET /health` | 200 when the database answers (within [`AdminOptions::database_timeout`]) and every relay thread runs, none stuck (busy with one piece of work longer than [`AdminOptions::stuck_after`]), else 503 |
+//! | `GET /ready` | 200 when healthy and every relay's broker can be reached and acks its batches (within [`AdminOptions::acks_overdue_after`]), else 503 (a broker outage: the events wait) |
 //! | `GET /metrics` | Prometheus text of the process-wide registry ([`crate::metrics::prometheus`]), or of the one given to [`AdminOptions::metrics`] |
 //! | `GET /dlq/events?type=&status=&offset=&limit=` | dead letters, JSON |
 //! | `GET /dlq/events/{id}` | one dead letter, JSON |
@@ -26,7 +26,9 @@
 //! own within [`AdminOptions::request_timeout`], so a client that stalls never
 //! keeps `/health` from answering nor `shutdown` from returning. Malformed JSON,
 //! unknown routes and bodies over 64 KiB get a 4xx with `{"error": "..."}`;
-//! `/health` says `"database": "unreachable"` and logs why.
+//! `/health` says `"database": "unreachable"` and logs why. Both probes answer
+//! within about a second whatever the database does: its check runs on a thread
+//! of its own, one at a time.
 //!
 //! ```no_run
 //! # fn main() -> txbox::Result<()> {
@@ -45,7 +47,9 @@ use std::time::{Duration, Instant};
 
 use subtle::ConstantTimeEq;
 
+use self::health::{health, DatabaseCheck};
 use self::http::{answer, err, error_json, read_body, read_head, reply, Call, Resp};
+mod health;
 mod http;
 
 use crate::dlq::Dlq;
@@ -80,6 +84,8 @@ pub struct AdminOptions {
     protect_probes: bool,
     request_timeout: Duration,
     stuck_after: Duration,
+    database_timeout: Duration,
+    acks_overdue_after: Duration,
     /// What `/metrics` serves (`None`: the process-wide registry).
     metrics: Option<Arc<crate::metrics::Registry>>,
 }
@@ -97,6 +103,8 @@ impl std::fmt::Debug for AdminOptions {
             .field("protect_probes", &self.protect_probes)
             .field("request_timeout", &self.request_timeout)
             .field("stuck_after", &self.stuck_after)
+            .field("database_timeout", &self.database_timeout)
+            .field("acks_overdue_after", &self.acks_overdue_after)
             .field("metrics", &self.metrics.as_ref().map(|_| "of its own"))
             .finish()
     }
@@ -109,6 +117,12 @@ impl Default for AdminOptions {
 }
 
 impl AdminOptions {
+    /// The default of [`AdminOptions::database_timeout`].
+    pub const DATABASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// The default of [`AdminOptions::acks_overdue_after`].
+    pub const ACKS_OVERDUE_AFTER: Duration = Duration::from_secs(10);
+
     /// Loopback, an OS-chosen port, no token (so the DLQ routes are disabled),
     /// `/health` and `/metrics` open, 5 s per request.
     pub fn new() -> Self {
@@ -119,6 +133,8 @@ impl AdminOptions {
             protect_probes: false,
             request_timeout: Duration::from_secs(5),
             stuck_after: RelayProbe::STUCK_AFTER,
+            database_timeout: Self::DATABASE_TIMEOUT,
+            acks_overdue_after: Self::ACKS_OVERDUE_AFTER,
             metrics: None,
         }
     }
@@ -137,6 +153,28 @@ impl AdminOptions {
     /// timeouts of the connections it waits on).
     pub fn stuck_after(mut self, d: Duration) -> Self {
         self.stuck_after = d;
+        self
+    }
+
+    /// How long `/health`'s check of the database may wait for its answer
+    /// before `/health` and `/ready` say 503 (`"database": "no answer for N
+    /// ms"`); default [`AdminOptions::DATABASE_TIMEOUT`]. The check runs on a
+    /// thread of its own, one at a time: a request waits for it at most 0.7 s,
+    /// then answers with the last answer while the check has waited less than
+    /// this, so both routes answer within about a second whatever the
+    /// database does.
+    pub fn database_timeout(mut self, d: Duration) -> Self {
+        self.database_timeout = d;
+        self
+    }
+
+    /// How long a relay's batch may wait for the broker's acks before
+    /// `/ready` says 503 (`"broker": "acks overdue"`): a broker, or a link to
+    /// it, that takes the messages and answers nothing. Default
+    /// [`AdminOptions::ACKS_OVERDUE_AFTER`]; the sender's own confirm timeout
+    /// still ends the wait (and the batch goes back, pending).
+    pub fn acks_overdue_after(mut self, d: Duration) -> Self {
+        self.acks_overdue_after = d;
         self
     }
 
@@ -210,6 +248,7 @@ impl AdminServer {
         let options = Arc::new(options);
         let busy = Arc::new(AtomicUsize::new(0));
         let reading = Readers::default();
+        let check = DatabaseCheck::new(store.clone());
         let thread = std::thread::Builder::new()
             .name("txbox-admin-http".into())
             .spawn(move || {
@@ -232,10 +271,15 @@ impl AdminServer {
                     // arrived: clients that connect and stall wait among the
                     // readers, the oldest given up when there are too many
                     let reading = reading.arrive(&stream);
-                    let (store, options, busy) = (store.clone(), options.clone(), busy.clone());
+                    let served = Served {
+                        store: store.clone(),
+                        options: options.clone(),
+                        check: check.clone(),
+                    };
+                    let busy = busy.clone();
                     let spawned = std::thread::Builder::new()
                         .name("txbox-admin-request".into())
-                        .spawn(move || serve(&store, &options, stream, reading, &busy));
+                        .spawn(move || serve(&served, stream, reading, &busy));
                     if let Err(e) = spawned {
                         log::warn!("txbox: admin endpoint: no thread for a request: {e}");
                     }
@@ -333,13 +377,15 @@ fn busy_answer() -> Resp {
     err(503, "too many requests at once")
 }
 
-fn serve(
-    store: &Arc<dyn FullStore>,
-    options: &AdminOptions,
-    mut stream: TcpStream,
-    reading: Reading,
-    busy: &Arc<AtomicUsize>,
-) {
+/// What a request is served with.
+struct Served {
+    store: Arc<dyn FullStore>,
+    options: Arc<AdminOptions>,
+    check: Arc<DatabaseCheck>,
+}
+
+fn serve(served: &Served, mut stream: TcpStream, reading: Reading, busy: &Arc<AtomicUsize>) {
+    let options = &served.options;
     let deadline = Instant::now() + options.request_timeout;
     let head = read_head(&mut stream, deadline);
     drop(reading);
@@ -369,7 +415,7 @@ fn serve(
         Vec::new()
     };
     let response = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        handle(store, options, &call, &body)
+        handle(served, &call, &body)
     }))
     .unwrap_or_else(|_| err(500, "internal error"));
     answer(stream, &response, true);
@@ -408,13 +454,14 @@ fn authorize(
     }
 }
 
-fn handle(store: &Arc<dyn FullStore>, options: &AdminOptions, call: &Call, body: &[u8]) -> Resp {
+fn handle(served: &Served, call: &Call, body: &[u8]) -> Resp {
+    let (store, options) = (&served.store, &served.options);
     let path = call.url.split('?').next().unwrap_or_default();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let dlq = Dlq::new(store.clone());
     let result: Result<Resp> = match (call.method.as_str(), segments.as_slice()) {
-        ("GET", ["health"]) => Ok(health(store, options, false)),
-        ("GET", ["ready"]) => Ok(health(store, options, true)),
+        ("GET", ["health"]) => Ok(health(&served.check, options, false)),
+        ("GET", ["ready"]) => Ok(health(&served.check, options, true)),
         ("GET", ["metrics"]) => Ok(Resp {
             code: 200,
             content_type: "text/plain; version=0.0.4",
@@ -492,72 +539,6 @@ fn json<T: serde::Serialize>(code: u16, v: &T) -> Resp {
         code,
         &serde_json::to_string(v).unwrap_or_else(|e| error_json(&e.to_string())),
     )
-}
-
-/// `/health` (`readiness` false): the database answers and every relay thread
-/// runs, none stuck. `/ready`: that, and every relay's broker can be reached.
-fn health(store: &Arc<dyn FullStore>, options: &AdminOptions, readiness: bool) -> Resp {
-    // a short reason only: the error's text (hosts, users, server messages) goes
-    // to the log, not to whoever reaches the port
-    let database = match store.ping() {
-        Ok(_) => "ok",
-        Err(e) => {
-            log::warn!("txbox: admin /health: the database does not answer: {e}");
-            "unreachable"
-        }
-    };
-    let relays: Vec<_> = options
-        .relays
-        .iter()
-        .map(|p| {
-            let (running, threads) = p.threads();
-            let stuck = p.stuck(options.stuck_after);
-            let broker_up = p.broker_down() == 0;
-            (
-                running == threads && stuck == 0,
-                broker_up,
-                serde_json::json!({
-                    "running": running,
-                    "threads": threads,
-                    "stuck": stuck,
-                    "broker": if broker_up { "ok" } else { "unreachable" },
-                }),
-            )
-        })
-        .collect();
-    let healthy = database == "ok" && relays.iter().all(|r| r.0);
-    let ready = healthy && relays.iter().all(|r| r.1);
-    let ok = if readiness { ready } else { healthy };
-    let mut body = serde_json::json!({
-        "status": if ok { "ok" } else if readiness && healthy { "not ready" } else { "unhealthy" },
-        "database": database,
-        "relays": relays.into_iter().map(|r| r.2).collect::<Vec<_>>(),
-    });
-    if database == "ok" {
-        match store.paused() {
-            Ok(paused) => body["paused"] = serde_json::json!(paused),
-            Err(e) => log::warn!("txbox: admin /health: reading the paused types: {e}"),
-        }
-    }
-    // PostgreSQL: how full the notification queue is (a listener that stopped
-    // reading fills it; at 0.5 commits stop notifying and the relays poll)
-    if database == "ok" {
-        match store.notify_queue_usage() {
-            Ok(Some(usage)) => {
-                if usage >= 0.5 {
-                    log::warn!(
-                        "txbox: the notification queue is {:.0}% full: a listener in the \
-                         cluster stopped reading; commits no longer wake the relays, which poll",
-                        usage * 100.0
-                    );
-                }
-                body["notify_queue_usage"] = serde_json::json!(usage);
-            }
-            Ok(None) => {}
-            Err(e) => log::warn!("txbox: admin /health: reading the notification queue: {e}"),
-        }
-    }
-    json(if ok { 200 } else { 503 }, &body)
 }
 
 fn list(dlq: &Dlq, url: &str) -> Result<Resp> {

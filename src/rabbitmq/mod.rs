@@ -60,7 +60,7 @@ pub(crate) fn open(
     };
     // what this does not read, amiquip reads: with the same timeout
     let amiquip_open = |tuning| {
-        amiquip::Connection::insecure_open_tuned(&with_timeout(url), tuning).map_err(broker)
+        amiquip::Connection::insecure_open_tuned(&with_defaults(url), tuning).map_err(broker)
     };
     let Some(target) = nodelay_target(url)? else {
         return amiquip_open(tuning);
@@ -71,18 +71,33 @@ pub(crate) fn open(
     }
 }
 
-/// `url` with `connection_timeout` [`CONNECTION_TIMEOUT`] unless it sets one
-/// (or is no URL: amiquip then says what is wrong with it).
-fn with_timeout(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if !u.query_pairs().any(|(k, _)| k == "connection_timeout") => {
-            let ms = CONNECTION_TIMEOUT.as_millis().to_string();
-            u.query_pairs_mut().append_pair("connection_timeout", &ms);
-            u.into()
+/// `url` with `connection_timeout` [`CONNECTION_TIMEOUT`] and `heartbeat`
+/// [`HEARTBEAT`] unless it sets them (or is no URL: amiquip then says what is
+/// wrong with it).
+fn with_defaults(url: &str) -> String {
+    let Ok(mut u) = url::Url::parse(url) else {
+        return url.to_owned();
+    };
+    let defaults = [
+        (
+            "connection_timeout",
+            CONNECTION_TIMEOUT.as_millis().to_string(),
+        ),
+        ("heartbeat", HEARTBEAT.to_string()),
+    ];
+    for (key, value) in defaults {
+        if !u.query_pairs().any(|(k, _)| k == key) {
+            u.query_pairs_mut().append_pair(key, &value);
         }
-        _ => url.to_owned(),
     }
+    u.into()
 }
+
+/// The heartbeat interval a connection asks for, in seconds, when the URL does
+/// not say (`heartbeat`; the broker's, 60 s, when lower): a connection whose
+/// link drops or holds everything (a partition, a frozen broker) is closed
+/// after two intervals without a frame, 10 s, and its batches go back.
+pub const HEARTBEAT: u16 = 5;
 
 /// How long a connection may take to connect and finish the AMQP handshake
 /// (TLS included) when the URL does not say (`connection_timeout`, in ms):
@@ -105,8 +120,7 @@ struct Target {
 }
 
 /// Opens a connection to the first of `addrs` that takes it, each in turn as
-/// amiquip does: the socket connects in the background, so a refused address
-/// shows in the handshake. The last error when none did; `None` with no address.
+/// amiquip does. The last error when none did; `None` with no address.
 fn open_first(
     target: &Target,
     tuning: &amiquip::ConnectionTuning,
@@ -132,15 +146,23 @@ fn open_first(
     last
 }
 
-/// A connecting socket to `addr` with `TCP_NODELAY` set.
+/// A socket connected to `addr` within [`TCP_CONNECT_TIMEOUT`], with
+/// `TCP_NODELAY` set.
 fn nodelay_socket(
     addr: &std::net::SocketAddr,
 ) -> std::result::Result<mio::net::TcpStream, amiquip::Error> {
     let io = |source| amiquip::Error::IoErrorWritingSocket { source };
-    let stream = mio::net::TcpStream::connect(addr).map_err(io)?;
+    let stream = std::net::TcpStream::connect_timeout(addr, TCP_CONNECT_TIMEOUT).map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
-    Ok(stream)
+    mio::net::TcpStream::from_stream(stream).map_err(io)
 }
+
+/// How long the TCP connect of a connection may take, within its
+/// `connection_timeout`: a link that drops everything (a partition) loses the
+/// connect's SYN, and the next try, at most [`MAX_RECONNECT`] later, sends a
+/// fresh one instead of waiting for the kernel's retransmission (1, 3, 7 s):
+/// the link back, the broker is connected to within about 2 s.
+const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The addresses, the options and the TLS of an `amqp://` or `amqps://` URL;
 /// `None` for any URL amiquip should read itself; an error for TLS settings
@@ -217,6 +239,7 @@ fn amqp_target(
     };
     let mut options = ConnectionOptions::<Auth>::default()
         .connection_timeout(Some(CONNECTION_TIMEOUT))
+        .heartbeat(HEARTBEAT)
         .frame_max(FRAME_MAX as u32);
     // `amqp://host` has no path at all, `amqp://host/` an empty one: both the
     // default virtual host
@@ -261,9 +284,10 @@ fn amqp_target(
     (!addrs.is_empty()).then_some((addrs, options))
 }
 
-/// Shortest and longest wait before a lost connection is opened again.
+/// Shortest and longest wait before a lost connection is opened again (a
+/// broker back after an outage is connected to within about 2 s).
 pub(crate) const MIN_RECONNECT: Duration = Duration::from_millis(100);
-pub(crate) const MAX_RECONNECT: Duration = Duration::from_secs(10);
+pub(crate) const MAX_RECONNECT: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
@@ -273,7 +297,8 @@ mod tests {
         nodelay_target(url).unwrap_or_else(|e| panic!("{url}: {e}"))
     }
 
-    /// Connecting needs no broker: the socket is non-blocking and still connecting.
+    /// Each URL form is read to its addresses; a socket connects with
+    /// `TCP_NODELAY` set (to a listener of the test's own).
     #[test]
     fn the_url_forms_in_use_get_a_socket_with_nodelay() {
         for (url, port) in [
@@ -301,9 +326,10 @@ mod tests {
             assert_eq!(t.tls.is_some(), url.starts_with("amqps"), "{url}");
             let addrs = t.addrs;
             assert!(addrs.iter().all(|a| a.port() == port), "{url}: {addrs:?}");
-            let stream = nodelay_socket(&addrs[0]).unwrap();
-            assert!(stream.nodelay().unwrap(), "{url}: TCP_NODELAY not set");
         }
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = nodelay_socket(&listener.local_addr().unwrap()).unwrap();
+        assert!(stream.nodelay().unwrap(), "TCP_NODELAY not set");
     }
 
     /// A refused first address: the next one takes the connection (against
@@ -348,18 +374,34 @@ mod tests {
         }
     }
 
-    /// A URL left to amiquip gets the connection timeout too.
+    /// A URL left to amiquip gets the connection timeout and the heartbeat
+    /// too, unless it sets them.
     #[test]
-    fn urls_left_to_amiquip_get_the_timeout() {
+    fn urls_left_to_amiquip_get_the_timeout_and_heartbeat() {
         assert_eq!(
-            super::with_timeout("amqps://h/a/b?auth_mechanism=external"),
-            "amqps://h/a/b?auth_mechanism=external&connection_timeout=10000"
+            super::with_defaults("amqps://h/a/b?auth_mechanism=external"),
+            "amqps://h/a/b?auth_mechanism=external&connection_timeout=10000&heartbeat=5"
         );
         assert_eq!(
-            super::with_timeout("amqp://h?connection_timeout=5"),
-            "amqp://h?connection_timeout=5"
+            super::with_defaults("amqp://h?connection_timeout=5&heartbeat=30"),
+            "amqp://h?connection_timeout=5&heartbeat=30"
         );
-        assert_eq!(super::with_timeout("not a url"), "not a url");
+        assert_eq!(super::with_defaults("not a url"), "not a url");
+    }
+
+    /// A URL read here asks for a heartbeat of [`super::HEARTBEAT`] unless it
+    /// sets one.
+    #[test]
+    fn the_heartbeat_defaults_to_five_seconds() {
+        let options = |heartbeat| {
+            amiquip::ConnectionOptions::<amiquip::Auth>::default()
+                .connection_timeout(Some(super::CONNECTION_TIMEOUT))
+                .heartbeat(heartbeat)
+                .frame_max(super::FRAME_MAX as u32)
+        };
+        let read = |url: &str| target(url).expect("read").options;
+        assert_eq!(read("amqp://127.0.0.1"), options(5));
+        assert_eq!(read("amqp://127.0.0.1?heartbeat=30"), options(30));
     }
 
     /// TLS settings that cannot work are an error naming what is wrong.

@@ -41,13 +41,13 @@ const MIN_RECHECK: Duration = Duration::from_millis(1);
 const MAX_RECHECK: Duration = Duration::from_millis(8);
 /// After this long without a word on the connection, the listener checks that it
 /// still answers, waiting at most [`CHECK_TIMEOUT`]: a connection that went
-/// silent is found within 40 s (the keepalives find a dead peer within 50 s).
-const CHECK_AFTER: Duration = Duration::from_secs(30);
+/// silent is found within 10 s (the keepalives find a dead peer as soon).
+const CHECK_AFTER: Duration = Duration::from_secs(5);
 /// How often a hold is looked at (no database round trip), and the longest
 /// one: a poller busy with a batch takes its next claim later.
 const HOLD_POLL: Duration = Duration::from_millis(1);
 const MAX_HOLD: Duration = Duration::from_millis(50);
-const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) struct Listener {
     pub(super) store: Arc<dyn ClaimStore>,
@@ -264,7 +264,7 @@ impl Listener {
 
 /// Lets go of a lost listening connection on a thread of its own: one that went
 /// silent may block whoever closes it until the OS gives it up (its keepalives,
-/// 50 s), and the listener must listen again meanwhile.
+/// 10 s), and the listener must listen again meanwhile.
 fn reap(lost: Box<dyn Notifications>) {
     let reaped = std::thread::Builder::new()
         .name("txbox-listen-closing".into())

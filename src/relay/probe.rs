@@ -23,6 +23,9 @@ struct ThreadState {
     busy_since: AtomicU64,
     /// A poller whose broker is not ready (cannot be connected to).
     broker_down: AtomicBool,
+    /// When the oldest batch this poller handed to its broker was sent, in ms
+    /// after `epoch` plus one; 0 while none waits for its acks.
+    sending_since: AtomicU64,
 }
 
 thread_local! {
@@ -58,15 +61,33 @@ impl Threads {
     }
 
     /// Runs `f` on this thread's entry (nothing off a relay thread), with the
-    /// time now as `busy_since` counts it.
-    fn mark(f: impl FnOnce(&ThreadState, u64)) {
+    /// relay's epoch.
+    fn mark(f: impl FnOnce(&ThreadState, Instant)) {
         THIS_THREAD.with(|t| {
             if let Some((threads, i)) = t.borrow().as_ref() {
                 if let Some(state) = threads.each.get(*i) {
-                    f(state, threads.epoch.elapsed().as_millis() as u64 + 1);
+                    f(state, threads.epoch);
                 }
             }
         });
+    }
+
+    /// `at` as the states count it: ms after the epoch, plus one (0 is "none").
+    fn stamp(epoch: Instant, at: Instant) -> u64 {
+        at.saturating_duration_since(epoch).as_millis() as u64 + 1
+    }
+
+    /// Threads running whose time in `field` began longer than `after` ago.
+    fn older_than(&self, after: u64, field: impl Fn(&ThreadState) -> &AtomicU64) -> usize {
+        let now = Self::stamp(self.epoch, Instant::now());
+        self.each
+            .iter()
+            .filter(|t| t.alive.load(Ordering::Relaxed))
+            .filter(|t| {
+                let since = field(t).load(Ordering::Relaxed);
+                since != 0 && now.saturating_sub(since) > after
+            })
+            .count()
     }
 }
 
@@ -81,10 +102,22 @@ pub(super) fn idle() {
     Threads::mark(|t, _| t.busy_since.store(0, Ordering::Relaxed));
 }
 
+/// The calling poller's oldest batch with the broker was sent at `since`
+/// (`None`: no batch waits for its acks).
+pub(super) fn sending(since: Option<Instant>) {
+    Threads::mark(|t, epoch| {
+        let at = since.map_or(0, |s| Threads::stamp(epoch, s));
+        t.sending_since.store(at, Ordering::Relaxed)
+    });
+}
+
 /// The calling relay thread starts a piece of work now (a claim, a batch, a
 /// cleanup): one that goes on longer than a probe's `stuck_after` is stuck.
 pub(super) fn beat() {
-    Threads::mark(|t, now| t.busy_since.store(now, Ordering::Relaxed));
+    Threads::mark(|t, epoch| {
+        let now = Threads::stamp(epoch, Instant::now());
+        t.busy_since.store(now, Ordering::Relaxed)
+    });
 }
 
 /// The calling poller's broker can (`true`) or cannot be reached.
@@ -122,18 +155,18 @@ impl RelayProbe {
     /// than `after` (and than twice the sender's longest wait for an ack):
     /// blocked on a connection that neither answers nor fails.
     pub fn stuck(&self, after: Duration) -> usize {
-        let now = self.alive.epoch.elapsed().as_millis() as u64 + 1;
         let floor = self.alive.stuck_floor.load(Ordering::Relaxed);
         let after = (after.as_millis() as u64).max(floor);
+        self.alive.older_than(after, |t| &t.busy_since)
+    }
+
+    /// Pollers whose oldest batch with the broker has waited for its acks
+    /// longer than `after`: a broker, or a link to it, that takes the messages
+    /// and does not answer (`/ready` says 503 before the sender's confirm
+    /// timeout ends the wait).
+    pub fn acks_overdue(&self, after: Duration) -> usize {
         self.alive
-            .each
-            .iter()
-            .filter(|t| t.alive.load(Ordering::Relaxed))
-            .filter(|t| {
-                let since = t.busy_since.load(Ordering::Relaxed);
-                since != 0 && now.saturating_sub(since) > after
-            })
-            .count()
+            .older_than(after.as_millis() as u64, |t| &t.sending_since)
     }
 
     /// Pollers whose broker cannot be reached now (their events wait, pending).

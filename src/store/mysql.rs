@@ -280,8 +280,9 @@ impl SqlStore<MySqlDialect> {
     ///
     /// Timeouts, unless the URL sets them: `tcp_connect_timeout_ms` 10 s,
     /// `read_timeout_ms` and `write_timeout_ms` (read by txbox) 120 s,
-    /// `tcp_keepalive_time_ms` 30 s then `tcp_keepalive_probe_interval_secs` 5 ×
-    /// `tcp_keepalive_probe_count` 4, `tcp_user_timeout_ms` 50 s.
+    /// `tcp_keepalive_time_ms` 5 s then `tcp_keepalive_probe_interval_secs` 1 ×
+    /// `tcp_keepalive_probe_count` 5, `tcp_user_timeout_ms` 10 s: a connection
+    /// whose link drops everything is given up within 10 s, idle or in a call.
     ///
     /// The first connection is opened here: an unreachable server, a refused
     /// login or a certificate that does not verify is [`Error::Connect`] now.
@@ -358,12 +359,12 @@ impl SqlStore<MySqlDialect> {
                 opts.get_tcp_connect_timeout()
                     .unwrap_or(Duration::from_secs(10)),
             ))
-            .tcp_keepalive_time_ms(Some(opts.get_tcp_keepalive_time_ms().unwrap_or(30_000)))
+            .tcp_keepalive_time_ms(Some(opts.get_tcp_keepalive_time_ms().unwrap_or(5_000)))
             .tcp_keepalive_probe_interval_secs(Some(
-                opts.get_tcp_keepalive_probe_interval_secs().unwrap_or(5),
+                opts.get_tcp_keepalive_probe_interval_secs().unwrap_or(1),
             ))
-            .tcp_keepalive_probe_count(Some(opts.get_tcp_keepalive_probe_count().unwrap_or(4)))
-            .tcp_user_timeout_ms(Some(opts.get_tcp_user_timeout_ms().unwrap_or(50_000)))
+            .tcp_keepalive_probe_count(Some(opts.get_tcp_keepalive_probe_count().unwrap_or(5)))
+            .tcp_user_timeout_ms(Some(opts.get_tcp_user_timeout_ms().unwrap_or(10_000)))
             .pool_opts(
                 mysql::PoolOpts::default().with_constraints(
                     mysql::PoolConstraints::new(1, 16)

@@ -765,34 +765,7 @@ fn black_holed_database_connections_fail_within_their_timeouts() {
     let store = std::sync::Arc::new(txbox::PgStore::connect(&url, &config).unwrap());
     store.migrate().unwrap();
     txbox::MaintenanceStore::status(store.as_ref()).unwrap();
-    // every connection of the pool (it opens some in the background, after a
-    // checkout left it without an idle one): the server lists as many as the
-    // pool holds, the same ones twice 300 ms apart (none on its way)
-    let mut ports: Vec<u16> = Vec::new();
-    let mut before: Option<Vec<u16>> = None;
-    wait_until(
-        "the pool's connections listed",
-        Duration::from_secs(10),
-        || {
-            std::thread::sleep(Duration::from_millis(300));
-            ports = plain
-                .query(
-                    "SELECT client_port FROM pg_stat_activity WHERE application_name = $1 \
-                     ORDER BY client_port",
-                    &[&app],
-                )
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<_, i32>(0) as u16)
-                .collect();
-            let state = store.pool().state();
-            let settled = state.idle_connections == state.connections
-                && ports.len() == state.connections as usize
-                && before.as_ref() == Some(&ports);
-            before = Some(ports.clone());
-            settled
-        },
-    );
+    let ports = pool_ports(&mut plain, &app, &store);
     // past the pool's tested-recently window: the call tests the connection
     let wait = Duration::from_millis(600);
     let (min, max) = (Duration::from_secs(1), Duration::from_secs(15));
@@ -818,6 +791,267 @@ fn black_holed_database_connections_fail_within_their_timeouts() {
         .collect();
     let (min, max) = (Duration::from_millis(900), Duration::from_secs(10));
     status_through_black_hole("MySQL", store, ports, Duration::ZERO, min, max);
+}
+
+/// The local ports of every connection of `store`'s pool, whose sessions are
+/// named `app`: the server lists as many as the pool holds, the same ones
+/// twice 300 ms apart (none on its way; the pool opens some in the background
+/// after a checkout left it without an idle one).
+fn pool_ports(plain: &mut postgres::Client, app: &str, store: &txbox::PgStore) -> Vec<u16> {
+    let mut ports: Vec<u16> = Vec::new();
+    let mut before: Option<Vec<u16>> = None;
+    wait_until(
+        "the pool's connections listed",
+        Duration::from_secs(10),
+        || {
+            std::thread::sleep(Duration::from_millis(300));
+            ports = plain
+                .query(
+                    "SELECT client_port FROM pg_stat_activity WHERE application_name = $1 \
+                     ORDER BY client_port",
+                    &[&app],
+                )
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<_, i32>(0) as u16)
+                .collect();
+            let state = store.pool().state();
+            let settled = state.idle_connections == state.connections
+                && ports.len() == state.connections as usize
+                && before.as_ref() == Some(&ports);
+            before = Some(ports.clone());
+            settled
+        },
+    );
+    ports
+}
+
+/// The code, the body and the time of an admin route's answer, which must
+/// come within a second.
+fn probe_in_time(admin: &txbox::admin::AdminServer, path: &str) -> (u16, serde_json::Value) {
+    let t = Instant::now();
+    let answer = probe(admin, path);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "{path} answered after {:?}: {answer:?}",
+        t.elapsed()
+    );
+    answer
+}
+
+/// The database's link drops everything (every connection of the pool
+/// black-holed: no answer, no reset): `/health` and `/ready` still answer
+/// within a second, 503 `"no answer for N ms"` once the check has waited the
+/// admin's `database_timeout`, and 200 again once the link is back (the
+/// waiting query's retransmission gets through, or the connection is given up
+/// at its `tcp_user_timeout` and replaced). Before, `/health` waited on the
+/// pool with no deadline, and every request held a thread.
+#[test]
+fn health_answers_in_time_while_the_database_link_is_black_holed() {
+    let Some(mut plain) = client() else { return };
+    let config = Config::builder()
+        .table_prefix("t_conn_health_")
+        .build()
+        .unwrap();
+    let app = format!("txbox_health_{}", unique());
+    let url = format!("{}&tcp_user_timeout=8", pg_url_as(&app));
+    let store = std::sync::Arc::new(txbox::PgStore::connect(&url, &config).unwrap());
+    store.migrate().unwrap();
+    let admin = txbox::admin::AdminServer::start(
+        store.clone(),
+        txbox::admin::AdminOptions::new().database_timeout(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let (code, body) = probe_in_time(&admin, "/health");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["database"], "ok");
+
+    let ports = pool_ports(&mut plain, &app, &store);
+    let hole = BlackHole::new(ports);
+    // past the pool's tested-recently window: the check tests its connection
+    std::thread::sleep(Duration::from_millis(600));
+    let cut = Instant::now();
+    let mut said = serde_json::Value::Null;
+    wait_until("/health says 503", Duration::from_secs(6), || {
+        let (code, body) = probe_in_time(&admin, "/health");
+        said = body;
+        code == 503
+    });
+    let took = cut.elapsed();
+    assert!(
+        said["database"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("no answer for ")),
+        "{said}"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(4),
+        "503 after {took:?}"
+    );
+    let (code, body) = probe_in_time(&admin, "/ready");
+    assert_eq!(code, 503, "{body}");
+    drop(hole);
+    let back = Instant::now();
+    wait_until("/health is 200 again", Duration::from_secs(20), || {
+        probe_in_time(&admin, "/health").0 == 200
+    });
+    eprintln!(
+        "database link black-holed: 503 after {took:?}, 200 again {:?} after the link came back",
+        back.elapsed()
+    );
+    admin.shutdown();
+}
+
+/// A forwarder on a port of its own to `to`: black-holing its port (the
+/// packets it sends: data and acknowledgements) cuts the link of whoever
+/// connects through it, and of no one else.
+struct Forward {
+    port: u16,
+}
+
+impl Forward {
+    fn start(to: &str) -> Forward {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let to = to.to_owned();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = std::net::TcpStream::connect(&to) else {
+                    continue;
+                };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                let (Ok(c), Ok(s)) = (client.try_clone(), server.try_clone()) else {
+                    continue;
+                };
+                for (mut from, mut into) in [(c, s), (server, client)] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut into);
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Forward { port }
+    }
+}
+
+/// The relay's RabbitMQ link drops everything for 15 s (a partition: no
+/// reset, nothing answers, a new connection's SYN lost too). The batch sent
+/// into it waits for acks: `/ready` says 503 within 10 s (acks overdue, then
+/// the connection closed by its missed heartbeats, 5 s apart, and the broker
+/// unreachable), every probe answering within a second, `/health` 200 (the
+/// relay runs); the link back, the events published meanwhile are sent
+/// within about 2 s (a connect attempt at most every 2 s), none lost, none
+/// sent twice but the batch that was in the hole. Before, the heartbeat was 60 s, `/ready` stayed 200 and a reconnect
+/// could wait 10 s.
+#[test]
+fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
+    let p = "t_part_amqp_";
+    let Some((store, mut plain)) = fresh(p) else {
+        return;
+    };
+    if !service_up("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    let exchange = format!("txbox-part-{}", unique());
+    let queue = format!("{exchange}-q");
+    durable_queue(&exchange, &queue, "e");
+    let forward = Forward::start("127.0.0.1:5672");
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(|e| {
+            e.adaptive_polling(Duration::from_millis(20), Duration::from_millis(200), 1.5)
+        })
+        .event("e", |e| e.destination(&exchange))
+        .build()
+        .unwrap();
+    let url = format!("amqp://guest:guest@127.0.0.1:{}", forward.port);
+    let relay = Relay::start(
+        store.clone(),
+        &config,
+        RabbitSender::builder(&url).build().unwrap(),
+    )
+    .unwrap();
+    let admin = txbox::admin::AdminServer::start(
+        store.clone(),
+        txbox::admin::AdminOptions::new().relay(relay.probe()),
+    )
+    .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut ids = Vec::new();
+    let mut publish = |client: &mut postgres::Client, n: i32| {
+        let mut tx = client.transaction().unwrap();
+        for i in 0..n {
+            ids.push(outbox.publish(&mut tx, "e", &json!({ "n": i })).unwrap());
+        }
+        tx.commit().unwrap();
+    };
+    publish(&mut plain, 10);
+    wait_until("the first events sent", Duration::from_secs(10), || {
+        count(&mut plain, p, "PROCESSED") == 10
+    });
+    assert_eq!(probe_in_time(&admin, "/ready").0, 200);
+
+    let hole = BlackHole::new(vec![forward.port]);
+    let cut = Instant::now();
+    publish(&mut plain, 10);
+    let mut said = serde_json::Value::Null;
+    wait_until("/ready says 503", Duration::from_secs(20), || {
+        let (code, body) = probe_in_time(&admin, "/ready");
+        said = body;
+        code == 503
+    });
+    let found = cut.elapsed();
+    assert!(
+        found < Duration::from_secs(12),
+        "/ready 503 after {found:?}: {said}"
+    );
+    assert_ne!(said["relays"][0]["broker"], "ok", "{said}");
+    // the relay runs: healthy, and not ready until the link is back
+    while cut.elapsed() < Duration::from_secs(15) {
+        let (code, body) = probe_in_time(&admin, "/health");
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(probe_in_time(&admin, "/ready").0, 503);
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(
+        count(&mut plain, p, "PROCESSED"),
+        10,
+        "nothing acked through the hole"
+    );
+    drop(hole);
+    let back = Instant::now();
+    wait_until(
+        "the events published meanwhile sent",
+        Duration::from_secs(15),
+        || count(&mut plain, p, "PROCESSED") == 20,
+    );
+    let caught_up = back.elapsed();
+    wait_until("/ready is 200 again", Duration::from_secs(5), || {
+        probe_in_time(&admin, "/ready").0 == 200
+    });
+    eprintln!(
+        "RabbitMQ link black-holed 15 s: /ready 503 after {found:?}, \
+         caught up {caught_up:?} after the link came back"
+    );
+    assert!(
+        caught_up < Duration::from_secs(3),
+        "caught up after {caught_up:?}"
+    );
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    admin.shutdown();
+    // the batch sent into the hole reached the broker (only what comes back
+    // was lost): sent again after the reconnect, it is there twice
+    let want = ids.iter().copied().collect();
+    let tally = Tally::of(&ids, read_rabbitmq_queue(&queue, &want, |_| {}));
+    assert!(tally.lost().is_empty(), "lost {:?}", tally.lost());
+    assert!(
+        tally.duplicates() <= 10,
+        "{} duplicates: more than the batch in the hole",
+        tally.duplicates()
+    );
+    eprintln!("duplicates (the batch in the hole): {}", tally.duplicates());
 }
 
 /// With `ports` black-holed (after `wait`), a `status` call on `store` returns

@@ -259,10 +259,13 @@ impl Pipeline {
             let span = crate::trace::BatchSpan::start(&self.destination, sendable);
             let results = match sendable.is_empty() {
                 true => Some(Vec::new()),
-                false => match run.sender.start(sendable) {
-                    Started::Done(results) => Some(results),
-                    Started::InFlight => None,
-                },
+                false => {
+                    super::probe::sending(Some(self.oldest_sent().unwrap_or(started)));
+                    match run.sender.start(sendable) {
+                        Started::Done(results) => Some(results),
+                        Started::InFlight => None,
+                    }
+                }
             };
             pipelined = results.is_none();
             self.in_flight.push_back(Claimed {
@@ -289,8 +292,10 @@ impl Pipeline {
         // finished now waits to go with it
         let released = self.drain(run, keep, claimed >= self.follow_at())?;
         if released > 0 {
-            // the transport failed: the batches still with the broker are
+            // the transport failed: the broker is not ready until the next
+            // step's `ready` says it is; the batches still with the broker are
             // waited for and finished first, and the next claim scans again
+            broker_ready(false);
             self.drain(run, 0, false)?;
             self.resume = None;
         }
@@ -300,6 +305,11 @@ impl Pipeline {
             released,
             lowest,
         })
+    }
+
+    /// When the oldest batch still with the broker was handed to it.
+    fn oldest_sent(&self) -> Option<Instant> {
+        self.in_flight.front().map(|b| b.started)
     }
 
     /// One claim from `after` on (from the key cursor for an ordered type).
@@ -401,7 +411,11 @@ impl Pipeline {
             let Some(batch) = self.in_flight.pop_front() else {
                 break;
             };
-            let mut results = batch.results.unwrap_or_else(|| run.sender.wait());
+            let mut results = batch.results.unwrap_or_else(|| {
+                super::probe::sending(Some(batch.started));
+                run.sender.wait()
+            });
+            super::probe::sending(self.oldest_sent());
             #[cfg(feature = "trace-context")]
             {
                 let mut span = batch.span;

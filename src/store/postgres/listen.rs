@@ -101,7 +101,7 @@ pub(super) fn listen<T: PgConnector>(
 
 /// How long a lock query of the listener may take (as long as its check of a
 /// quiet connection).
-const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
 type Pooled<T> = r2d2::PooledConnection<PostgresConnectionManager<T>>;
 /// A query the helper thread runs on the listening connection.

@@ -49,8 +49,9 @@ const TLS_OPTIONS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 /// `system` for the system's (then `sslmode` defaults to `verify-full`);
 /// `sslcert` and `sslkey` a client certificate and its PKCS #8 key, in PEM. The
 /// keepalives and timeouts get defaults unless the string sets them
-/// (`keepalives_idle` 30 s, `keepalives_interval` 5 s, `keepalives_retries` 4,
-/// `tcp_user_timeout` 50 s, `connect_timeout` 10 s).
+/// (`keepalives_idle` 5 s, `keepalives_interval` 1 s, `keepalives_retries` 5,
+/// `tcp_user_timeout` 10 s, `connect_timeout` 10 s): a connection whose link
+/// drops everything is given up within 10 s, idle or in a call.
 ///
 /// For a pool of your own with txbox's TLS:
 ///
@@ -113,25 +114,25 @@ pub fn pg_config(url: &str) -> Result<(postgres::Config, PgTls)> {
         (None, None) => {}
         _ => return Err(invalid(&"sslcert and sslkey go together")),
     }
-    // a connection dropped without a word (a failover, a NAT's idle timeout)
-    // is found within a minute, not two hours: the commit listener sends
-    // nothing, and would wait on such a connection for good
+    // a connection dropped without a word (a failover, a NAT's idle timeout,
+    // a partition) is found within 10 s, not two hours: the commit listener
+    // sends nothing, and would wait on such a connection for good
     if pg.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
-        pg.keepalives_idle(Duration::from_secs(30));
+        pg.keepalives_idle(Duration::from_secs(5));
     }
-    // and then given up after 4 unanswered probes 5 s apart (the OS
-    // defaults, 9 probes 75 s apart, took 12 minutes): 50 s in all
+    // and then given up after 5 unanswered probes 1 s apart (the OS
+    // defaults, 9 probes 75 s apart, took 12 minutes): 10 s in all
     if pg.get_keepalives_interval().is_none() {
-        pg.keepalives_interval(Duration::from_secs(5));
+        pg.keepalives_interval(Duration::from_secs(1));
     }
     if pg.get_keepalives_retries().is_none() {
-        pg.keepalives_retries(4);
+        pg.keepalives_retries(5);
     }
     // data sent and never acknowledged (a black-holed connection in a
     // claim) fails the connection after as long, not after 15 minutes of
-    // retransmissions
+    // retransmissions (a long query is not cut: its request was acknowledged)
     if pg.get_tcp_user_timeout().is_none() {
-        pg.tcp_user_timeout(Duration::from_secs(50));
+        pg.tcp_user_timeout(Duration::from_secs(10));
     }
     // a host that never answers the connect is given up after 10 s
     if pg.get_connect_timeout().is_none() {
@@ -228,10 +229,10 @@ mod tls_option_tests {
     fn the_timeouts_have_defaults_and_the_url_wins() {
         let (pg, _) = pg_config("postgres://u@db/x").unwrap();
         assert_eq!(pg.get_connect_timeout(), Some(&Duration::from_secs(10)));
-        assert_eq!(pg.get_keepalives_idle(), Duration::from_secs(30));
-        assert_eq!(pg.get_keepalives_interval(), Some(Duration::from_secs(5)));
-        assert_eq!(pg.get_keepalives_retries(), Some(4));
-        assert_eq!(pg.get_tcp_user_timeout(), Some(&Duration::from_secs(50)));
+        assert_eq!(pg.get_keepalives_idle(), Duration::from_secs(5));
+        assert_eq!(pg.get_keepalives_interval(), Some(Duration::from_secs(1)));
+        assert_eq!(pg.get_keepalives_retries(), Some(5));
+        assert_eq!(pg.get_tcp_user_timeout(), Some(&Duration::from_secs(10)));
         let (pg, _) = pg_config(
             "postgres://u@db/x?connect_timeout=3&keepalives_idle=7&keepalives_interval=2&keepalives_retries=9&tcp_user_timeout=11",
         )

@@ -1,0 +1,234 @@
+//! `/health` and `/ready`: what the relays' probes say, and the database's
+//! answer to a check that runs on a thread of its own, so that a database that
+//! does not answer (a frozen or black-holed link) makes them say 503 in time
+//! instead of holding the request, and the probes of an orchestrator do not
+//! pile up on the pool.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::http::Resp;
+use super::{json, AdminOptions};
+use crate::store::FullStore;
+
+/// The longest a request waits for a check under way before it answers from
+/// what is known (an earlier answer, or that the check has not answered).
+const ANSWER_WITHIN: Duration = Duration::from_millis(800);
+
+/// The database's part of `/health`: one check at a time, on a thread of its
+/// own; requests wait for it at most [`ANSWER_WITHIN`].
+pub(super) struct DatabaseCheck {
+    store: Arc<dyn FullStore>,
+    state: Mutex<CheckState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct CheckState {
+    /// When the check under way began.
+    running_since: Option<Instant>,
+    /// The last check's answer, and when that check began.
+    last: Option<(Instant, Checked)>,
+}
+
+/// What a check found.
+#[derive(Clone)]
+struct Checked {
+    /// `Ok` when the database answered; the reason logged otherwise.
+    answered: bool,
+    paused: Option<Vec<String>>,
+    notify_queue_usage: Option<f64>,
+}
+
+/// What `/health` says of the database.
+enum Database {
+    Answered(Checked),
+    /// A check has waited this long for an answer (past the bound).
+    NoAnswer(Duration),
+}
+
+impl DatabaseCheck {
+    /// The check of `store`, its first run started.
+    pub(super) fn new(store: Arc<dyn FullStore>) -> Arc<Self> {
+        let check = Arc::new(DatabaseCheck {
+            store,
+            state: Mutex::default(),
+            done: Condvar::new(),
+        });
+        check.lock().running_since = Some(Instant::now());
+        if !check.start() {
+            check.lock().running_since = None;
+        }
+        check
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CheckState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The answer of a check begun after the request arrived, if one comes
+    /// within [`ANSWER_WITHIN`]; otherwise, while the check under way has
+    /// waited less than `bound`, the last answer (or, before the first, the
+    /// first, waited for up to `bound`); past it, that it has not answered.
+    fn read(self: &Arc<Self>, bound: Duration) -> Database {
+        let arrived = Instant::now();
+        let mut state = self.lock();
+        loop {
+            match &state.last {
+                Some((began, checked)) if *began >= arrived => {
+                    return Database::Answered(checked.clone())
+                }
+                _ => {}
+            }
+            if state.running_since.is_none() {
+                state.running_since = Some(Instant::now());
+                if !self.start() {
+                    state.running_since = None;
+                }
+            }
+            let limit = if state.last.is_some() {
+                ANSWER_WITHIN
+            } else {
+                bound
+            };
+            let left = limit.saturating_sub(arrived.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .done
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let waited = state.running_since.map_or(Duration::ZERO, |s| s.elapsed());
+        match &state.last {
+            Some((_, checked)) if waited < bound => Database::Answered(checked.clone()),
+            _ => Database::NoAnswer(waited),
+        }
+    }
+
+    /// Runs one check on a thread of its own (`running_since` set by the
+    /// caller); false when no thread could be had.
+    fn start(self: &Arc<Self>) -> bool {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("txbox-admin-check".into())
+            .spawn(move || {
+                let checked = me.check();
+                let mut state = me.lock();
+                let began = state.running_since.take().unwrap_or_else(Instant::now);
+                state.last = Some((began, checked));
+                me.done.notify_all();
+            });
+        if let Err(e) = &spawned {
+            log::warn!("txbox: admin /health: no thread for the database check: {e}");
+        }
+        spawned.is_ok()
+    }
+
+    /// Asks the database: does it answer, which types are paused, how full is
+    /// the notification queue.
+    fn check(&self) -> Checked {
+        let store = &self.store;
+        // a short reason only: the error's text (hosts, users, server
+        // messages) goes to the log, not to whoever reaches the port
+        if let Err(e) = store.ping() {
+            log::warn!("txbox: admin /health: the database does not answer: {e}");
+            return Checked {
+                answered: false,
+                paused: None,
+                notify_queue_usage: None,
+            };
+        }
+        let paused = store
+            .paused()
+            .map_err(|e| log::warn!("txbox: admin /health: reading the paused types: {e}"))
+            .ok();
+        // PostgreSQL: how full the notification queue is (a listener that
+        // stopped reading fills it; at 0.5 commits stop notifying and the
+        // relays poll)
+        let notify_queue_usage = match store.notify_queue_usage() {
+            Ok(usage) => usage,
+            Err(e) => {
+                log::warn!("txbox: admin /health: reading the notification queue: {e}");
+                None
+            }
+        };
+        if let Some(usage) = notify_queue_usage.filter(|u| *u >= 0.5) {
+            log::warn!(
+                "txbox: the notification queue is {:.0}% full: a listener in the \
+                 cluster stopped reading; commits no longer wake the relays, which poll",
+                usage * 100.0
+            );
+        }
+        Checked {
+            answered: true,
+            paused,
+            notify_queue_usage,
+        }
+    }
+}
+
+/// `/health` (`readiness` false): the database answers and every relay thread
+/// runs, none stuck. `/ready`: that, and every relay's broker can be reached
+/// and acks its batches in time. Both answer within about a second whatever
+/// the database and the brokers do.
+pub(super) fn health(check: &Arc<DatabaseCheck>, options: &AdminOptions, readiness: bool) -> Resp {
+    let (database, checked) = match check.read(options.database_timeout) {
+        Database::Answered(c) if c.answered => ("ok".to_owned(), Some(c)),
+        Database::Answered(_) => ("unreachable".to_owned(), None),
+        Database::NoAnswer(waited) => {
+            log::warn!(
+                "txbox: admin /health: the database has not answered for {waited:?} \
+                 (database_timeout {:?})",
+                options.database_timeout
+            );
+            (format!("no answer for {} ms", waited.as_millis()), None)
+        }
+    };
+    let relays: Vec<_> = options
+        .relays
+        .iter()
+        .map(|p| {
+            let (running, threads) = p.threads();
+            let stuck = p.stuck(options.stuck_after);
+            let overdue = p.acks_overdue(options.acks_overdue_after);
+            let broker = if p.broker_down() > 0 {
+                "unreachable"
+            } else if overdue > 0 {
+                "acks overdue"
+            } else {
+                "ok"
+            };
+            (
+                running == threads && stuck == 0,
+                broker == "ok",
+                serde_json::json!({
+                    "running": running,
+                    "threads": threads,
+                    "stuck": stuck,
+                    "broker": broker,
+                    "acks_overdue": overdue,
+                }),
+            )
+        })
+        .collect();
+    let healthy = checked.is_some() && relays.iter().all(|r| r.0);
+    let ready = healthy && relays.iter().all(|r| r.1);
+    let ok = if readiness { ready } else { healthy };
+    let mut body = serde_json::json!({
+        "status": if ok { "ok" } else if readiness && healthy { "not ready" } else { "unhealthy" },
+        "database": database,
+        "relays": relays.into_iter().map(|r| r.2).collect::<Vec<_>>(),
+    });
+    if let Some(c) = checked {
+        if let Some(paused) = c.paused {
+            body["paused"] = serde_json::json!(paused);
+        }
+        if let Some(usage) = c.notify_queue_usage {
+            body["notify_queue_usage"] = serde_json::json!(usage);
+        }
+    }
+    json(if ok { 200 } else { 503 }, &body)
+}
