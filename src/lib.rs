@@ -206,7 +206,7 @@ pub use store::SqliteStore;
 #[cfg(feature = "postgres")]
 pub use store::{pg_config, PgConnector, PgPool, PgStore, PgTls};
 pub use store::{
-    BlockedKey, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus, FullStore, InboxStore,
-    MaintenanceStore, PendingMigration, Store, TypeStatus,
+    BlockedKey, Compaction, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus, FullStore,
+    InboxStore, MaintenanceStore, PendingMigration, Store, TypeStatus,
 };
 pub use transaction::Transaction;

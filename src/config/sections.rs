@@ -112,6 +112,16 @@ pub struct MaintenanceSettings {
     /// takes no lock at all.
     #[serde(with = "duration")]
     pub migrate_lock_timeout: Duration,
+    /// After each cleanup, rewrite the outbox table when it is mostly empty
+    /// space ([`MaintenanceStore::compact`](crate::MaintenanceStore::compact);
+    /// PostgreSQL's `CLUSTER`), default true: a table that a long transaction
+    /// kept VACUUM from cleaning, then drained, gives its space back.
+    pub compact: bool,
+    /// The longest the rewrite waits for its lock and runs (default 1s):
+    /// writers queue behind a waiting exclusive lock. A rewrite that gives
+    /// up is tried again after 1, 2, 4 ... 64 cleanups.
+    #[serde(with = "duration")]
+    pub compact_timeout: Duration,
 }
 
 impl Default for MaintenanceSettings {
@@ -122,6 +132,8 @@ impl Default for MaintenanceSettings {
             processed_ttl: Duration::from_secs(86_400),
             batch_size: 1000,
             migrate_lock_timeout: Duration::from_secs(10),
+            compact: true,
+            compact_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -153,6 +165,16 @@ impl MaintenanceSettings {
         self.migrate_lock_timeout = d;
         self
     }
+    /// Whether a cleanup rewrites a mostly empty outbox table (default true).
+    pub fn compact(mut self, on: bool) -> Self {
+        self.compact = on;
+        self
+    }
+    /// The longest that rewrite waits for its lock and runs (default 1s).
+    pub fn compact_timeout(mut self, d: Duration) -> Self {
+        self.compact_timeout = d;
+        self
+    }
 
     /// Checks every value; errors name the key under `path` (`maintenance`).
     pub(crate) fn validate(&self, path: &str) -> Result<()> {
@@ -172,6 +194,11 @@ impl MaintenanceSettings {
             &key("migrate_lock_timeout"),
             self.migrate_lock_timeout,
             MAX_INTERVAL,
+        )?;
+        within(
+            &key("compact_timeout"),
+            self.compact_timeout,
+            Duration::from_secs(60),
         )?;
         if !(1..=100_000).contains(&self.batch_size) {
             return Err(Error::config(

@@ -172,7 +172,17 @@ pub(super) fn jobs(
                 m.cleanup_interval,
                 Some("txbox-cleanup-processed"),
                 Some(Count::Cleaned),
-                Box::new(move |n| s.delete_processed(m.processed_ttl, n)),
+                {
+                    let mut compact = CompactTurns::new(&m);
+                    Box::new(move |n| {
+                        let cleaned = s.delete_processed(m.processed_ttl, n)?;
+                        // the run's last call: the table as clean as it gets
+                        if (cleaned as usize) < n {
+                            compact.turn(s.as_ref());
+                        }
+                        Ok(cleaned)
+                    })
+                },
             )
         },
     ];
@@ -243,5 +253,76 @@ impl CommitWake {
                  (the recovery thread tries again): {e}"
             ),
         }
+    }
+}
+
+/// When the cleanup rewrites a mostly empty outbox
+/// ([`MaintenanceStore::compact`](crate::store::MaintenanceStore::compact)):
+/// after each run, unless off, and after a rewrite that gave up (its lock
+/// not had within the timeout: a long reader of the table) or gained little
+/// only after 1, 2, 4 ... 64 more runs.
+struct CompactTurns {
+    /// `None`: off.
+    timeout: Option<Duration>,
+    /// Runs still to skip, and how many the next give-up skips.
+    skip: u32,
+    backoff: u32,
+}
+
+impl CompactTurns {
+    const MAX_SKIP: u32 = 64;
+
+    fn new(m: &crate::config::MaintenanceSettings) -> Self {
+        CompactTurns {
+            timeout: m.compact.then_some(m.compact_timeout),
+            skip: 0,
+            backoff: 1,
+        }
+    }
+
+    fn turn(&mut self, store: &dyn FullStore) {
+        let Some(timeout) = self.timeout else { return };
+        if self.skip > 0 {
+            self.skip -= 1;
+            return;
+        }
+        match store.compact(timeout) {
+            Ok(None) => self.backoff = 1,
+            // rows an open transaction may see were copied: little gained
+            Ok(Some(c)) if c.bytes_after > c.bytes_before / 2 => {
+                self.wait();
+                log::info!(
+                    "txbox: the outbox table, mostly empty, rewritten to {} of {} bytes \
+                     (rows an open transaction may see kept); tried again after {} cleanups",
+                    c.bytes_after,
+                    c.bytes_before,
+                    self.skip
+                );
+            }
+            Ok(Some(c)) => {
+                self.backoff = 1;
+                log::info!(
+                    "txbox: the outbox table, mostly empty, rewritten: {} -> {} bytes",
+                    c.bytes_before,
+                    c.bytes_after
+                );
+            }
+            Err(e) => {
+                self.wait();
+                log::warn!(
+                    "txbox: rewriting the mostly empty outbox table gave up within \
+                     {timeout:?} (maintenance.compact_timeout), tried again after {} \
+                     cleanups: {e}",
+                    self.skip
+                );
+            }
+        }
+    }
+
+    /// The next `backoff` runs skip the rewrite, and the one after a next
+    /// give-up twice as many.
+    fn wait(&mut self) {
+        self.skip = self.backoff;
+        self.backoff = (self.backoff * 2).min(Self::MAX_SKIP);
     }
 }

@@ -409,6 +409,15 @@ pub trait Notifications: Send {
     }
 }
 
+/// A rewrite of the outbox table ([`MaintenanceStore::compact`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compaction {
+    /// Bytes of the table and its indexes before the rewrite.
+    pub bytes_before: u64,
+    /// And after it.
+    pub bytes_after: u64,
+}
+
 /// Recovery, cleanup and the outbox's counts: what the relay's maintenance
 /// threads, the metrics and the admin tools need.
 pub trait MaintenanceStore: Store {
@@ -421,6 +430,22 @@ pub trait MaintenanceStore: Store {
 
     /// Per-type counts of the outbox (bounded, index-backed queries).
     fn status(&self) -> Result<Vec<TypeStatus>>;
+
+    /// Rewrites the outbox table when it is mostly empty space: at least 8
+    /// MiB, with fewer live rows than pages as VACUUM last counted them (a
+    /// table a long transaction kept VACUUM from cleaning, then drained: its
+    /// space would otherwise stay unused until a manual `VACUUM FULL`). Rows
+    /// that a transaction still open may see are copied too: such a rewrite
+    /// gains little, and the relay's cleanup then waits before the next.
+    /// The rewrite waits for its lock, and runs, at most `timeout` (then it
+    /// gives up with an error, the table as it was): writers queue behind a
+    /// waiting exclusive lock, so the wait is short. `Ok(None)` when nothing
+    /// was to be done, or the store has no such rewrite (the default:
+    /// InnoDB, SQLite and Oracle reuse the space as it is).
+    fn compact(&self, timeout: Duration) -> Result<Option<Compaction>> {
+        let _ = timeout;
+        Ok(None)
+    }
 
     /// Pauses `event_type`: every relay on these tables stops claiming it
     /// (the claims skip a paused type; publishing goes on). Returns whether

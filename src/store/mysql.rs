@@ -106,6 +106,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         publish_plus: None,
         hold_claim: None,
         wake: None,
+        compact: None,
         next_due: format!(
             "SELECT TIMESTAMPDIFF(MICROSECOND, {NOW}, MIN(next_attempt_at)) / 1000.0 FROM {o} \
              WHERE event_type = $1 AND status = 'PENDING' \

@@ -89,6 +89,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         publish_plus: None,
         hold_claim: None,
         wake: None,
+        compact: None,
         // no row limit in SQL: the fetch size limits it ($2 is not bound)
         next_due: format!(
             "SELECT EXTRACT(DAY FROM w) * 86400000 + EXTRACT(HOUR FROM w) * 3600000 \

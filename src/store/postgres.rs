@@ -270,6 +270,20 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
             // the channel the listeners listen on, the trigger's
             nudge: format!("SELECT pg_notify('{o}', $1)").into(),
         }),
+        // CLUSTER: VACUUM FULL's rewrite, but allowed in a transaction (whose
+        // SET LOCAL bounds its lock wait and its time)
+        compact: Some(sql::CompactSql {
+            measure: format!(
+                "SELECT c.relpages::bigint, c.reltuples::float8, \
+                   pg_total_relation_size(c.oid)::bigint \
+                 FROM pg_class c WHERE c.oid = '{o}'::regclass"
+            )
+            .into(),
+            bound: "SELECT set_config('lock_timeout', $1, true), \
+                    set_config('statement_timeout', $1, true)"
+                .into(),
+            rewrite: format!("CLUSTER {o} USING {o}_pkey").into(),
+        }),
         claim_select: format!("SELECT {claimed} {}", due("$2", "$3")).into(),
         next_due: format!(
             "SELECT (extract(epoch FROM min(next_attempt_at) - now()) * 1000)::float8 FROM {o} \

@@ -78,6 +78,7 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
         publish_plus: None,
         hold_claim: None,
         wake: None,
+        compact: None,
         next_due: format!(
             "SELECT (julianday(MIN(next_attempt_at)) - julianday('now')) * 86400000.0 FROM {o} \
              WHERE event_type = $1 AND status = 'PENDING' \

@@ -10,7 +10,8 @@ use crate::error::Result;
 use crate::event::EventId;
 use crate::metrics::StoreCall;
 use crate::store::{
-    BlockedKey, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus, MaintenanceStore, TypeStatus,
+    BlockedKey, Compaction, DeadLetter, DeadLetterStore, DlqFilter, DlqStatus, MaintenanceStore,
+    TypeStatus,
 };
 use std::time::Duration;
 
@@ -142,6 +143,28 @@ impl<D: Dialect> MaintenanceStore for SqlStore<D> {
             .iter()
             .map(|r| r.get::<String>(0))
             .collect()
+    }
+
+    fn compact(&self, timeout: Duration) -> Result<Option<Compaction>> {
+        let d = &self.d;
+        let Some(c) = &d.compact else {
+            return Ok(None);
+        };
+        let mut conn = self.pool.get()?;
+        transaction(&mut *conn, d, |conn| {
+            let before = Measure::read(conn, d, &c.measure)?;
+            if !before.mostly_free() {
+                return Ok(None);
+            }
+            let ms = Val::Text(timeout.as_millis().max(1).to_string());
+            run_query(conn, d, &c.bound, &[ms], &[])?;
+            run_execute(conn, d, &c.rewrite, &[], &[])?;
+            let after = Measure::read(conn, d, &c.measure)?;
+            Ok(Some(Compaction {
+                bytes_before: before.bytes,
+                bytes_after: after.bytes,
+            }))
+        })
     }
 
     fn status(&self) -> Result<Vec<TypeStatus>> {
@@ -295,5 +318,37 @@ impl<D: Dialect> DeadLetterStore for SqlStore<D> {
             .dlq_delete_status
             .fill("{from}", &status_list(from));
         self.each_dead_letter(ids, &delete, &[])
+    }
+}
+
+/// What [`super::CompactSql::measure`] reads of the outbox table.
+struct Measure {
+    pages: i64,
+    /// The planner's estimate of the live rows, which VACUUM and ANALYZE
+    /// write (-1: never counted); not the statistics collector's counts,
+    /// which arrive late and which a reset empties.
+    live: f64,
+    bytes: u64,
+}
+
+impl Measure {
+    /// Pages of 8 KiB below which a table is never rewritten (8 MiB).
+    const MIN_PAGES: i64 = 1024;
+
+    fn read(conn: &mut dyn super::Conn, d: &super::Catalog, measure: &Stmt) -> Result<Measure> {
+        let rows = run_query(conn, d, measure, &[], &[])?;
+        let row = rows
+            .first()
+            .ok_or_else(|| crate::Error::Internal("the outbox table's size: no row".into()))?;
+        Ok(Measure {
+            pages: row.get::<i64>(0)?,
+            live: row.get::<f64>(1)?,
+            bytes: row.get::<i64>(2)?.max(0) as u64,
+        })
+    }
+
+    /// Large, with fewer live rows than pages: mostly empty space.
+    fn mostly_free(&self) -> bool {
+        self.pages >= Self::MIN_PAGES && (0.0..self.pages as f64).contains(&self.live)
     }
 }

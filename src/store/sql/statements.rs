@@ -426,6 +426,19 @@ pub struct WakeSql {
     pub nudge: Stmt,
 }
 
+/// The rewrite of a mostly empty outbox table, in one transaction
+/// ([`crate::store::MaintenanceStore::compact`]).
+pub struct CompactSql {
+    /// -> pages, live rows (the planner's estimate, kept by VACUUM and
+    /// ANALYZE), bytes of the outbox table and its indexes
+    pub measure: Stmt,
+    /// $1 the timeout in ms, as text: the transaction's lock and statement
+    /// timeouts
+    pub bound: Stmt,
+    /// Rewrites the table and its indexes (only the rows that live)
+    pub rewrite: Stmt,
+}
+
 /// The lock that makes migrations of one database take turns.
 pub struct MigrateLock {
     /// -> 1 once taken, waiting at most the given time (0 when not taken:
@@ -532,6 +545,9 @@ pub struct Catalog {
     /// The statements of the wake-up on commit; `None`: the dialect has no
     /// commit notifications.
     pub wake: Option<WakeSql>,
+    /// The rewrite of a mostly empty outbox; `None`: the dialect's space is
+    /// reused as it is (InnoDB, SQLite, Oracle).
+    pub compact: Option<CompactSql>,
     /// $1 type, $2 only ids above this one, $3 limit (Oracle limits by fetching)
     /// -> id, type, key, headers, payload, attempts, payload bytes, content type
     pub claim_select: Ordered,

@@ -10,6 +10,7 @@ pub(super) fn fast(e: EventSettings) -> EventSettings {
     e.adaptive_polling(ms(10), ms(100), 1.5)
 }
 
+mod compact;
 mod config;
 mod connections;
 mod delivery;
