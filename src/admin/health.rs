@@ -68,8 +68,8 @@ impl DatabaseCheck {
 
     /// The answer of a check begun after the request arrived, if one comes
     /// within [`ANSWER_WITHIN`]; otherwise, while the check under way has
-    /// waited less than `bound`, the last answer (or, before the first, the
-    /// first, waited for up to `bound`); past it, that it has not answered.
+    /// waited less than `bound`, the last answer; past it, or before the
+    /// first answer, that it has not answered (yet).
     fn read(self: &Arc<Self>, bound: Duration) -> Database {
         let arrived = Instant::now();
         let mut state = self.lock();
@@ -86,12 +86,7 @@ impl DatabaseCheck {
                     state.running_since = None;
                 }
             }
-            let limit = if state.last.is_some() {
-                ANSWER_WITHIN
-            } else {
-                bound
-            };
-            let left = limit.saturating_sub(arrived.elapsed());
+            let left = ANSWER_WITHIN.saturating_sub(arrived.elapsed());
             if left.is_zero() {
                 break;
             }

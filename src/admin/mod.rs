@@ -159,10 +159,10 @@ impl AdminOptions {
     /// How long `/health`'s check of the database may wait for its answer
     /// before `/health` and `/ready` say 503 (`"database": "no answer for N
     /// ms"`); default [`AdminOptions::DATABASE_TIMEOUT`]. The check runs on a
-    /// thread of its own, one at a time: a request waits for it at most 0.7 s,
-    /// then answers with the last answer while the check has waited less than
-    /// this, so both routes answer within about a second whatever the
-    /// database does.
+    /// thread of its own, one at a time (the first as the server starts): a
+    /// request waits for it at most 0.8 s, then answers with the last answer
+    /// while the check has waited less than this (503 before the first), so
+    /// both routes answer within about a second whatever the database does.
     pub fn database_timeout(mut self, d: Duration) -> Self {
         self.database_timeout = d;
         self

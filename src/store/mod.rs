@@ -291,6 +291,17 @@ pub trait ClaimStore: Store {
     /// Returns how many rows changed (fewer than given: the claim was lost).
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64>;
 
+    /// Puts back to PENDING, due now and with no attempt counted, the rows
+    /// still IN_PROCESS under `token`: a claim whose answer was lost (its
+    /// connection broke after the statement was sent, and it may have
+    /// committed) goes back as soon as the database answers again, not
+    /// after its lease. Returns how many rows changed. The default: none (a
+    /// store whose claims cannot outlive a lost answer).
+    fn release_claim(&self, token: Uuid) -> Result<u64> {
+        let _ = token;
+        Ok(0)
+    }
+
     /// A mark at least as high as the number the database gave every event
     /// inserted so far (the outbox's insert order, `seq`), and lower than any
     /// it gives later: what [`ClaimArgs::upto`] takes. The default: `None`

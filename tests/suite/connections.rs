@@ -943,7 +943,8 @@ impl Forward {
 /// unreachable), every probe answering within a second, `/health` 200 (the
 /// relay runs); the link back, the events published meanwhile are sent
 /// within about 2 s (a connect attempt at most every 2 s), none lost, none
-/// sent twice but the batch that was in the hole. Before, the heartbeat was 60 s, `/ready` stayed 200 and a reconnect
+/// sent twice but the batch that was in the hole. A shutdown in the hole
+/// returns within its deadline, the batch given back. Before, the heartbeat was 60 s, `/ready` stayed 200 and a reconnect
 /// could wait 10 s.
 #[test]
 fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
@@ -1039,12 +1040,33 @@ fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
         caught_up < Duration::from_secs(3),
         "caught up after {caught_up:?}"
     );
-    relay.shutdown(Duration::from_secs(10)).unwrap();
+
+    // a shutdown while the link drops everything returns within its
+    // deadline, the batch in the hole given back (pending, no attempt)
+    let hole = BlackHole::new(vec![forward.port]);
+    publish(&mut plain, 5);
+    wait_until("/ready says 503 again", Duration::from_secs(20), || {
+        probe_in_time(&admin, "/ready").0 == 503
+    });
+    let t = Instant::now();
+    let stopped = relay.shutdown(Duration::from_secs(2));
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(2500),
+        "shutdown took {took:?}: {stopped:?}"
+    );
+    assert_eq!(
+        count(&mut plain, p, "PENDING"),
+        5,
+        "given back: {stopped:?}"
+    );
+    drop(hole);
     admin.shutdown();
     // the batch sent into the hole reached the broker (only what comes back
     // was lost): sent again after the reconnect, it is there twice
-    let want = ids.iter().copied().collect();
-    let tally = Tally::of(&ids, read_rabbitmq_queue(&queue, &want, |_| {}));
+    let sent = &ids[..20];
+    let want = sent.iter().copied().collect();
+    let tally = Tally::of(sent, read_rabbitmq_queue(&queue, &want, |_| {}));
     assert!(tally.lost().is_empty(), "lost {:?}", tally.lost());
     assert!(
         tally.duplicates() <= 10,
@@ -1052,6 +1074,178 @@ fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
         tally.duplicates()
     );
     eprintln!("duplicates (the batch in the hole): {}", tally.duplicates());
+}
+
+/// Two relays share a type; A's RabbitMQ link drops everything. B goes on
+/// sending, and takes A's batch once A gives it back (its confirm timeout,
+/// 3 s: a lease must be longer than a sender's wait for acks); A neither
+/// marks as sent what B sent nor wedges: the link back, it sends again. Every event
+/// arrives; none twice but A's batch in the hole (the broker had it, its
+/// acks were lost); none left claimed.
+#[test]
+fn two_relays_one_partitioned_lose_nothing_and_the_other_takes_over() {
+    let p = "t_part_two_";
+    let Some((store, mut plain)) = fresh(p) else {
+        return;
+    };
+    if !service_up("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    let exchange = format!("txbox-part2-{}", unique());
+    let queue = format!("{exchange}-q");
+    durable_queue(&exchange, &queue, "e");
+    let forward = Forward::start("127.0.0.1:5672");
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(|e| {
+            e.adaptive_polling(Duration::from_millis(20), Duration::from_millis(200), 1.5)
+                .lease(Duration::from_secs(5))
+                .batch_size(20)
+        })
+        .event("e", |e| e.destination(&exchange))
+        .maintenance(|m| m.recovery_interval(Duration::from_millis(300)))
+        .build()
+        .unwrap();
+    let via = |port: u16| {
+        RabbitSender::builder(&format!("amqp://guest:guest@127.0.0.1:{port}"))
+            .confirm_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap()
+    };
+    let a = Relay::start(store.clone(), &config, via(forward.port)).unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut ids = Vec::new();
+    let mut publish = |client: &mut postgres::Client, n: i32| {
+        let mut tx = client.transaction().unwrap();
+        for i in 0..n {
+            ids.push(outbox.publish(&mut tx, "e", &json!({ "n": i })).unwrap());
+        }
+        tx.commit().unwrap();
+    };
+    publish(&mut plain, 5);
+    wait_until("A sends", Duration::from_secs(10), || {
+        count(&mut plain, p, "PROCESSED") == 5
+    });
+    // A alone claims the next batch, into the hole
+    let hole = BlackHole::new(vec![forward.port]);
+    publish(&mut plain, 10);
+    wait_until("A claimed the batch", Duration::from_secs(5), || {
+        count(&mut plain, p, "IN_PROCESS") == 10
+    });
+    let b = Relay::start(store.clone(), &config, via(5672)).unwrap();
+    publish(&mut plain, 30);
+    wait_until(
+        "B sent its share, and A's batch A gave back",
+        Duration::from_secs(20),
+        || count(&mut plain, p, "PROCESSED") == 45,
+    );
+    drop(hole);
+    publish(&mut plain, 20);
+    wait_until("both send again", Duration::from_secs(15), || {
+        count(&mut plain, p, "PROCESSED") == 65
+    });
+    a.shutdown(Duration::from_secs(10)).unwrap();
+    b.shutdown(Duration::from_secs(10)).unwrap();
+    assert_eq!(count(&mut plain, p, "IN_PROCESS"), 0);
+    assert_eq!(count(&mut plain, p, "PENDING"), 0);
+    let want = ids.iter().copied().collect();
+    let tally = Tally::of(&ids, read_rabbitmq_queue(&queue, &want, |_| {}));
+    assert!(tally.lost().is_empty(), "lost {:?}", tally.lost());
+    eprintln!(
+        "two relays, A partitioned: {} events, {} duplicates (A's batch in the hole: 10)",
+        ids.len(),
+        tally.duplicates()
+    );
+    assert!(
+        tally.duplicates() <= 10,
+        "{} duplicates",
+        tally.duplicates()
+    );
+}
+
+/// The relay's PostgreSQL link drops everything for 15 s (its pool and its
+/// listener reach the database through a forwarder whose port is
+/// black-holed; the publishers do not). What the relay sends still arrives:
+/// a claim may commit with its answer lost, its events left IN_PROCESS
+/// under a lease of 60 s (`postgres_relay::connections` makes it happen
+/// every time). The
+/// probes answer within a second throughout, `/health` says 503; the link
+/// back, such a claim is given back at once, the events published meanwhile
+/// are sent within 5 s, none lost, and `/health` is 200 again.
+#[test]
+fn a_postgres_link_that_drops_everything_is_found_and_the_relay_catches_up() {
+    let p = "t_part_pg_";
+    let Some((_, mut plain)) = fresh(p) else {
+        return;
+    };
+    let forward = Forward::start("127.0.0.1:5432");
+    let config = Config::builder()
+        .table_prefix(p)
+        .defaults(|e| {
+            e.adaptive_polling(Duration::from_millis(20), Duration::from_millis(200), 1.5)
+                .lease(Duration::from_secs(60))
+        })
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let url = format!("postgres://postgres@127.0.0.1:{}/test", forward.port);
+    let store = std::sync::Arc::new(txbox::PgStore::connect(&url, &config).unwrap());
+    let sender = txbox::MemorySender::new();
+    let relay = Relay::start(store.clone(), &config, sender.clone()).unwrap();
+    let admin = txbox::admin::AdminServer::start(
+        store.clone(),
+        txbox::admin::AdminOptions::new().relay(relay.probe()),
+    )
+    .unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let publish = |client: &mut postgres::Client, n: i32| {
+        let mut tx = client.transaction().unwrap();
+        for i in 0..n {
+            outbox.publish(&mut tx, "e", &json!({ "n": i })).unwrap();
+        }
+        tx.commit().unwrap();
+    };
+    publish(&mut plain, 5);
+    wait_until("the first events sent", Duration::from_secs(10), || {
+        sender.len() == 5
+    });
+    wait_until("/health is 200", Duration::from_secs(10), || {
+        probe_in_time(&admin, "/health").0 == 200
+    });
+    let hole = BlackHole::new(vec![forward.port]);
+    let cut = Instant::now();
+    let (mut published, mut unhealthy, mut answer_lost) = (5, None, 0);
+    while cut.elapsed() < Duration::from_secs(15) {
+        publish(&mut plain, 1);
+        published += 1;
+        if probe_in_time(&admin, "/health").0 == 503 && unhealthy.is_none() {
+            unhealthy = Some(cut.elapsed());
+        }
+        answer_lost = answer_lost.max(count(&mut plain, p, "IN_PROCESS"));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let unhealthy = unhealthy.expect("/health said 503 during the fault");
+    drop(hole);
+    let back = Instant::now();
+    wait_until(
+        "the events published meanwhile sent",
+        Duration::from_secs(30),
+        || count(&mut plain, p, "PROCESSED") == published,
+    );
+    let caught_up = back.elapsed();
+    wait_until("/health is 200 again", Duration::from_secs(10), || {
+        probe_in_time(&admin, "/health").0 == 200
+    });
+    eprintln!(
+        "PostgreSQL link black-holed 15 s: /health 503 after {unhealthy:?}, {answer_lost} \
+         events claimed with the answer lost, caught up {caught_up:?} after the link came back"
+    );
+    assert!(
+        caught_up < Duration::from_secs(5),
+        "caught up after {caught_up:?}"
+    );
+    relay.shutdown(Duration::from_secs(10)).unwrap();
+    admin.shutdown();
 }
 
 /// With `ports` black-holed (after `wait`), a `status` call on `store` returns

@@ -320,6 +320,11 @@ fn bad_config_values_name_their_key_path() {
             "maintenance.migrate_lock_timeout must be more than 0 and at most 30d, not 0ns",
         ),
         (
+            "[maintenance]\ncompact_timeout = \"2m\"",
+            "maintenance.compact_timeout must be more than 0 and at most 60s, not 120s",
+        ),
+        ("[maintenance]\ncompact = \"yes\"", "maintenance.compact"),
+        (
             "table_prefix = \"no way\"",
             "invalid table prefix \"no way\"",
         ),

@@ -19,6 +19,10 @@ use crate::metrics::Observed;
 use crate::sender::{SendError, Sender, Started};
 use crate::store::{ClaimArgs, ClaimStore, HeldBatch, HeldClaim, Outcome, HEADER_DEFECT};
 
+/// Most claims whose answer was lost kept to be given back: older ones wait
+/// for their lease.
+const MAX_UNSETTLED: usize = 64;
+
 /// The claim state of one event type between batches: what is with the
 /// broker, where the next claim starts, and what was delivered so far.
 pub(super) struct Pipeline {
@@ -32,6 +36,9 @@ pub(super) struct Pipeline {
     upto: Option<i64>,
     /// Claimed batches handed to the sender, oldest first.
     in_flight: VecDeque<Claimed>,
+    /// The tokens of leased claims that failed (the answer may have been
+    /// lost after a commit), oldest first: given back before the next claim.
+    unsettled: VecDeque<Uuid>,
     /// Where the next claim starts while a backlog drains: the last id of the
     /// previous full batch, and how many batches ago the last full scan was.
     resume: Option<(EventId, usize)>,
@@ -154,11 +161,35 @@ impl Pipeline {
             delete_acked,
             upto: None,
             in_flight: VecDeque::new(),
+            unsettled: VecDeque::new(),
             resume: None,
             stash: None,
             key_cursor: None,
             delivered: TypeDelivery::default(),
             observer,
+        }
+    }
+
+    /// Gives back the claims whose answer was lost, oldest first, until one
+    /// cannot be (the database does not answer yet).
+    fn release_unsettled<S: ClaimStore + ?Sized>(&mut self, store: &S) {
+        while let Some(&token) = self.unsettled.front() {
+            match store.release_claim(token) {
+                Ok(n) => {
+                    if n > 0 {
+                        log::info!(
+                            "txbox: poller {}: {n} events of a claim whose answer was lost \
+                             are pending again",
+                            self.event_type
+                        );
+                    }
+                    self.unsettled.pop_front();
+                }
+                Err(e) => {
+                    log::debug!("txbox: giving back a claim whose answer was lost: {e}");
+                    return;
+                }
+            }
         }
     }
 
@@ -198,6 +229,7 @@ impl Pipeline {
             self.drain(run, 0, false)?;
             return Err(Error::Broker(format!("sender not ready: {e}")));
         }
+        self.release_unsettled(run.store);
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
         let after = self.resume.map(|(id, _)| id);
@@ -212,6 +244,15 @@ impl Pipeline {
         } = match claim {
             Ok(claimed) => claimed,
             Err(e) => {
+                // a leased claim may have committed with its answer lost:
+                // given back at the next step, not after its lease (a held
+                // claim's rows go back with its transaction)
+                if self.settings.claim == ClaimMode::Lease {
+                    if self.unsettled.len() >= MAX_UNSETTLED {
+                        self.unsettled.pop_front();
+                    }
+                    self.unsettled.push_back(token);
+                }
                 self.resume = None;
                 self.drain(run, 0, false)?;
                 return Err(e);

@@ -341,6 +341,18 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             .timed(StoreCall::Finish, || self.finish_leased(token, outcomes))
     }
 
+    fn release_claim(&self, token: Uuid) -> Result<u64> {
+        let d = &self.d;
+        let mut conn = self.pool.get()?;
+        run_execute(
+            &mut *conn,
+            d,
+            &d.common.release_claim,
+            &[Val::Id(token)],
+            &[],
+        )
+    }
+
     fn insert_mark(&self) -> Result<Option<i64>> {
         let mut conn = self.pool.get()?;
         let rows = run_query(&mut *conn, &self.d, &self.d.insert_mark, &[], &[])?;

@@ -58,6 +58,9 @@ pub struct Common {
     pub finish_held: Finish,
     /// {ids}
     pub recover: Stmt,
+    /// $1 token: the rows a claim took, back to PENDING, due now
+    /// ([`crate::store::ClaimStore::release_claim`])
+    pub release_claim: Stmt,
     pub delete_outbox: Stmt,
     pub delete_dlq: Stmt,
     pub copy_to_dlq: Stmt,
@@ -356,6 +359,10 @@ pub(crate) fn common(
         recover: format!(
             "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL, next_attempt_at = {now} \
              WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
+        ).into(),
+        release_claim: format!(
+            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL, next_attempt_at = {now} \
+             WHERE status = 'IN_PROCESS' AND claim_token = $1"
         ).into(),
         delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})").into(),
         delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})").into(),

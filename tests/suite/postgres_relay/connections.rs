@@ -212,3 +212,50 @@ fn cleanup_deletes_old_processed_rows_under_the_lock() {
     std::thread::sleep(ms(20));
     assert_eq!(store.delete_processed(ms(10), 5).unwrap(), 5);
 }
+
+/// A relay's claim commits and its answer is lost (the connection broke
+/// after the statement went out: a partition, a failover, a proxy restart;
+/// the store says so with an error, the rows IN_PROCESS under a lease of
+/// 60 s). The relay gives the claim back at its next step and sends the
+/// events at once, not after their lease and the next recovery, which is
+/// what they waited for before.
+#[test]
+fn a_claim_whose_answer_was_lost_is_given_back_at_once() {
+    let p = "t_rel_lost_";
+    let Some((pg, mut client)) = fresh(p) else {
+        return;
+    };
+    let store = std::sync::Arc::new(super::held::DefaultHeld {
+        pg,
+        claims: Default::default(),
+        finishes: Default::default(),
+        lose_answers: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(1)),
+    });
+    let config = txbox::Config::builder()
+        .table_prefix(p)
+        .defaults(|e| super::fast(e).lease(Duration::from_secs(60)))
+        .event("e", |e| e)
+        .build()
+        .unwrap();
+    let outbox = txbox::Outbox::new(&config).unwrap();
+    let mut tx = client.transaction().unwrap();
+    for i in 0..3 {
+        outbox.publish(&mut tx, "e", &i).unwrap();
+    }
+    tx.commit().unwrap();
+    let sender = txbox::MemorySender::new();
+    let started = Instant::now();
+    let relay = txbox::Relay::start(store.clone(), &config, sender.clone()).unwrap();
+    wait_until("the events sent", Duration::from_secs(20), || {
+        sender.len() == 3
+    });
+    let took = started.elapsed();
+    assert_eq!(
+        store.lose_answers.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a claim's answer was lost"
+    );
+    assert!(took < Duration::from_secs(5), "sent after {took:?}");
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    assert_eq!(count(&mut client, p, "PROCESSED"), 3);
+}

@@ -580,11 +580,14 @@ impl txbox::store::HeldBatch for FinishOnly {
 }
 
 /// PostgreSQL whose held batches are [`FinishOnly`]; counts its held claims and
-/// their finishes.
-struct DefaultHeld {
-    pg: Arc<txbox::PgStore>,
-    claims: Arc<AtomicUsize>,
-    finishes: Arc<AtomicUsize>,
+/// their finishes. Its next `lose_answers` leased claims that take events
+/// commit and fail (their answer lost, as a connection that breaks after
+/// the statement went out).
+pub(super) struct DefaultHeld {
+    pub(super) pg: Arc<txbox::PgStore>,
+    pub(super) claims: Arc<AtomicUsize>,
+    pub(super) finishes: Arc<AtomicUsize>,
+    pub(super) lose_answers: Arc<AtomicUsize>,
 }
 
 impl Store for DefaultHeld {
@@ -611,7 +614,26 @@ impl ClaimStore for DefaultHeld {
         args: &ClaimArgs<'_>,
         token: uuid::Uuid,
     ) -> txbox::Result<Vec<txbox::Event>> {
-        self.pg.claim_after(args, token)
+        let events = self.pg.claim_after(args, token)?;
+        let lose = |n: usize| n.checked_sub(1);
+        if !events.is_empty()
+            && self
+                .lose_answers
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, lose)
+                .is_ok()
+        {
+            return Err(txbox::Error::Io {
+                context: "the claim's answer".into(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "the connection broke after the claim was sent",
+                ),
+            });
+        }
+        Ok(events)
+    }
+    fn release_claim(&self, token: uuid::Uuid) -> txbox::Result<u64> {
+        self.pg.release_claim(token)
     }
     fn finish(&self, token: uuid::Uuid, outcomes: &[(EventId, Outcome)]) -> txbox::Result<u64> {
         self.pg.finish(token, outcomes)
@@ -710,6 +732,7 @@ fn held_batches_without_their_own_finish_and_claim_drain_a_backlog() {
         pg,
         claims: claims.clone(),
         finishes: finishes.clone(),
+        lose_answers: Arc::default(),
     });
     held_backlog(p, store, &mut client, Drain::Relay);
     assert_eq!(

@@ -15,6 +15,6 @@ mod config;
 mod connections;
 mod delivery;
 mod errors;
-mod held;
+pub(super) mod held;
 mod snapshot;
 mod wake;
