@@ -364,17 +364,8 @@ fn a_broker_that_never_answers_frees_the_thread_and_is_reported() {
         .build()
         .unwrap();
     let fast = format!("amqp://guest:guest@127.0.0.1:{port}?connection_timeout=500");
-    let relay = Relay::start(
-        store.clone(),
-        &config,
-        RabbitSender::builder(&fast).build().unwrap(),
-    )
-    .unwrap();
-    let admin = txbox::admin::AdminServer::start(
-        store.clone(),
-        txbox::admin::AdminOptions::new().relay(relay.probe()),
-    )
-    .unwrap();
+    let sender = RabbitSender::builder(&fast).build().unwrap();
+    let (relay, admin) = relay_with_admin(&store, &config, sender);
     let get = |path: &str| probe(&admin, path);
     wait_until(
         "/ready says the broker is unreachable",
@@ -936,6 +927,64 @@ impl Forward {
     }
 }
 
+/// A test's outbox (tables `p`) and a queue bound to a fresh exchange, with a
+/// forwarder to RabbitMQ for the relay under test; `None` (the reason
+/// printed) when a service is missing.
+fn rabbit_through_forward(
+    p: &str,
+) -> Option<(
+    std::sync::Arc<txbox::PgStore>,
+    postgres::Client,
+    String,
+    String,
+    Forward,
+)> {
+    let (store, plain) = fresh(p)?;
+    if !service_up("RabbitMQ", "127.0.0.1:5672") {
+        return None;
+    }
+    let exchange = format!("txbox-{p}{}", unique());
+    let queue = format!("{exchange}-q");
+    durable_queue(&exchange, &queue, "e");
+    Some((
+        store,
+        plain,
+        exchange,
+        queue,
+        Forward::start("127.0.0.1:5672"),
+    ))
+}
+
+/// Publishes `n` events of type `e` in one transaction; their ids go to `ids`.
+fn publish_n(
+    outbox: &Outbox,
+    client: &mut postgres::Client,
+    n: i32,
+    ids: &mut Vec<txbox::EventId>,
+) {
+    let mut tx = client.transaction().unwrap();
+    for i in 0..n {
+        ids.push(outbox.publish(&mut tx, "e", &json!({ "n": i })).unwrap());
+    }
+    tx.commit().unwrap();
+}
+
+/// A relay of `config` on `store` with `sender`, and an admin endpoint that
+/// probes it.
+fn relay_with_admin(
+    store: &std::sync::Arc<txbox::PgStore>,
+    config: &Config,
+    sender: impl SenderFactory + 'static,
+) -> (Relay, txbox::admin::AdminServer) {
+    let relay = Relay::start(store.clone(), config, sender).unwrap();
+    let admin = txbox::admin::AdminServer::start(
+        store.clone(),
+        txbox::admin::AdminOptions::new().relay(relay.probe()),
+    )
+    .unwrap();
+    (relay, admin)
+}
+
 /// The relay's RabbitMQ link drops everything for 15 s (a partition: no
 /// reset, nothing answers, a new connection's SYN lost too). The batch sent
 /// into it waits for acks: `/ready` says 503 within 10 s (acks overdue, then
@@ -944,21 +993,14 @@ impl Forward {
 /// relay runs); the link back, the events published meanwhile are sent
 /// within about 2 s (a connect attempt at most every 2 s), none lost, none
 /// sent twice but the batch that was in the hole. A shutdown in the hole
-/// returns within its deadline, the batch given back. Before, the heartbeat was 60 s, `/ready` stayed 200 and a reconnect
-/// could wait 10 s.
+/// returns within its deadline, the batch given back. Before, the
+/// heartbeat was 60 s, `/ready` stayed 200 and a reconnect could wait 10 s.
 #[test]
 fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
     let p = "t_part_amqp_";
-    let Some((store, mut plain)) = fresh(p) else {
+    let Some((store, mut plain, exchange, queue, forward)) = rabbit_through_forward(p) else {
         return;
     };
-    if !service_up("RabbitMQ", "127.0.0.1:5672") {
-        return;
-    }
-    let exchange = format!("txbox-part-{}", unique());
-    let queue = format!("{exchange}-q");
-    durable_queue(&exchange, &queue, "e");
-    let forward = Forward::start("127.0.0.1:5672");
     let config = Config::builder()
         .table_prefix(p)
         .defaults(|e| {
@@ -968,26 +1010,12 @@ fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
         .build()
         .unwrap();
     let url = format!("amqp://guest:guest@127.0.0.1:{}", forward.port);
-    let relay = Relay::start(
-        store.clone(),
-        &config,
-        RabbitSender::builder(&url).build().unwrap(),
-    )
-    .unwrap();
-    let admin = txbox::admin::AdminServer::start(
-        store.clone(),
-        txbox::admin::AdminOptions::new().relay(relay.probe()),
-    )
-    .unwrap();
+    let sender = RabbitSender::builder(&url).build().unwrap();
+    let (relay, admin) = relay_with_admin(&store, &config, sender);
     let outbox = Outbox::new(&config).unwrap();
     let mut ids = Vec::new();
-    let mut publish = |client: &mut postgres::Client, n: i32| {
-        let mut tx = client.transaction().unwrap();
-        for i in 0..n {
-            ids.push(outbox.publish(&mut tx, "e", &json!({ "n": i })).unwrap());
-        }
-        tx.commit().unwrap();
-    };
+    let mut publish =
+        |client: &mut postgres::Client, n: i32| publish_n(&outbox, client, n, &mut ids);
     publish(&mut plain, 10);
     wait_until("the first events sent", Duration::from_secs(10), || {
         count(&mut plain, p, "PROCESSED") == 10
@@ -1079,22 +1107,15 @@ fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
 /// Two relays share a type; A's RabbitMQ link drops everything. B goes on
 /// sending, and takes A's batch once A gives it back (its confirm timeout,
 /// 3 s: a lease must be longer than a sender's wait for acks); A neither
-/// marks as sent what B sent nor wedges: the link back, it sends again. Every event
-/// arrives; none twice but A's batch in the hole (the broker had it, its
+/// marks as sent what B sent nor wedges: the link back, it sends again.
+/// Every event arrives; none twice but A's batch in the hole (the broker had it, its
 /// acks were lost); none left claimed.
 #[test]
 fn two_relays_one_partitioned_lose_nothing_and_the_other_takes_over() {
     let p = "t_part_two_";
-    let Some((store, mut plain)) = fresh(p) else {
+    let Some((store, mut plain, exchange, queue, forward)) = rabbit_through_forward(p) else {
         return;
     };
-    if !service_up("RabbitMQ", "127.0.0.1:5672") {
-        return;
-    }
-    let exchange = format!("txbox-part2-{}", unique());
-    let queue = format!("{exchange}-q");
-    durable_queue(&exchange, &queue, "e");
-    let forward = Forward::start("127.0.0.1:5672");
     let config = Config::builder()
         .table_prefix(p)
         .defaults(|e| {
@@ -1115,13 +1136,8 @@ fn two_relays_one_partitioned_lose_nothing_and_the_other_takes_over() {
     let a = Relay::start(store.clone(), &config, via(forward.port)).unwrap();
     let outbox = Outbox::new(&config).unwrap();
     let mut ids = Vec::new();
-    let mut publish = |client: &mut postgres::Client, n: i32| {
-        let mut tx = client.transaction().unwrap();
-        for i in 0..n {
-            ids.push(outbox.publish(&mut tx, "e", &json!({ "n": i })).unwrap());
-        }
-        tx.commit().unwrap();
-    };
+    let mut publish =
+        |client: &mut postgres::Client, n: i32| publish_n(&outbox, client, n, &mut ids);
     publish(&mut plain, 5);
     wait_until("A sends", Duration::from_secs(10), || {
         count(&mut plain, p, "PROCESSED") == 5
@@ -1191,20 +1207,10 @@ fn a_postgres_link_that_drops_everything_is_found_and_the_relay_catches_up() {
     let url = format!("postgres://postgres@127.0.0.1:{}/test", forward.port);
     let store = std::sync::Arc::new(txbox::PgStore::connect(&url, &config).unwrap());
     let sender = txbox::MemorySender::new();
-    let relay = Relay::start(store.clone(), &config, sender.clone()).unwrap();
-    let admin = txbox::admin::AdminServer::start(
-        store.clone(),
-        txbox::admin::AdminOptions::new().relay(relay.probe()),
-    )
-    .unwrap();
+    let (relay, admin) = relay_with_admin(&store, &config, sender.clone());
     let outbox = Outbox::new(&config).unwrap();
-    let publish = |client: &mut postgres::Client, n: i32| {
-        let mut tx = client.transaction().unwrap();
-        for i in 0..n {
-            outbox.publish(&mut tx, "e", &json!({ "n": i })).unwrap();
-        }
-        tx.commit().unwrap();
-    };
+    let publish =
+        |client: &mut postgres::Client, n: i32| publish_n(&outbox, client, n, &mut Vec::new());
     publish(&mut plain, 5);
     wait_until("the first events sent", Duration::from_secs(10), || {
         sender.len() == 5
