@@ -12,11 +12,21 @@ use super::{json, AdminOptions};
 use crate::store::FullStore;
 
 /// The longest a request waits for a check under way before it answers from
-/// what is known (an earlier answer, or that the check has not answered).
-const ANSWER_WITHIN: Duration = Duration::from_millis(800);
+/// what is known (an earlier answer, or that the check has not answered):
+/// well within a probe's usual timeout of 1 s.
+const ANSWER_WITHIN: Duration = Duration::from_millis(500);
 
-/// The database's part of `/health`: one check at a time, on a thread of its
-/// own; requests wait for it at most [`ANSWER_WITHIN`].
+/// The same before the first answer, which has nothing earlier to go by (the
+/// first check starts with the server).
+const FIRST_ANSWER_WITHIN: Duration = Duration::from_millis(900);
+
+/// Checks under way at most: a second starts once the first has waited past
+/// the bound (a pooled connection that hangs; a fresh one may answer).
+const MAX_CHECKS: usize = 2;
+
+/// The database's part of `/health`: checks on threads of their own, one at
+/// a time (two when one hangs); requests wait for them at most
+/// [`ANSWER_WITHIN`].
 pub(super) struct DatabaseCheck {
     store: Arc<dyn FullStore>,
     state: Mutex<CheckState>,
@@ -25,25 +35,47 @@ pub(super) struct DatabaseCheck {
 
 #[derive(Default)]
 struct CheckState {
-    /// When the check under way began.
-    running_since: Option<Instant>,
-    /// The last check's answer, and when that check began.
+    /// The checks under way: their number and when each began.
+    running: Vec<(u64, Instant)>,
+    /// The number the next check gets.
+    next: u64,
+    /// The latest check's answer, and when that check began.
     last: Option<(Instant, Checked)>,
+}
+
+impl CheckState {
+    /// How long the oldest check under way has waited.
+    fn waited(&self) -> Duration {
+        self.running
+            .iter()
+            .map(|(_, began)| began.elapsed())
+            .max()
+            .unwrap_or_default()
+    }
 }
 
 /// What a check found.
 #[derive(Clone)]
 struct Checked {
-    /// `Ok` when the database answered; the reason logged otherwise.
+    /// Whether the database answered (the reason is logged otherwise).
     answered: bool,
     paused: Option<Vec<String>>,
     notify_queue_usage: Option<f64>,
 }
 
+impl Checked {
+    const NO_ANSWER: Checked = Checked {
+        answered: false,
+        paused: None,
+        notify_queue_usage: None,
+    };
+}
+
 /// What `/health` says of the database.
 enum Database {
     Answered(Checked),
-    /// A check has waited this long for an answer (past the bound).
+    /// A check has waited this long for an answer (past the bound, or
+    /// before the first answer).
     NoAnswer(Duration),
 }
 
@@ -55,10 +87,7 @@ impl DatabaseCheck {
             state: Mutex::default(),
             done: Condvar::new(),
         });
-        check.lock().running_since = Some(Instant::now());
-        if !check.start() {
-            check.lock().running_since = None;
-        }
+        check.start(&mut check.lock());
         check
     }
 
@@ -67,9 +96,9 @@ impl DatabaseCheck {
     }
 
     /// The answer of a check begun after the request arrived, if one comes
-    /// within [`ANSWER_WITHIN`]; otherwise, while the check under way has
-    /// waited less than `bound`, the last answer; past it, or before the
-    /// first answer, that it has not answered (yet).
+    /// within [`ANSWER_WITHIN`]; otherwise, while the checks under way have
+    /// waited less than `bound`, the latest answer; past it, or before the
+    /// first answer, that the database has not answered (yet).
     fn read(self: &Arc<Self>, bound: Duration) -> Database {
         let arrived = Instant::now();
         let mut state = self.lock();
@@ -80,13 +109,15 @@ impl DatabaseCheck {
                 }
                 _ => {}
             }
-            if state.running_since.is_none() {
-                state.running_since = Some(Instant::now());
-                if !self.start() {
-                    state.running_since = None;
-                }
+            let hanging = state.running.iter().all(|(_, b)| b.elapsed() >= bound);
+            if state.running.is_empty() || (state.running.len() < MAX_CHECKS && hanging) {
+                self.start(&mut state);
             }
-            let left = ANSWER_WITHIN.saturating_sub(arrived.elapsed());
+            let limit = match state.last {
+                Some(_) => ANSWER_WITHIN,
+                None => FIRST_ANSWER_WITHIN,
+            };
+            let left = limit.saturating_sub(arrived.elapsed());
             if left.is_zero() {
                 break;
             }
@@ -96,30 +127,38 @@ impl DatabaseCheck {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        let waited = state.running_since.map_or(Duration::ZERO, |s| s.elapsed());
+        let waited = state.waited();
         match &state.last {
             Some((_, checked)) if waited < bound => Database::Answered(checked.clone()),
             _ => Database::NoAnswer(waited),
         }
     }
 
-    /// Runs one check on a thread of its own (`running_since` set by the
-    /// caller); false when no thread could be had.
-    fn start(self: &Arc<Self>) -> bool {
+    /// Runs one check on a thread of its own, counted in `state.running`
+    /// until it ends (a panic in the store included).
+    fn start(self: &Arc<Self>, state: &mut CheckState) {
+        let (id, began) = (state.next, Instant::now());
+        state.next += 1;
         let me = self.clone();
         let spawned = std::thread::Builder::new()
             .name("txbox-admin-check".into())
             .spawn(move || {
-                let checked = me.check();
+                let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| me.check()))
+                    .unwrap_or_else(|_| {
+                        log::error!("txbox: admin /health: the database check panicked");
+                        Checked::NO_ANSWER
+                    });
                 let mut state = me.lock();
-                let began = state.running_since.take().unwrap_or_else(Instant::now);
-                state.last = Some((began, checked));
+                state.running.retain(|(i, _)| *i != id);
+                if state.last.as_ref().is_none_or(|(b, _)| *b < began) {
+                    state.last = Some((began, checked));
+                }
                 me.done.notify_all();
             });
-        if let Err(e) = &spawned {
-            log::warn!("txbox: admin /health: no thread for the database check: {e}");
+        match spawned {
+            Ok(_) => state.running.push((id, began)),
+            Err(e) => log::warn!("txbox: admin /health: no thread for the database check: {e}"),
         }
-        spawned.is_ok()
     }
 
     /// Asks the database: does it answer, which types are paused, how full is
@@ -130,11 +169,7 @@ impl DatabaseCheck {
         // messages) goes to the log, not to whoever reaches the port
         if let Err(e) = store.ping() {
             log::warn!("txbox: admin /health: the database does not answer: {e}");
-            return Checked {
-                answered: false,
-                paused: None,
-                notify_queue_usage: None,
-            };
+            return Checked::NO_ANSWER;
         }
         let paused = store
             .paused()

@@ -121,7 +121,7 @@ impl AdminOptions {
     pub const DATABASE_TIMEOUT: Duration = Duration::from_secs(5);
 
     /// The default of [`AdminOptions::acks_overdue_after`].
-    pub const ACKS_OVERDUE_AFTER: Duration = Duration::from_secs(10);
+    pub const ACKS_OVERDUE_AFTER: Duration = RelayProbe::ACKS_OVERDUE_AFTER;
 
     /// Loopback, an OS-chosen port, no token (so the DLQ routes are disabled),
     /// `/health` and `/metrics` open, 5 s per request.
@@ -159,10 +159,12 @@ impl AdminOptions {
     /// How long `/health`'s check of the database may wait for its answer
     /// before `/health` and `/ready` say 503 (`"database": "no answer for N
     /// ms"`); default [`AdminOptions::DATABASE_TIMEOUT`]. The check runs on a
-    /// thread of its own, one at a time (the first as the server starts): a
-    /// request waits for it at most 0.8 s, then answers with the last answer
-    /// while the check has waited less than this (503 before the first), so
-    /// both routes answer within about a second whatever the database does.
+    /// thread of its own, one at a time (the first as the server starts; a
+    /// second once one has waited past this): a request waits for it at most
+    /// 0.5 s (0.9 s before the first answer), then answers with the latest
+    /// answer while the check has waited less than this (503 before the
+    /// first), so both routes answer within a second whatever the database
+    /// does.
     pub fn database_timeout(mut self, d: Duration) -> Self {
         self.database_timeout = d;
         self

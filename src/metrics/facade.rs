@@ -53,6 +53,10 @@ impl Observer for Facade {
         }
         *last = event_types.to_vec();
     }
+    fn broker_ready(&self, event_type: &str, ready: bool) {
+        let up = if ready { 1.0 } else { 0.0 };
+        metrics::gauge!("txbox_broker_up", "event_type" => event_type.to_owned()).set(up);
+    }
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
         metrics::histogram!("txbox_store_call_seconds", "call" => call.name())
             .record(took.as_secs_f64());

@@ -254,6 +254,13 @@ pub trait Observer: Send + Sync {
         let _ = event_types;
     }
 
+    /// The poller of `event_type` can (`true`) or cannot reach its broker:
+    /// said when it changes (a connect that failed, a batch given back
+    /// because the transport failed, a connection made again).
+    fn broker_ready(&self, event_type: &str, ready: bool) {
+        let _ = (event_type, ready);
+    }
+
     /// A SQL store built from the configuration ([`Config::connect`](crate::Config::connect),
     /// the stores' `connect` and `PgStore::from_pool`) made `call`, which took
     /// `took`; `ok`: it returned no error (a deadlock retried within it is
@@ -286,6 +293,9 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
     }
     fn paused(&self, event_types: &[String]) {
         (**self).paused(event_types);
+    }
+    fn broker_ready(&self, event_type: &str, ready: bool) {
+        (**self).broker_ready(event_type, ready);
     }
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
         (**self).store_call(call, took, ok);
@@ -334,6 +344,9 @@ impl Observer for ProcessWide {
     }
     fn paused(&self, event_types: &[String]) {
         Self::each(|o| o.paused(event_types));
+    }
+    fn broker_ready(&self, event_type: &str, ready: bool) {
+        Self::each(|o| o.broker_ready(event_type, ready));
     }
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
         Self::each(|o| o.store_call(call, took, ok));

@@ -66,6 +66,7 @@ pub struct Registry {
     outbox: Mutex<Option<(Vec<TypeStatus>, u64)>>,
     notify_queue_usage: Mutex<Option<f64>>,
     paused: Mutex<Vec<String>>,
+    broker_up: Mutex<BTreeMap<String, bool>>,
     send_latency: Histogram,
     commit_to_ack: Histogram,
     /// By [`StoreCall::index`].
@@ -98,6 +99,7 @@ impl Registry {
             outbox: Mutex::new(None),
             notify_queue_usage: Mutex::new(None),
             paused: Mutex::new(Vec::new()),
+            broker_up: Mutex::new(BTreeMap::new()),
             send_latency: Histogram::new(),
             commit_to_ack: Histogram::new(),
             store_calls: std::array::from_fn(|_| Histogram::new()),
@@ -126,6 +128,7 @@ impl Registry {
             outbox: outbox.map(|o| o.0).unwrap_or_default(),
             notify_queue_usage: *lock(&self.notify_queue_usage),
             paused: lock(&self.paused).clone(),
+            broker_up: lock(&self.broker_up).clone(),
             polling_delay_seconds: lock(&self.polling_delay).clone(),
             send_latency: self.send_latency.snapshot(),
             commit_to_ack: self.commit_to_ack.snapshot(),
@@ -217,6 +220,21 @@ impl Registry {
                 label(t)
             );
         }
+        if !s.broker_up.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP txbox_broker_up Whether the poller of the event type can reach its broker\n\
+                 # TYPE txbox_broker_up gauge"
+            );
+            for (t, up) in &s.broker_up {
+                let _ = writeln!(
+                    out,
+                    "txbox_broker_up{{event_type=\"{}\"}} {}",
+                    label(t),
+                    u8::from(*up)
+                );
+            }
+        }
         let _ = writeln!(out, "# HELP txbox_polling_delay_seconds Current polling delay\n# TYPE txbox_polling_delay_seconds gauge");
         for (t, d) in &s.polling_delay_seconds {
             let _ = writeln!(
@@ -301,6 +319,9 @@ impl Observer for Registry {
     fn paused(&self, event_types: &[String]) {
         *lock(&self.paused) = event_types.to_vec();
     }
+    fn broker_ready(&self, event_type: &str, ready: bool) {
+        lock(&self.broker_up).insert(event_type.to_owned(), ready);
+    }
     fn store_call(&self, call: StoreCall, took: Duration, ok: bool) {
         self.store_calls[call.index()].record(took.as_secs_f64());
         if !ok {
@@ -359,6 +380,10 @@ pub struct MetricsSnapshot {
     /// The paused event types ([`Pauses`](crate::Pauses)), as of the relay's
     /// last recovery run.
     pub paused: Vec<String>,
+    /// Whether each event type's poller can reach its broker (the last
+    /// change its poller saw: a failed connect or a batch given back because
+    /// the transport failed, a connection made again).
+    pub broker_up: BTreeMap<String, bool>,
     /// The current polling delay of each poller, in seconds.
     pub polling_delay_seconds: BTreeMap<String, f64>,
     /// Duration of each batch send (until the broker's acks).

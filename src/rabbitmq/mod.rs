@@ -94,9 +94,11 @@ fn with_defaults(url: &str) -> String {
 }
 
 /// The heartbeat interval a connection asks for, in seconds, when the URL does
-/// not say (`heartbeat`; the broker's, 60 s, when lower): a connection whose
-/// link drops or holds everything (a partition, a frozen broker) is closed
-/// after two intervals without a frame, 10 s, and its batches go back.
+/// not say (`heartbeat`): the lower of it and the broker's (RabbitMQ's 60 s)
+/// is used, and a broker that turns heartbeats off (0) turns them off. A
+/// connection whose link drops or holds everything (a partition, a frozen
+/// broker) is closed after two intervals without a frame, 10 s, and its
+/// batches go back.
 pub const HEARTBEAT: u16 = 5;
 
 /// How long a connection may take to connect and finish the AMQP handshake
@@ -161,7 +163,8 @@ fn nodelay_socket(
 /// `connection_timeout`: a link that drops everything (a partition) loses the
 /// connect's SYN, and the next try, at most [`MAX_RECONNECT`] later, sends a
 /// fresh one instead of waiting for the kernel's retransmission (1, 3, 7 s):
-/// the link back, the broker is connected to within about 2 s.
+/// the link back, the broker is connected to within about 2 s (the poller
+/// asks a broker that could not be reached again within a second).
 const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The addresses, the options and the TLS of an `amqp://` or `amqps://` URL;

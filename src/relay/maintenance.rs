@@ -258,9 +258,12 @@ impl CommitWake {
 
 /// When the cleanup rewrites a mostly empty outbox
 /// ([`MaintenanceStore::compact`](crate::store::MaintenanceStore::compact)):
-/// after each run, unless off, and after a rewrite that gave up (its lock
-/// not had within the timeout: a long reader of the table) or gained little
-/// only after 1, 2, 4 ... 64 more runs.
+/// after a run, unless off; after a rewrite, not in the next 64 runs (a table
+/// that churns, `processed_ttl = 0` under a steady load, is mostly empty
+/// space again soon: its exclusive lock is not taken at every run); after
+/// one that gave up (its lock not had, or the table too large to rewrite,
+/// within the timeout) or gained little, after 1, 2, 4 ... 64 runs; for good
+/// after the database refused it (a role that does not own the table).
 struct CompactTurns {
     /// `None`: off.
     timeout: Option<Duration>,
@@ -301,17 +304,23 @@ impl CompactTurns {
             }
             Ok(Some(c)) => {
                 self.backoff = 1;
+                self.skip = Self::MAX_SKIP;
                 log::info!(
                     "txbox: the outbox table, mostly empty, rewritten: {} -> {} bytes",
                     c.bytes_before,
                     c.bytes_after
                 );
             }
+            Err(e @ crate::Error::Unsupported { .. }) => {
+                self.timeout = None;
+                log::warn!("txbox: the outbox table is not rewritten (maintenance.compact): {e}");
+            }
             Err(e) => {
                 self.wait();
                 log::warn!(
-                    "txbox: rewriting the mostly empty outbox table gave up within \
-                     {timeout:?} (maintenance.compact_timeout), tried again after {} \
+                    "txbox: rewriting the mostly empty outbox table gave up within {timeout:?} \
+                     (maintenance.compact_timeout: a long reader of the table held its lock, \
+                     or the table is too large to rewrite in that time), tried again after {} \
                      cleanups: {e}",
                     self.skip
                 );

@@ -15,6 +15,10 @@ use crate::error::{Error, Result};
 use crate::sender::{Sender, SenderFactory};
 use crate::store::ClaimStore;
 
+/// The longest a poller waits before it asks a broker that could not be
+/// reached again.
+const BROKER_RETRY: Duration = Duration::from_secs(1);
+
 /// The least time between the starts of two claims of a poller that sleeps
 /// between them (a full batch's successor claims at once): short while each
 /// claim finds an event or two (a trickle: each goes out at once), longer once
@@ -171,7 +175,13 @@ impl Poller {
                     }
                 }
                 Ok(Err(e)) => {
-                    let d = state.after_error();
+                    // a broker that cannot be reached is asked again within
+                    // a second (the sender's own backoff spaces its connects):
+                    // its events go out soon after it is back
+                    let d = match e {
+                        Error::Broker(_) => state.after_error().min(BROKER_RETRY),
+                        _ => state.after_error(),
+                    };
                     log::warn!(
                         "txbox: poller {}: {e}; next try in {d:?}",
                         self.pipeline.event_type()

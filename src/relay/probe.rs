@@ -137,7 +137,8 @@ impl RelayProbe {
     /// How long a thread may be busy with one piece of work (a claim and its
     /// batch, a cleanup pass) before [`RelayProbe::stuck`] counts it: longer
     /// than the timeouts of the connections it waits on (a dead PostgreSQL
-    /// connection fails within 60 s, a RabbitMQ connect within 10 s).
+    /// or MySQL link is given up within 10 s, a RabbitMQ connect within
+    /// 10 s, a batch's acks within the sender's confirm timeout).
     pub const STUCK_AFTER: Duration = Duration::from_secs(120);
 
     /// `(threads running, threads started)`.
@@ -189,8 +190,15 @@ impl RelayProbe {
         self.waker.wake(event_type);
     }
 
-    /// Healthy, and every poller's broker can be reached.
+    /// How long a batch may wait for the broker's acks before
+    /// [`RelayProbe::ready`] says no (the admin endpoint's default too).
+    pub const ACKS_OVERDUE_AFTER: Duration = Duration::from_secs(10);
+
+    /// Healthy, every poller's broker can be reached, and none has waited
+    /// for a batch's acks longer than [`RelayProbe::ACKS_OVERDUE_AFTER`].
     pub fn ready(&self) -> bool {
-        self.healthy() && self.broker_down() == 0
+        self.healthy()
+            && self.broker_down() == 0
+            && self.acks_overdue(Self::ACKS_OVERDUE_AFTER) == 0
     }
 }

@@ -292,13 +292,13 @@ pub trait ClaimStore: Store {
     fn finish(&self, token: Uuid, outcomes: &[(EventId, Outcome)]) -> Result<u64>;
 
     /// Puts back to PENDING, due now and with no attempt counted, the rows
-    /// still IN_PROCESS under `token`: a claim whose answer was lost (its
-    /// connection broke after the statement was sent, and it may have
-    /// committed) goes back as soon as the database answers again, not
-    /// after its lease. Returns how many rows changed. The default: none (a
+    /// still IN_PROCESS under any of `tokens`: claims whose answer was lost
+    /// (the connection broke after the statement was sent, and it may have
+    /// committed) go back as soon as the database answers again, not after
+    /// their lease. Returns how many rows changed. The default: none (a
     /// store whose claims cannot outlive a lost answer).
-    fn release_claim(&self, token: Uuid) -> Result<u64> {
-        let _ = token;
+    fn release_claims(&self, tokens: &[Uuid]) -> Result<u64> {
+        let _ = tokens;
         Ok(0)
     }
 

@@ -279,9 +279,22 @@ pub(crate) fn catalog(t: &Tables) -> Catalog {
                  FROM pg_class c WHERE c.oid = '{o}'::regclass"
             )
             .into(),
+            // the session's idle time in it too: a link lost after the
+            // rewrite must not leave the table locked until the server
+            // notices (its keepalives: hours by default)
             bound: "SELECT set_config('lock_timeout', $1, true), \
-                    set_config('statement_timeout', $1, true)"
+                    set_config('statement_timeout', $1, true), \
+                    set_config('idle_in_transaction_session_timeout', $1, true)"
                 .into(),
+            not_owner: |e| {
+                let crate::Error::Database { source, .. } = e else {
+                    return false;
+                };
+                source
+                    .downcast_ref::<crate::error::PgError>()
+                    .and_then(|pg| pg.0.code())
+                    .is_some_and(|c| *c == postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+            },
             rewrite: format!("CLUSTER {o} USING {o}_pkey").into(),
         }),
         claim_select: format!("SELECT {claimed} {}", due("$2", "$3")).into(),

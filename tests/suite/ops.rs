@@ -800,7 +800,7 @@ fn health_gives_a_short_reason_not_the_database_error() {
     );
     let server = AdminServer::start(store, AdminOptions::new()).unwrap();
     let (agent, base) = http(&server);
-    // the check's answer (a request waits for it 0.7 s at most: on a loaded
+    // the check's answer (a request waits for it 0.5 s at most: on a loaded
     // machine the pool's 0.5 s may come after, and the answer with the next)
     let (mut code, mut text) = (0, String::new());
     crate::common::wait_until("the check's answer", Duration::from_secs(5), || {

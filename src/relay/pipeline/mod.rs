@@ -39,6 +39,8 @@ pub(super) struct Pipeline {
     /// The tokens of leased claims that failed (the answer may have been
     /// lost after a commit), oldest first: given back before the next claim.
     unsettled: VecDeque<Uuid>,
+    /// What the observer was last told of the broker.
+    broker_up: Option<bool>,
     /// Where the next claim starts while a backlog drains: the last id of the
     /// previous full batch, and how many batches ago the last full scan was.
     resume: Option<(EventId, usize)>,
@@ -162,6 +164,7 @@ impl Pipeline {
             upto: None,
             in_flight: VecDeque::new(),
             unsettled: VecDeque::new(),
+            broker_up: None,
             resume: None,
             stash: None,
             key_cursor: None,
@@ -170,26 +173,25 @@ impl Pipeline {
         }
     }
 
-    /// Gives back the claims whose answer was lost, oldest first, until one
-    /// cannot be (the database does not answer yet).
+    /// Gives back the claims whose answer was lost, in one call; kept for
+    /// the next step if the database does not answer yet.
     fn release_unsettled<S: ClaimStore + ?Sized>(&mut self, store: &S) {
-        while let Some(&token) = self.unsettled.front() {
-            match store.release_claim(token) {
-                Ok(n) => {
-                    if n > 0 {
-                        log::info!(
-                            "txbox: poller {}: {n} events of a claim whose answer was lost \
-                             are pending again",
-                            self.event_type
-                        );
-                    }
-                    self.unsettled.pop_front();
+        if self.unsettled.is_empty() {
+            return;
+        }
+        let tokens: Vec<Uuid> = self.unsettled.iter().copied().collect();
+        match store.release_claims(&tokens) {
+            Ok(n) => {
+                if n > 0 {
+                    log::info!(
+                        "txbox: poller {}: {n} events of claims whose answer was lost are \
+                         pending again",
+                        self.event_type
+                    );
                 }
-                Err(e) => {
-                    log::debug!("txbox: giving back a claim whose answer was lost: {e}");
-                    return;
-                }
+                self.unsettled.clear();
             }
+            Err(e) => log::debug!("txbox: giving back claims whose answer was lost: {e}"),
         }
     }
 
@@ -211,6 +213,7 @@ impl Pipeline {
     /// and the batches return after their lease, held ones at once).
     pub(super) fn forget(&mut self) {
         self.in_flight.clear();
+        super::probe::sending(None);
         self.stash = None;
         self.resume = None;
     }
@@ -222,14 +225,15 @@ impl Pipeline {
     pub(super) fn step<S: ClaimStore + ?Sized>(&mut self, run: &mut Run<'_, S>) -> Result<Polled> {
         // a broker that cannot be reached: claim nothing (the events stay
         // PENDING, no attempt counted) until it can
+        // before the broker's readiness: another relay may send them meanwhile
+        self.release_unsettled(run.store);
         let ready = run.sender.ready();
-        broker_ready(ready.is_ok());
+        self.broker_ready(ready.is_ok());
         if let Err(e) = ready {
             self.resume = None;
             self.drain(run, 0, false)?;
             return Err(Error::Broker(format!("sender not ready: {e}")));
         }
-        self.release_unsettled(run.store);
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();
         let after = self.resume.map(|(id, _)| id);
@@ -333,10 +337,8 @@ impl Pipeline {
         // finished now waits to go with it
         let released = self.drain(run, keep, claimed >= self.follow_at())?;
         if released > 0 {
-            // the transport failed: the broker is not ready until the next
-            // step's `ready` says it is; the batches still with the broker are
+            // the transport failed: the batches still with the broker are
             // waited for and finished first, and the next claim scans again
-            broker_ready(false);
             self.drain(run, 0, false)?;
             self.resume = None;
         }
@@ -346,6 +348,16 @@ impl Pipeline {
             released,
             lowest,
         })
+    }
+
+    /// Whether the broker can be reached: told to the relay's probe, and to
+    /// the observer when it changes.
+    fn broker_ready(&mut self, ready: bool) {
+        broker_ready(ready);
+        if self.broker_up != Some(ready) {
+            self.broker_up = Some(ready);
+            self.observer.broker_ready(&self.event_type, ready);
+        }
     }
 
     /// When the oldest batch still with the broker was handed to it.
@@ -456,6 +468,15 @@ impl Pipeline {
                 super::probe::sending(Some(batch.started));
                 run.sender.wait()
             });
+            // a transport failure: the broker is not ready until the next
+            // step's `ready` says it is (said before the wait is, so that a
+            // probe never sees neither)
+            if results
+                .iter()
+                .any(|r| r.as_ref().is_err_and(SendError::is_transient))
+            {
+                self.broker_ready(false);
+            }
             super::probe::sending(self.oldest_sent());
             #[cfg(feature = "trace-context")]
             {
@@ -498,6 +519,7 @@ impl Pipeline {
             };
             failed = failed.and(finished);
         }
+        super::probe::sending(self.oldest_sent());
         if !stash {
             failed = failed.and(self.flush_stash());
         }

@@ -341,16 +341,17 @@ impl<D: Dialect> ClaimStore for SqlStore<D> {
             .timed(StoreCall::Finish, || self.finish_leased(token, outcomes))
     }
 
-    fn release_claim(&self, token: Uuid) -> Result<u64> {
+    fn release_claims(&self, tokens: &[Uuid]) -> Result<u64> {
         let d = &self.d;
-        let mut conn = self.pool.get()?;
-        run_execute(
-            &mut *conn,
-            d,
-            &d.common.release_claim,
-            &[Val::Id(token)],
-            &[],
-        )
+        let tokens: Vec<Val> = tokens.iter().map(|t| Val::Id(*t)).collect();
+        self.observer.timed(StoreCall::Finish, || {
+            let mut conn = self.pool.get()?;
+            let mut released = 0;
+            for chunk in tokens.chunks(d.max_ids.max(1)) {
+                released += run_execute(&mut *conn, d, &d.common.release_claims, &[], chunk)?;
+            }
+            Ok(released)
+        })
     }
 
     fn insert_mark(&self) -> Result<Option<i64>> {

@@ -158,7 +158,19 @@ impl<D: Dialect> MaintenanceStore for SqlStore<D> {
             }
             let ms = Val::Text(timeout.as_millis().max(1).to_string());
             run_query(conn, d, &c.bound, &[ms], &[])?;
-            run_execute(conn, d, &c.rewrite, &[], &[])?;
+            run_execute(conn, d, &c.rewrite, &[], &[]).map_err(|e| {
+                if (c.not_owner)(&e) {
+                    crate::Error::Unsupported {
+                        what: "rewriting the outbox table".into(),
+                        why: format!(
+                            "the role does not own it (CLUSTER needs the owner; \
+                             PostgreSQL 17: the MAINTAIN privilege): {e}"
+                        ),
+                    }
+                } else {
+                    e
+                }
+            })?;
             let after = Measure::read(conn, d, &c.measure)?;
             Ok(Some(Compaction {
                 bytes_before: before.bytes,

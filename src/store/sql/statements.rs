@@ -58,9 +58,9 @@ pub struct Common {
     pub finish_held: Finish,
     /// {ids}
     pub recover: Stmt,
-    /// $1 token: the rows a claim took, back to PENDING, due now
-    /// ([`crate::store::ClaimStore::release_claim`])
-    pub release_claim: Stmt,
+    /// {ids} the tokens: the rows those claims took, back to PENDING, due
+    /// now ([`crate::store::ClaimStore::release_claims`])
+    pub release_claims: Stmt,
     pub delete_outbox: Stmt,
     pub delete_dlq: Stmt,
     pub copy_to_dlq: Stmt,
@@ -313,6 +313,13 @@ pub(crate) fn common(
             )
         })
         .unzip();
+    // due now, which is after its insert: where claims start at a floor, it
+    // waits among the events due after their insert, which every claim reads
+    // ([`super::FloorSql`])
+    let pending_now = format!(
+        "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL, \
+         next_attempt_at = {now}"
+    );
     Common {
         order_recheck: format!("SELECT id FROM {o} WHERE event_type = $1 AND id IN ({{ids}}) {{order}}").into(),
         blocked_keys: format!(
@@ -353,16 +360,9 @@ pub(crate) fn common(
         // a held claim's rows are locked by its transaction: nothing else changes
         // them, and naming their status would again pick the pending index
         finish_held: Finish::new(o, now, plus, finish_ids, "1 = 1", "1 = 1"),
-        // due now, which is after its insert: where claims start at a floor,
-        // it waits among the events due after their insert, which every
-        // claim reads ([`super::FloorSql`])
-        recover: format!(
-            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL, next_attempt_at = {now} \
-             WHERE status = 'IN_PROCESS' AND id IN ({{ids}})"
-        ).into(),
-        release_claim: format!(
-            "UPDATE {o} SET status = 'PENDING', claim_token = NULL, lease_until = NULL, next_attempt_at = {now} \
-             WHERE status = 'IN_PROCESS' AND claim_token = $1"
+        recover: format!("{pending_now} WHERE status = 'IN_PROCESS' AND id IN ({{ids}})").into(),
+        release_claims: format!(
+            "{pending_now} WHERE status = 'IN_PROCESS' AND claim_token IN ({{ids}})"
         ).into(),
         delete_outbox: format!("DELETE FROM {o} WHERE id IN ({{ids}})").into(),
         delete_dlq: format!("DELETE FROM {d} WHERE id IN ({{ids}})").into(),
@@ -439,11 +439,13 @@ pub struct CompactSql {
     /// -> pages, live rows (the planner's estimate, kept by VACUUM and
     /// ANALYZE), bytes of the outbox table and its indexes
     pub measure: Stmt,
-    /// $1 the timeout in ms, as text: the transaction's lock and statement
-    /// timeouts
+    /// $1 the timeout in ms, as text: the transaction's lock, statement and
+    /// idle timeouts
     pub bound: Stmt,
     /// Rewrites the table and its indexes (only the rows that live)
     pub rewrite: Stmt,
+    /// The rewrite was refused because the role does not own the table.
+    pub not_owner: fn(&Error) -> bool,
 }
 
 /// The lock that makes migrations of one database take turns.

@@ -632,8 +632,8 @@ impl ClaimStore for DefaultHeld {
         }
         Ok(events)
     }
-    fn release_claim(&self, token: uuid::Uuid) -> txbox::Result<u64> {
-        self.pg.release_claim(token)
+    fn release_claims(&self, tokens: &[uuid::Uuid]) -> txbox::Result<u64> {
+        self.pg.release_claims(tokens)
     }
     fn finish(&self, token: uuid::Uuid, outcomes: &[(EventId, Outcome)]) -> txbox::Result<u64> {
         self.pg.finish(token, outcomes)
