@@ -167,3 +167,33 @@ fn a_rewrite_behind_a_long_reader_gives_up_in_time_and_the_cleanup_does_it_later
     relay.shutdown(Duration::from_secs(5)).unwrap();
     assert_eq!(count(&mut c, p, "PROCESSED"), 2, "the events sent, kept");
 }
+
+/// A role that does not own the outbox table cannot rewrite it (CLUSTER needs
+/// the owner): `compact` says so as `Unsupported`, naming why, and the
+/// table is as it was.
+#[test]
+fn a_role_that_does_not_own_the_table_is_told_why() {
+    let p = "t_compact_role_";
+    let Some((_, mut c)) = fresh(p) else {
+        return;
+    };
+    drained_table(&mut c, p, 60_000, 1);
+    let role = "txbox_compact_not_owner";
+    c.batch_execute(&format!(
+        "DO $$ BEGIN CREATE ROLE {role} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+         GRANT USAGE ON SCHEMA public TO {role}; \
+         GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}; \
+         GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}; \
+         GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO {role}"
+    ))
+    .unwrap();
+    let url = format!("postgres://{role}@127.0.0.1:5432/test");
+    let store = txbox::PgStore::connect(&url, &config(p)).unwrap();
+    let before = size(&mut c, p);
+    let e = store.compact(Duration::from_secs(5)).unwrap_err();
+    assert!(
+        matches!(e, txbox::Error::Unsupported { .. }) && e.to_string().contains("does not own"),
+        "{e}"
+    );
+    assert_eq!(size(&mut c, p), before, "the table as it was");
+}
