@@ -244,29 +244,6 @@ fn an_event_due_at_its_insert_is_claimed_whatever_the_claims_clock_says() {
     );
 }
 
-/// Waits until every transaction of the cluster that holds a transaction id
-/// and began before now has ended (another session's).
-fn writers_before_now_ended(c: &mut postgres::Client) {
-    let now: String = c
-        .query_one("SELECT clock_timestamp()::text", &[])
-        .unwrap()
-        .get(0);
-    wait_until(
-        "the writers then running ended",
-        Duration::from_secs(60),
-        || {
-            c.query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE backend_xid IS NOT NULL \
-               AND pid <> pg_backend_pid() AND xact_start < $1::text::timestamptz",
-                &[&now],
-            )
-            .unwrap()
-            .get::<_, i64>(0)
-                == 0
-        },
-    );
-}
-
 /// An event given back unchanged below the floor (another claim held it
 /// locked while this store's claims passed it, and its connection was lost
 /// before it committed): no claim from the floor reads it, stuck recovery
@@ -291,7 +268,7 @@ fn an_event_given_back_below_the_floor_is_claimed_after_recovery() {
     // table's rewrite), which are waited for
     for _ in 0..2 {
         assert!(store.claim_after(&args, Uuid::now_v7()).unwrap().is_empty());
-        writers_before_now_ended(&mut c);
+        super::older_transactions_ended(&mut c);
     }
     assert!(store.claim_after(&args, Uuid::now_v7()).unwrap().is_empty());
     assert!(store.resume("e").unwrap());
