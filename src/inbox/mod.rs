@@ -144,12 +144,30 @@ struct Inner {
     tables: Tables,
     service: String,
     database: String,
-    cache: Option<Box<dyn InboxCache>>,
+    cache: Option<Arc<dyn InboxCache>>,
     cache_ttl: Duration,
     store: Option<Arc<dyn InboxStore>>,
     counters: Counters,
     /// The configuration's observer.
     observer: crate::metrics::Observed,
+}
+
+/// A clone configured apart: the same settings, and its counts so far.
+impl Clone for Inner {
+    fn clone(&self) -> Self {
+        Inner {
+            tables: self.tables.clone(),
+            service: self.service.clone(),
+            database: self.database.clone(),
+            cache: self.cache.clone(),
+            cache_ttl: self.cache_ttl,
+            store: self.store.clone(),
+            counters: std::array::from_fn(|i| {
+                AtomicU64::new(self.counters[i].load(Ordering::Relaxed))
+            }),
+            observer: self.observer.clone(),
+        }
+    }
 }
 
 impl Inbox {
@@ -171,18 +189,21 @@ impl Inbox {
         })
     }
 
+    /// The settings to change: a clone's own from then on (a clone
+    /// configured apart is an inbox of its own; the one it was cloned from
+    /// keeps its settings).
     fn inner_mut(&mut self) -> &mut Inner {
-        Arc::get_mut(&mut self.inner).expect("configure the inbox before cloning it")
+        Arc::make_mut(&mut self.inner)
     }
 
-    /// Puts a cache in front of the table (set before cloning the inbox).
+    /// Puts a cache in front of the table.
     pub fn with_cache(mut self, cache: impl InboxCache + 'static) -> Self {
-        self.inner_mut().cache = Some(Box::new(cache));
+        self.inner_mut().cache = Some(Arc::new(cache));
         self
     }
 
     /// The store for [`Inbox::handle_at_most_once`], which commits the id in a
-    /// transaction of its own (set before cloning the inbox). A store opened on
+    /// transaction of its own. A store opened on
     /// other tables than the inbox's configuration is refused: the inbox's two
     /// ways of recording ids would use different tables.
     pub fn with_store(mut self, store: Arc<dyn InboxStore>) -> Result<Self> {
@@ -191,8 +212,7 @@ impl Inbox {
         Ok(self)
     }
 
-    /// Names this inbox's database in its cache keys (set before cloning the
-    /// inbox): where inboxes of one service and table prefix in several
+    /// Names this inbox's database in its cache keys: where inboxes of one service and table prefix in several
     /// databases share one cache, each needs a name of its own (such as
     /// `orders-eu`), or an id consumed in one would be a duplicate in the
     /// others.
@@ -473,5 +493,30 @@ impl InboxCleanup {
     /// Stops the thread, waiting at most `timeout`.
     pub fn shutdown(self, timeout: Duration) -> Result<()> {
         self.relay.shutdown(timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A clone configured apart is an inbox of its own (it panicked, "configure
+    /// the inbox before cloning it"); the one it was cloned from keeps its
+    /// settings, and clones not configured apart share them.
+    #[test]
+    fn a_clone_configured_apart_keeps_the_original_as_it_was() {
+        let config = crate::Config::builder().build().unwrap();
+        let original = Inbox::new(&config, "billing").unwrap();
+        let shared = original.clone();
+        let eu = original
+            .clone()
+            .cache_database("orders-eu")
+            .with_cache(MemoryCache::new(10));
+        assert_eq!(original.inner.database, "");
+        assert!(original.inner.cache.is_none());
+        assert_eq!(eu.inner.database, "orders-eu");
+        assert!(eu.inner.cache.is_some());
+        assert!(Arc::ptr_eq(&original.inner, &shared.inner));
+        assert!(!Arc::ptr_eq(&original.inner, &eu.inner));
     }
 }
