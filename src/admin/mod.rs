@@ -120,9 +120,6 @@ impl AdminOptions {
     /// The default of [`AdminOptions::database_timeout`].
     pub const DATABASE_TIMEOUT: Duration = Duration::from_secs(5);
 
-    /// The default of [`AdminOptions::acks_overdue_after`].
-    pub const ACKS_OVERDUE_AFTER: Duration = RelayProbe::ACKS_OVERDUE_AFTER;
-
     /// Loopback, an OS-chosen port, no token (so the DLQ routes are disabled),
     /// `/health` and `/metrics` open, 5 s per request.
     pub fn new() -> Self {
@@ -134,7 +131,7 @@ impl AdminOptions {
             request_timeout: Duration::from_secs(5),
             stuck_after: RelayProbe::STUCK_AFTER,
             database_timeout: Self::DATABASE_TIMEOUT,
-            acks_overdue_after: Self::ACKS_OVERDUE_AFTER,
+            acks_overdue_after: RelayProbe::ACKS_OVERDUE_AFTER,
             metrics: None,
         }
     }
@@ -173,7 +170,7 @@ impl AdminOptions {
     /// How long a relay's batch may wait for the broker's acks before
     /// `/ready` says 503 (`"broker": "acks overdue"`): a broker, or a link to
     /// it, that takes the messages and answers nothing. Default
-    /// [`AdminOptions::ACKS_OVERDUE_AFTER`]; the sender's own confirm timeout
+    /// [`RelayProbe::ACKS_OVERDUE_AFTER`]; the sender's own confirm timeout
     /// still ends the wait (and the batch goes back, pending).
     pub fn acks_overdue_after(mut self, d: Duration) -> Self {
         self.acks_overdue_after = d;

@@ -830,6 +830,22 @@ fn probe_in_time(admin: &txbox::admin::AdminServer, path: &str) -> (u16, serde_j
     answer
 }
 
+/// Probes `path` until it says 503, each answer within a second, at most
+/// `timeout`; the body of the 503.
+fn until_503(
+    admin: &txbox::admin::AdminServer,
+    path: &str,
+    timeout: Duration,
+) -> serde_json::Value {
+    let mut said = serde_json::Value::Null;
+    wait_until(&format!("{path} says 503"), timeout, || {
+        let (code, body) = probe_in_time(admin, path);
+        said = body;
+        code == 503
+    });
+    said
+}
+
 /// The database's link drops everything (every connection of the pool
 /// black-holed: no answer, no reset): `/health` and `/ready` still answer
 /// within a second, 503 `"no answer for N ms"` once the check has waited the
@@ -862,12 +878,7 @@ fn health_answers_in_time_while_the_database_link_is_black_holed() {
     // past the pool's tested-recently window: the check tests its connection
     std::thread::sleep(Duration::from_millis(600));
     let cut = Instant::now();
-    let mut said = serde_json::Value::Null;
-    wait_until("/health says 503", Duration::from_secs(6), || {
-        let (code, body) = probe_in_time(&admin, "/health");
-        said = body;
-        code == 503
-    });
+    let said = until_503(&admin, "/health", Duration::from_secs(6));
     let took = cut.elapsed();
     assert!(
         said["database"]
@@ -1004,9 +1015,8 @@ fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
     let registry = std::sync::Arc::new(txbox::metrics::Registry::new());
     let config = Config::builder()
         .table_prefix(p)
-        .defaults(|e| {
-            e.adaptive_polling(Duration::from_millis(20), Duration::from_millis(200), 1.5)
-        })
+        // the default polling: a poller's error backoff reaches 5 s, and an
+        // unreachable broker is asked again within a second all the same
         .event("e", |e| e.destination(&exchange))
         .build()
         .unwrap()
@@ -1027,12 +1037,7 @@ fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
     let hole = BlackHole::new(vec![forward.port], None);
     let cut = Instant::now();
     publish(&mut plain, 10);
-    let mut said = serde_json::Value::Null;
-    wait_until("/ready says 503", Duration::from_secs(20), || {
-        let (code, body) = probe_in_time(&admin, "/ready");
-        said = body;
-        code == 503
-    });
+    let said = until_503(&admin, "/ready", Duration::from_secs(20));
     let found = cut.elapsed();
     assert!(
         found < Duration::from_secs(12),
@@ -1090,9 +1095,7 @@ fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
     // deadline, the batch in the hole given back (pending, no attempt)
     let hole = BlackHole::new(vec![forward.port], None);
     publish(&mut plain, 5);
-    wait_until("/ready says 503 again", Duration::from_secs(20), || {
-        probe_in_time(&admin, "/ready").0 == 503
-    });
+    until_503(&admin, "/ready", Duration::from_secs(20));
     let t = Instant::now();
     let stopped = relay.shutdown(Duration::from_secs(2));
     let took = t.elapsed();
@@ -1201,8 +1204,7 @@ fn two_relays_one_partitioned_lose_nothing_and_the_other_takes_over() {
 /// black-holed; the publishers do not). What the relay sends still arrives:
 /// a claim may commit with its answer lost, its events left IN_PROCESS
 /// under a lease of 60 s (`postgres_relay::connections` makes it happen
-/// every time). The
-/// probes answer within a second throughout, `/health` says 503; the link
+/// every time). The probes answer within a second throughout, `/health` says 503; the link
 /// back, such a claim is given back at once, the events published meanwhile
 /// are sent within 10 s (the pool's reconnects back off up to 5 s, and a
 /// connect in flight waits for its SYN's retry; the time is printed), none

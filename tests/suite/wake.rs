@@ -477,8 +477,9 @@ fn wait_listener_quiet(client: &mut postgres::Client, pid: i32) {
 
 /// The listener's connection goes silent (a proxy in between stops forwarding
 /// it, so TCP keepalives are still answered): the relay notices within 10 s
-/// (a check after 5 s quiet, answered within 5 s), listens again, and the events published meanwhile are sent, though
-/// the poller sleeps in a 90 s delay.
+/// (a check after 5 s quiet, answered within 5 s), listens again, and the
+/// events published meanwhile are sent, though the poller sleeps in a 90 s
+/// delay.
 #[test]
 fn a_listening_connection_gone_silent_is_noticed_within_ten_seconds() {
     let p = "t_wake_silent_";
