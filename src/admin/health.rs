@@ -28,7 +28,8 @@ const MAX_CHECKS: usize = 2;
 /// a time (two when one hangs); requests wait for them at most
 /// [`ANSWER_WITHIN`].
 pub(super) struct DatabaseCheck {
-    store: Arc<dyn FullStore>,
+    /// Asks the database (a store's [`check`]; a stand-in in unit tests).
+    ask: Box<dyn Fn() -> Checked + Send + Sync>,
     state: Mutex<CheckState>,
     done: Condvar,
 }
@@ -82,8 +83,13 @@ enum Database {
 impl DatabaseCheck {
     /// The check of `store`, its first run started.
     pub(super) fn new(store: Arc<dyn FullStore>) -> Arc<Self> {
+        Self::asking(move || check(&*store))
+    }
+
+    /// The check that runs `ask`, its first run started.
+    fn asking(ask: impl Fn() -> Checked + Send + Sync + 'static) -> Arc<Self> {
         let check = Arc::new(DatabaseCheck {
-            store,
+            ask: Box::new(ask),
             state: Mutex::default(),
             done: Condvar::new(),
         });
@@ -121,9 +127,15 @@ impl DatabaseCheck {
             if left.is_zero() {
                 break;
             }
+            // wake when the check under way passes the bound too, to start
+            // the second one then rather than at the end of the wait
+            let hangs_in = match state.running.len() < MAX_CHECKS {
+                true => bound.saturating_sub(state.waited()),
+                false => left,
+            };
             state = self
                 .done
-                .wait_timeout(state, left)
+                .wait_timeout(state, left.min(hangs_in.max(Duration::from_millis(1))))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
@@ -143,7 +155,7 @@ impl DatabaseCheck {
         let spawned = std::thread::Builder::new()
             .name("txbox-admin-check".into())
             .spawn(move || {
-                let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| me.check()))
+                let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&me.ask))
                     .unwrap_or_else(|_| {
                         log::error!("txbox: admin /health: the database check panicked");
                         Checked::NO_ANSWER
@@ -160,43 +172,42 @@ impl DatabaseCheck {
             Err(e) => log::warn!("txbox: admin /health: no thread for the database check: {e}"),
         }
     }
+}
 
-    /// Asks the database: does it answer, which types are paused, how full is
-    /// the notification queue.
-    fn check(&self) -> Checked {
-        let store = &self.store;
-        // a short reason only: the error's text (hosts, users, server
-        // messages) goes to the log, not to whoever reaches the port
-        if let Err(e) = store.ping() {
-            log::warn!("txbox: admin /health: the database does not answer: {e}");
-            return Checked::NO_ANSWER;
+/// Asks the database: does it answer, which types are paused, how full is the
+/// notification queue.
+fn check(store: &dyn FullStore) -> Checked {
+    // a short reason only: the error's text (hosts, users, server
+    // messages) goes to the log, not to whoever reaches the port
+    if let Err(e) = store.ping() {
+        log::warn!("txbox: admin /health: the database does not answer: {e}");
+        return Checked::NO_ANSWER;
+    }
+    let paused = store
+        .paused()
+        .map_err(|e| log::warn!("txbox: admin /health: reading the paused types: {e}"))
+        .ok();
+    // PostgreSQL: how full the notification queue is (a listener that
+    // stopped reading fills it; at 0.5 commits stop notifying and the
+    // relays poll)
+    let notify_queue_usage = match store.notify_queue_usage() {
+        Ok(usage) => usage,
+        Err(e) => {
+            log::warn!("txbox: admin /health: reading the notification queue: {e}");
+            None
         }
-        let paused = store
-            .paused()
-            .map_err(|e| log::warn!("txbox: admin /health: reading the paused types: {e}"))
-            .ok();
-        // PostgreSQL: how full the notification queue is (a listener that
-        // stopped reading fills it; at 0.5 commits stop notifying and the
-        // relays poll)
-        let notify_queue_usage = match store.notify_queue_usage() {
-            Ok(usage) => usage,
-            Err(e) => {
-                log::warn!("txbox: admin /health: reading the notification queue: {e}");
-                None
-            }
-        };
-        if let Some(usage) = notify_queue_usage.filter(|u| *u >= 0.5) {
-            log::warn!(
-                "txbox: the notification queue is {:.0}% full: a listener in the \
+    };
+    if let Some(usage) = notify_queue_usage.filter(|u| *u >= 0.5) {
+        log::warn!(
+            "txbox: the notification queue is {:.0}% full: a listener in the \
                  cluster stopped reading; commits no longer wake the relays, which poll",
-                usage * 100.0
-            );
-        }
-        Checked {
-            answered: true,
-            paused,
-            notify_queue_usage,
-        }
+            usage * 100.0
+        );
+    }
+    Checked {
+        answered: true,
+        paused,
+        notify_queue_usage,
     }
 }
 
@@ -261,4 +272,96 @@ pub(super) fn health(check: &Arc<DatabaseCheck>, options: &AdminOptions, readine
         }
     }
     json(if ok { 200 } else { 503 }, &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+
+    const ANSWERED: Checked = Checked {
+        answered: true,
+        paused: None,
+        notify_queue_usage: None,
+    };
+
+    fn answered(database: Database) -> bool {
+        match database {
+            Database::Answered(c) => c.answered,
+            Database::NoAnswer(waited) => panic!("no answer for {waited:?}"),
+        }
+    }
+
+    #[test]
+    fn a_check_that_panics_counts_as_no_answer_and_the_next_one_runs() {
+        let panics = Arc::new(AtomicBool::new(true));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (p, c) = (panics.clone(), calls.clone());
+        let check = DatabaseCheck::asking(move || {
+            c.fetch_add(1, SeqCst);
+            assert!(!p.load(SeqCst), "the store panicked (this test's doing)");
+            ANSWERED
+        });
+        let bound = Duration::from_secs(5);
+        let started = Instant::now();
+        assert!(!answered(check.read(bound)), "a panic is no answer");
+        assert!(!answered(check.read(bound)), "and a second check ran");
+        assert!(calls.load(SeqCst) >= 2, "{} checks", calls.load(SeqCst));
+        panics.store(false, SeqCst);
+        assert!(
+            answered(check.read(bound)),
+            "a check after the panics answers"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            check.lock().running.is_empty(),
+            "no panicked check counts as running"
+        );
+    }
+
+    #[test]
+    fn a_check_that_hangs_past_the_bound_gets_a_second_and_no_more() {
+        // checks hang until `release` drops its sender (a black-holed link
+        // that a pooled connection waits on); `hang` says whether new ones do
+        let (release, gate) = crossbeam_channel::bounded::<()>(0);
+        let hang = Arc::new(AtomicBool::new(true));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (h, c) = (hang.clone(), calls.clone());
+        let check = DatabaseCheck::asking(move || {
+            let n = c.fetch_add(1, SeqCst);
+            // the first hangs; the second hangs while `hang` says so
+            if n == 0 || h.load(SeqCst) {
+                let _ = gate.recv();
+            }
+            ANSWERED
+        });
+        let bound = Duration::from_millis(150);
+        // first read: the first check hangs; at the bound a second starts
+        // and hangs too: no answer, within the first answer's wait
+        let asked = Instant::now();
+        match check.read(bound) {
+            Database::NoAnswer(waited) => assert!(waited >= bound, "{waited:?}"),
+            Database::Answered(_) => panic!("an answer from a hung check"),
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            asked.elapsed()
+        );
+        assert_eq!(calls.load(SeqCst), 2, "two checks at most, both hung");
+        for _ in 0..3 {
+            assert!(matches!(check.read(bound), Database::NoAnswer(_)));
+        }
+        assert_eq!(calls.load(SeqCst), 2, "no third check while two hang");
+        // the second returns; the first still hangs: the next read starts a
+        // check that answers at once
+        hang.store(false, SeqCst);
+        release.send(()).expect("a hung check takes it");
+        assert!(answered(check.read(bound)), "the database answers again");
+        drop(release);
+    }
 }

@@ -913,7 +913,11 @@ struct Forward {
 
 impl Forward {
     fn start(to: &str) -> Forward {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Forward::on(TcpListener::bind("127.0.0.1:0").unwrap(), to)
+    }
+
+    /// A forwarder that accepts on `listener`.
+    fn on(listener: TcpListener, to: &str) -> Forward {
         let port = listener.local_addr().unwrap().port();
         let to = to.to_owned();
         std::thread::spawn(move || {
@@ -987,13 +991,131 @@ fn relay_with_admin(
     config: &Config,
     sender: impl SenderFactory + 'static,
 ) -> (Relay, txbox::admin::AdminServer) {
+    relay_with(store, config, sender, txbox::admin::AdminOptions::new())
+}
+
+/// [`relay_with_admin`] with the admin's `options`.
+fn relay_with(
+    store: &std::sync::Arc<txbox::PgStore>,
+    config: &Config,
+    sender: impl SenderFactory + 'static,
+    options: txbox::admin::AdminOptions,
+) -> (Relay, txbox::admin::AdminServer) {
     let relay = Relay::start(store.clone(), config, sender).unwrap();
-    let admin = txbox::admin::AdminServer::start(
-        store.clone(),
-        txbox::admin::AdminOptions::new().relay(relay.probe()),
-    )
-    .unwrap();
+    let admin =
+        txbox::admin::AdminServer::start(store.clone(), options.relay(relay.probe())).unwrap();
     (relay, admin)
+}
+
+/// Acks that stop coming make `/ready` say 503 on their own, before anything
+/// gives the connection up: a heartbeat of 60 s keeps the black-holed AMQP
+/// connection open for two minutes, and `acks_overdue_after` (1 s here, 10 s
+/// by default) is what turns `/ready`. `/health` stays 200 (the relay runs);
+/// the link back, the acks arrive on the same connection and `/ready` is 200
+/// again. Before, `/ready` asked only the sender whether it was connected.
+#[test]
+fn acks_overdue_make_the_relay_not_ready_while_the_connection_stays_open() {
+    let p = "t_part_acks_";
+    let Some((store, mut plain, exchange, _queue, forward)) = rabbit_through_forward(p) else {
+        return;
+    };
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.destination(&exchange))
+        .build()
+        .unwrap();
+    let url = format!("amqp://guest:guest@127.0.0.1:{}?heartbeat=60", forward.port);
+    let sender = RabbitSender::builder(&url).build().unwrap();
+    let options = txbox::admin::AdminOptions::new().acks_overdue_after(Duration::from_secs(1));
+    let (relay, admin) = relay_with(&store, &config, sender, options);
+    let outbox = Outbox::new(&config).unwrap();
+    let mut ids = Vec::new();
+    publish_n(&outbox, &mut plain, 10, &mut ids);
+    wait_until("the first events sent", Duration::from_secs(10), || {
+        count(&mut plain, p, "PROCESSED") == 10
+    });
+    assert_eq!(probe_in_time(&admin, "/ready").0, 200);
+
+    let hole = BlackHole::new(vec![forward.port], None);
+    let cut = Instant::now();
+    publish_n(&outbox, &mut plain, 10, &mut ids);
+    let said = until_503(&admin, "/ready", Duration::from_secs(5));
+    let found = cut.elapsed();
+    assert!(
+        found < Duration::from_secs(3),
+        "/ready 503 after {found:?}: {said}"
+    );
+    assert_eq!(said["relays"][0]["broker"], "acks overdue", "{said}");
+    assert_eq!(said["relays"][0]["acks_overdue"], 1, "{said}");
+    let (code, body) = probe_in_time(&admin, "/health");
+    assert_eq!(code, 200, "{body}");
+    drop(hole);
+    wait_until(
+        "the batch in the hole acked on the same connection",
+        Duration::from_secs(10),
+        || count(&mut plain, p, "PROCESSED") == 20,
+    );
+    wait_until("/ready is 200 again", Duration::from_secs(2), || {
+        probe_in_time(&admin, "/ready").0 == 200
+    });
+    eprintln!("acks stopped: /ready 503 after {found:?}");
+    relay.shutdown(Duration::from_secs(5)).unwrap();
+    admin.shutdown();
+}
+
+/// A broker that stays unreachable for a while (connections refused) makes
+/// the poller's error backoff grow to its ceiling (5 s by default); the
+/// broker back, its events go out within about 2 s all the same: a poller
+/// asks an unreachable broker again within a second, and the sender's own
+/// backoff (at most 1 s) spaces the connects.
+#[test]
+fn a_broker_back_after_an_outage_gets_its_events_within_two_seconds() {
+    let p = "t_part_back_";
+    let Some((store, mut plain)) = fresh(p) else {
+        return;
+    };
+    if !service_up("RabbitMQ", "127.0.0.1:5672") {
+        return;
+    }
+    let exchange = format!("txbox-{p}{}", unique());
+    durable_queue(&exchange, &format!("{exchange}-q"), "e");
+    // a port nothing listens on until the broker "comes back" there
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = Config::builder()
+        .table_prefix(p)
+        .event("e", |e| e.destination(&exchange))
+        .build()
+        .unwrap();
+    let url = format!("amqp://guest:guest@127.0.0.1:{port}");
+    let sender = RabbitSender::builder(&url).build().unwrap();
+    let relay = Relay::start(store.clone(), &config, sender).unwrap();
+    let outbox = Outbox::new(&config).unwrap();
+    let mut ids = Vec::new();
+    publish_n(&outbox, &mut plain, 5, &mut ids);
+    // the outage, long enough for the error backoff to reach its ceiling:
+    // its polls came at 0, 0.25, 0.75, 1.75, 3.75, 7.75 and 12.75 s, the next
+    // at 17.75 s (3.75 s after the broker is back at 14 s)
+    std::thread::sleep(Duration::from_secs(14));
+    assert_eq!(count(&mut plain, p, "PENDING"), 5, "waiting, no attempt");
+    let _broker = Forward::on(
+        TcpListener::bind(("127.0.0.1", port)).expect("the port still free"),
+        "127.0.0.1:5672",
+    );
+    let back = Instant::now();
+    wait_until("the events sent", Duration::from_secs(10), || {
+        count(&mut plain, p, "PROCESSED") == 5
+    });
+    let took = back.elapsed();
+    eprintln!("broker back after 14 s: its events sent {took:?} later");
+    assert!(
+        took < Duration::from_millis(2500),
+        "sent {took:?} after the broker came back"
+    );
+    relay.shutdown(Duration::from_secs(5)).unwrap();
 }
 
 /// The relay's RabbitMQ link drops everything for 15 s (a partition: no
@@ -1044,6 +1166,8 @@ fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
         "/ready 503 after {found:?}: {said}"
     );
     assert_ne!(said["relays"][0]["broker"], "ok", "{said}");
+    // the probe says so to an embedding service's own endpoint too
+    assert!(relay.probe().healthy() && !relay.probe().ready());
     // the relay runs: healthy, and not ready until the link is back
     while cut.elapsed() < Duration::from_secs(15) {
         let (code, body) = probe_in_time(&admin, "/health");
@@ -1077,6 +1201,7 @@ fn a_rabbitmq_link_that_drops_everything_is_found_in_seconds() {
     wait_until("/ready is 200 again", Duration::from_secs(5), || {
         probe_in_time(&admin, "/ready").0 == 200
     });
+    assert!(relay.probe().ready());
     assert_eq!(
         up(&registry),
         Some(true),
