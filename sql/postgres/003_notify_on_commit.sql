@@ -14,8 +14,16 @@
 -- DISABLE TRIGGER <prefix>outbox_events_notify`.
 --
 -- `migrate` applies this file once, after 002, in one transaction. By hand:
--- replace `{prefix}` and run it once with psql, after 002. The function body is
--- written on one line (migrate splits statements at a `;` ending a line).
-CREATE OR REPLACE FUNCTION {prefix}txbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_notify(TG_TABLE_NAME, t.event_type) FROM (SELECT DISTINCT event_type FROM new_events WHERE status = 'PENDING' AND next_attempt_at <= now()) AS t; RETURN NULL; END $$;
-CREATE TRIGGER {prefix}outbox_events_notify AFTER INSERT ON {prefix}outbox_events REFERENCING NEW TABLE AS new_events FOR EACH STATEMENT EXECUTE FUNCTION {prefix}txbox_notify();
+-- replace `{prefix}` and run it once with psql, after 002.
+CREATE OR REPLACE FUNCTION {prefix}txbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(TG_TABLE_NAME, t.event_type)
+    FROM (SELECT DISTINCT event_type FROM new_events
+          WHERE status = 'PENDING' AND next_attempt_at <= now()) AS t;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER {prefix}outbox_events_notify AFTER INSERT ON {prefix}outbox_events
+    REFERENCING NEW TABLE AS new_events
+    FOR EACH STATEMENT EXECUTE FUNCTION {prefix}txbox_notify();
 INSERT INTO {prefix}txbox_schema_version (version) VALUES (3);

@@ -39,16 +39,55 @@
 -- and ACCESS EXCLUSIVE locks for a moment (no rows are read or written).
 --
 -- `migrate` applies this file once, after 005, in one transaction. By hand:
--- replace `{prefix}` and run it once with psql, after 005. Function bodies are
--- written on one line (migrate splits statements at a `;` ending a line).
+-- replace `{prefix}` and run it once with psql, after 005.
 CREATE TABLE IF NOT EXISTS {prefix}outbox_quiet_types (
     event_type varchar(255) PRIMARY KEY                   -- its wake-up is `poll`: no NOTIFY
 );
 -- the trigger reads it in the publishers' sessions, whatever their role
 GRANT SELECT ON {prefix}outbox_quiet_types TO PUBLIC;
-CREATE OR REPLACE FUNCTION {prefix}txbox_wake() RETURNS trigger LANGUAGE plpgsql AS $$ DECLARE seen text; mark text; BEGIN IF current_setting('txbox.wake', true) = 'off' THEN RETURN NULL; END IF; PERFORM pg_advisory_xact_lock_shared(hashtextextended(TG_TABLE_NAME || ' ' || NEW.event_type, 0)); IF NOT pg_try_advisory_xact_lock(hashtext(TG_TABLE_NAME), hashtext(NEW.event_type)) THEN RETURN NULL; END IF; seen := coalesce(current_setting('txbox.notified', true), ''); mark := E'\n' || TG_TABLE_NAME || ' ' || NEW.event_type || E'\n'; IF strpos(seen, mark) > 0 THEN RETURN NULL; END IF; PERFORM set_config('txbox.notified', seen || mark, true); IF pg_notification_queue_usage() >= (CASE WHEN current_setting('txbox.queue_limit', true) ~ '^[0-9]*[.]?[0-9]+$' THEN current_setting('txbox.queue_limit', true)::float8 ELSE 0.5 END) OR EXISTS (SELECT 1 FROM {prefix}outbox_quiet_types q WHERE q.event_type = NEW.event_type) THEN RETURN NULL; END IF; PERFORM pg_notify(TG_TABLE_NAME, NEW.event_type); RETURN NULL; END $$;
-CREATE CONSTRAINT TRIGGER {prefix}outbox_events_wake AFTER INSERT ON {prefix}outbox_events DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.status = 'PENDING' AND NEW.next_attempt_at <= now()) EXECUTE FUNCTION {prefix}txbox_wake();
-DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = lower('{prefix}outbox_events_notify') AND tgrelid = '{prefix}outbox_events'::regclass AND tgenabled = 'D') THEN ALTER TABLE {prefix}outbox_events DISABLE TRIGGER {prefix}outbox_events_wake; END IF; END $$;
+CREATE OR REPLACE FUNCTION {prefix}txbox_wake() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    seen text;
+    mark text;
+BEGIN
+    IF current_setting('txbox.wake', true) = 'off' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(
+        hashtextextended(TG_TABLE_NAME || ' ' || NEW.event_type, 0));
+    IF NOT pg_try_advisory_xact_lock(hashtext(TG_TABLE_NAME), hashtext(NEW.event_type)) THEN
+        RETURN NULL;
+    END IF;
+    seen := coalesce(current_setting('txbox.notified', true), '');
+    mark := E'\n' || TG_TABLE_NAME || ' ' || NEW.event_type || E'\n';
+    IF strpos(seen, mark) > 0 THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('txbox.notified', seen || mark, true);
+    IF pg_notification_queue_usage() >= (CASE WHEN current_setting('txbox.queue_limit', true) ~ '^[0-9]*[.]?[0-9]+$'
+                                              THEN current_setting('txbox.queue_limit', true)::float8
+                                              ELSE 0.5 END)
+       OR EXISTS (SELECT 1 FROM {prefix}outbox_quiet_types q
+                  WHERE q.event_type = NEW.event_type) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_notify(TG_TABLE_NAME, NEW.event_type);
+    RETURN NULL;
+END
+$$;
+CREATE CONSTRAINT TRIGGER {prefix}outbox_events_wake AFTER INSERT ON {prefix}outbox_events
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (NEW.status = 'PENDING' AND NEW.next_attempt_at <= now())
+    EXECUTE FUNCTION {prefix}txbox_wake();
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_trigger
+               WHERE tgname = lower('{prefix}outbox_events_notify')
+                 AND tgrelid = '{prefix}outbox_events'::regclass AND tgenabled = 'D') THEN
+        ALTER TABLE {prefix}outbox_events DISABLE TRIGGER {prefix}outbox_events_wake;
+    END IF;
+END
+$$;
 DROP TRIGGER IF EXISTS {prefix}outbox_events_notify ON {prefix}outbox_events;
 DROP FUNCTION IF EXISTS {prefix}txbox_notify();
 INSERT INTO {prefix}txbox_schema_version (version) VALUES (6);

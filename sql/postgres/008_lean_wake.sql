@@ -24,8 +24,58 @@
 -- wait for them is bounded by `maintenance.migrate_lock_timeout`.
 --
 -- `migrate` applies this file once, after 007, in one transaction. By hand:
--- replace `{prefix}` and run it once with psql, after 007. Function bodies are
--- written on one line (migrate splits statements at a `;` ending a line).
-CREATE OR REPLACE FUNCTION {prefix}txbox_wake() RETURNS trigger LANGUAGE plpgsql AS $$ DECLARE seen text; mark text; BEGIN IF NEW.status <> 'PENDING' OR NEW.next_attempt_at > now() OR current_setting('txbox.wake', true) = 'off' THEN RETURN NULL; END IF; PERFORM pg_advisory_xact_lock_shared(hashtextextended(TG_TABLE_NAME || ' ' || NEW.event_type, 0)); IF NOT pg_try_advisory_xact_lock(hashtext(TG_TABLE_NAME), hashtext(NEW.event_type)) THEN RETURN NULL; END IF; seen := coalesce(current_setting('txbox.notified', true), ''); mark := E'\n' || TG_TABLE_NAME || ' ' || NEW.event_type || E'\n'; IF strpos(seen, mark) > 0 THEN RETURN NULL; END IF; PERFORM set_config('txbox.notified', seen || mark, true); IF pg_notification_queue_usage() >= (CASE WHEN current_setting('txbox.queue_limit', true) ~ '^[0-9]*[.]?[0-9]+$' THEN current_setting('txbox.queue_limit', true)::float8 ELSE 0.5 END) OR EXISTS (SELECT 1 FROM {prefix}outbox_quiet_types q WHERE q.event_type = NEW.event_type) THEN RETURN NULL; END IF; PERFORM pg_notify(TG_TABLE_NAME, NEW.event_type); RETURN NULL; END $$;
-DO $$ DECLARE state "char" := (SELECT tgenabled FROM pg_trigger WHERE tgname = lower('{prefix}outbox_events_wake') AND tgrelid = '{prefix}outbox_events'::regclass); BEGIN IF state IS NULL THEN RETURN; END IF; DROP TRIGGER {prefix}outbox_events_wake ON {prefix}outbox_events; CREATE CONSTRAINT TRIGGER {prefix}outbox_events_wake AFTER INSERT ON {prefix}outbox_events DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {prefix}txbox_wake(); IF state = 'D' THEN ALTER TABLE {prefix}outbox_events DISABLE TRIGGER {prefix}outbox_events_wake; ELSIF state = 'R' THEN ALTER TABLE {prefix}outbox_events ENABLE REPLICA TRIGGER {prefix}outbox_events_wake; ELSIF state = 'A' THEN ALTER TABLE {prefix}outbox_events ENABLE ALWAYS TRIGGER {prefix}outbox_events_wake; END IF; END $$;
+-- replace `{prefix}` and run it once with psql, after 007.
+CREATE OR REPLACE FUNCTION {prefix}txbox_wake() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    seen text;
+    mark text;
+BEGIN
+    IF NEW.status <> 'PENDING'
+       OR NEW.next_attempt_at > now()
+       OR current_setting('txbox.wake', true) = 'off' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(
+        hashtextextended(TG_TABLE_NAME || ' ' || NEW.event_type, 0));
+    IF NOT pg_try_advisory_xact_lock(hashtext(TG_TABLE_NAME), hashtext(NEW.event_type)) THEN
+        RETURN NULL;
+    END IF;
+    seen := coalesce(current_setting('txbox.notified', true), '');
+    mark := E'\n' || TG_TABLE_NAME || ' ' || NEW.event_type || E'\n';
+    IF strpos(seen, mark) > 0 THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('txbox.notified', seen || mark, true);
+    IF pg_notification_queue_usage() >= (CASE WHEN current_setting('txbox.queue_limit', true) ~ '^[0-9]*[.]?[0-9]+$'
+                                              THEN current_setting('txbox.queue_limit', true)::float8
+                                              ELSE 0.5 END)
+       OR EXISTS (SELECT 1 FROM {prefix}outbox_quiet_types q
+                  WHERE q.event_type = NEW.event_type) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_notify(TG_TABLE_NAME, NEW.event_type);
+    RETURN NULL;
+END
+$$;
+DO $$
+DECLARE
+    state "char" := (SELECT tgenabled FROM pg_trigger
+                     WHERE tgname = lower('{prefix}outbox_events_wake')
+                       AND tgrelid = '{prefix}outbox_events'::regclass);
+BEGIN
+    IF state IS NULL THEN
+        RETURN;
+    END IF;
+    DROP TRIGGER {prefix}outbox_events_wake ON {prefix}outbox_events;
+    CREATE CONSTRAINT TRIGGER {prefix}outbox_events_wake AFTER INSERT ON {prefix}outbox_events
+        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {prefix}txbox_wake();
+    IF state = 'D' THEN
+        ALTER TABLE {prefix}outbox_events DISABLE TRIGGER {prefix}outbox_events_wake;
+    ELSIF state = 'R' THEN
+        ALTER TABLE {prefix}outbox_events ENABLE REPLICA TRIGGER {prefix}outbox_events_wake;
+    ELSIF state = 'A' THEN
+        ALTER TABLE {prefix}outbox_events ENABLE ALWAYS TRIGGER {prefix}outbox_events_wake;
+    END IF;
+END
+$$;
 INSERT INTO {prefix}txbox_schema_version (version) VALUES (8);

@@ -54,11 +54,51 @@
 --
 -- `migrate` applies this file once, after 009, each part up to a COMMIT or
 -- an index build on its own. By hand: replace `{prefix}` and run it once
--- with psql, after 009, not in one transaction (no `-1`). Function bodies
--- are written on one line (migrate splits statements at a `;` ending a line).
-CREATE OR REPLACE FUNCTION {prefix}txbox_next_seq() RETURNS bigint LANGUAGE sql VOLATILE AS $$ SELECT 0 * txid_current() + nextval('{prefix}outbox_events_seq') $$;
+-- with psql, after 009, not in one transaction (no `-1`).
+CREATE OR REPLACE FUNCTION {prefix}txbox_next_seq() RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    SELECT 0 * txid_current() + nextval('{prefix}outbox_events_seq')
+$$;
 ALTER TABLE {prefix}outbox_events ALTER COLUMN seq SET DEFAULT {prefix}txbox_next_seq();
-CREATE OR REPLACE FUNCTION {prefix}txbox_publish(p_event_type text, p_payload json, p_event_key text DEFAULT NULL, p_headers jsonb DEFAULT '{}') RETURNS uuid LANGUAGE plpgsql AS $$ DECLARE new_id uuid := {prefix}txbox_uuid_v7(); BEGIN IF p_event_type IS NULL OR octet_length(p_event_type) NOT BETWEEN 1 AND 255 OR p_event_type ~ '[[:cntrl:]]' THEN RAISE EXCEPTION 'txbox_publish: the event type must be 1 to 255 bytes without control characters'; END IF; IF p_payload IS NULL THEN RAISE EXCEPTION 'txbox_publish: the payload must not be NULL'; END IF; IF octet_length(p_event_key) > 255 THEN RAISE EXCEPTION 'txbox_publish: the key must be at most 255 bytes'; END IF; IF p_headers IS NOT NULL AND (jsonb_typeof(p_headers) <> 'object' OR EXISTS (SELECT 1 FROM jsonb_each(p_headers) h WHERE jsonb_typeof(h.value) <> 'string' OR octet_length(h.key) NOT BETWEEN 1 AND 255 OR h.key ~ '[[:cntrl:]]' OR lower(h.key) LIKE 'txbox-%' OR lower(h.key) = 'content-type')) THEN RAISE EXCEPTION 'txbox_publish: the headers must be a JSON object of strings, names of 1 to 255 bytes, none reserved (txbox-*, content-type)'; END IF; IF p_headers IS NOT NULL AND (SELECT coalesce(sum(octet_length(h.key) + octet_length(h.value) + 8), 0) FROM jsonb_each_text(p_headers) h) > 65536 THEN RAISE EXCEPTION 'txbox_publish: the headers are % bytes (names and values, and 8 per header), at most 65536', (SELECT sum(octet_length(h.key) + octet_length(h.value) + 8) FROM jsonb_each_text(p_headers) h); END IF; INSERT INTO {prefix}outbox_events (id, event_type, event_key, headers, payload, next_attempt_at) VALUES (new_id, p_event_type, p_event_key, coalesce(p_headers, '{}'), p_payload::text, now()); RETURN new_id; END $$;
+CREATE OR REPLACE FUNCTION {prefix}txbox_publish(
+    p_event_type text, p_payload json, p_event_key text DEFAULT NULL, p_headers jsonb DEFAULT '{}'
+) RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE
+    new_id uuid := {prefix}txbox_uuid_v7();
+BEGIN
+    IF p_event_type IS NULL
+       OR octet_length(p_event_type) NOT BETWEEN 1 AND 255
+       OR p_event_type ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION
+            'txbox_publish: the event type must be 1 to 255 bytes without control characters';
+    END IF;
+    IF p_payload IS NULL THEN
+        RAISE EXCEPTION 'txbox_publish: the payload must not be NULL';
+    END IF;
+    IF octet_length(p_event_key) > 255 THEN
+        RAISE EXCEPTION 'txbox_publish: the key must be at most 255 bytes';
+    END IF;
+    IF p_headers IS NOT NULL
+       AND (jsonb_typeof(p_headers) <> 'object'
+            OR EXISTS (SELECT 1 FROM jsonb_each(p_headers) h
+                       WHERE jsonb_typeof(h.value) <> 'string'
+                          OR octet_length(h.key) NOT BETWEEN 1 AND 255
+                          OR h.key ~ '[[:cntrl:]]'
+                          OR lower(h.key) LIKE 'txbox-%'
+                          OR lower(h.key) = 'content-type')) THEN
+        RAISE EXCEPTION
+            'txbox_publish: the headers must be a JSON object of strings, names of 1 to 255 bytes, none reserved (txbox-*, content-type)';
+    END IF;
+    IF p_headers IS NOT NULL
+       AND (SELECT coalesce(sum(octet_length(h.key) + octet_length(h.value) + 8), 0)
+            FROM jsonb_each_text(p_headers) h) > 65536 THEN
+        RAISE EXCEPTION 'txbox_publish: the headers are % bytes (names and values, and 8 per header), at most 65536',
+            (SELECT sum(octet_length(h.key) + octet_length(h.value) + 8) FROM jsonb_each_text(p_headers) h);
+    END IF;
+    INSERT INTO {prefix}outbox_events (id, event_type, event_key, headers, payload, next_attempt_at)
+    VALUES (new_id, p_event_type, p_event_key, coalesce(p_headers, '{}'), p_payload::text, now());
+    RETURN new_id;
+END
+$$;
 COMMIT;
 CREATE INDEX CONCURRENTLY IF NOT EXISTS {prefix}outbox_events_fresh_idx
     ON {prefix}outbox_events (event_type, seq)

@@ -27,58 +27,210 @@ impl PendingMigration {
     }
 }
 
-/// Splits a migration file into statements: a statement ends with a `;` at
-/// the end of a line (a one-line trigger or PL/SQL block keeps its inner
-/// ones), comments (`--`) are dropped, and neither is looked for inside a
-/// quoted string or a dollar-quoted body (`$$ ... $$`, `$fn$ ... $fn$`),
-/// which may span lines.
+/// Splits a migration file into statements, as each dialect's server reads
+/// them: a statement ends at a `;` outside a string (`'...'`, `E'...'` with
+/// its backslash escapes), a quoted name (`"..."`, `` `...` ``), a
+/// dollar-quoted body (`$$ ... $$`, `$fn$ ... $fn$`) and a comment (`--` to
+/// the line's end, `/* ... */`), and outside the `BEGIN ... END` body of a
+/// trigger, procedure or function written without dollar quotes (SQLite and
+/// MySQL triggers, PL/SQL blocks); comments outside bodies and strings are
+/// dropped, and so are blank lines; everything else keeps its text, line
+/// breaks included.
 pub(crate) fn split_statements(sql: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    // inside a '...' string, or the tag of the dollar-quoted body we are in
-    let mut quoted = false;
-    let mut dollar: Option<&str> = None;
-    for line in sql.lines() {
-        let in_text = quoted || dollar.is_some();
-        let mut end = line.len();
-        let mut i = 0;
-        while i < line.len() {
-            let rest = &line[i..];
-            if let Some(tag) = dollar {
-                if rest.starts_with(tag) {
-                    dollar = None;
-                    i += tag.len();
-                    continue;
+    let mut split = Splitter::default();
+    let mut i = 0;
+    while i < sql.len() {
+        i += split.step(&sql[i..]);
+    }
+    split.end_line();
+    split.finish();
+    split.out
+}
+
+/// Where [`split_statements`] is.
+#[derive(Default)]
+struct Splitter<'a> {
+    out: Vec<String>,
+    /// The statement so far.
+    cur: String,
+    /// Inside a string, a quoted name, a body or a block comment: what ends it.
+    text: Option<Text<'a>>,
+    /// The statement's first words (upper case), to tell a block's `BEGIN`.
+    words: Vec<String>,
+    /// The word being read.
+    word: String,
+    /// `BEGIN`/`CASE` ... `END` depth, in a statement that may have a body.
+    depth: usize,
+    /// The last word was `END` (an `END IF` or `END LOOP` closes no block).
+    after_end: bool,
+}
+
+/// What a [`Splitter`] is inside of.
+#[derive(Clone, Copy)]
+enum Text<'a> {
+    /// A string; `true`: an `E'...'` string, where `\` escapes.
+    Quoted(char, bool),
+    Dollar(&'a str),
+    BlockComment,
+}
+
+impl<'a> Splitter<'a> {
+    /// Reads from the start of `rest`: how many bytes it took.
+    fn step(&mut self, rest: &'a str) -> usize {
+        let c = rest.chars().next().unwrap_or_default();
+        let len = c.len_utf8();
+        match self.text {
+            Some(Text::Quoted(q, escapes)) => {
+                if escapes && c == '\\' {
+                    let n = len + rest[len..].chars().next().map_or(0, char::len_utf8);
+                    self.cur.push_str(&rest[..n]);
+                    return n;
                 }
-            } else if quoted {
-                quoted = !rest.starts_with('\'');
-            } else if rest.starts_with("--") {
-                end = i;
-                break;
-            } else if rest.starts_with('\'') {
-                quoted = true;
-            } else if let Some(tag) = dollar_tag(rest) {
-                dollar = Some(tag);
-                i += tag.len();
-                continue;
+                if c == q {
+                    // a doubled quote is one quote in the text
+                    if rest[len..].starts_with(q) {
+                        self.cur.push_str(&rest[..2 * len]);
+                        return 2 * len;
+                    }
+                    self.text = None;
+                }
+                self.cur.push(c);
+                len
             }
-            i += rest.chars().next().map_or(1, char::len_utf8);
-        }
-        let code = &line[..end];
-        if code.trim().is_empty() && !in_text {
-            continue;
-        }
-        cur.push_str(code);
-        cur.push('\n');
-        if !quoted && dollar.is_none() && code.trim_end().ends_with(';') {
-            out.push(cur.trim().trim_end_matches(';').to_owned());
-            cur.clear();
+            Some(Text::Dollar(tag)) => {
+                if rest.starts_with(tag) {
+                    self.text = None;
+                    self.cur.push_str(tag);
+                    return tag.len();
+                }
+                self.cur.push(c);
+                len
+            }
+            Some(Text::BlockComment) => {
+                if rest.starts_with("*/") {
+                    self.text = None;
+                    return 2;
+                }
+                len
+            }
+            None => self.code(rest, c, len),
         }
     }
-    if !cur.trim().is_empty() {
-        out.push(cur.trim().to_owned());
+
+    /// [`Splitter::step`] outside any text.
+    fn code(&mut self, rest: &'a str, c: char, len: usize) -> usize {
+        if c.is_alphanumeric() || c == '_' || (c == '$' && !self.word.is_empty()) {
+            self.word.push(c);
+            self.cur.push(c);
+            return len;
+        }
+        let escapes = matches!(c, '\'') && self.word.eq_ignore_ascii_case("e");
+        self.end_word();
+        if rest.starts_with("--") {
+            // the comment ends at the line's end, which the next step reads
+            return rest.find('\n').unwrap_or(rest.len());
+        }
+        if rest.starts_with("/*") {
+            self.text = Some(Text::BlockComment);
+            return 2;
+        }
+        match c {
+            '\'' | '"' | '`' => self.text = Some(Text::Quoted(c, escapes)),
+            '$' => {
+                if let Some(tag) = dollar_tag(rest) {
+                    self.text = Some(Text::Dollar(tag));
+                    self.cur.push_str(tag);
+                    return tag.len();
+                }
+            }
+            ';' if self.depth == 0 => {
+                self.finish();
+                return len;
+            }
+            '\n' => {
+                self.end_line();
+                return len;
+            }
+            _ => {}
+        }
+        self.cur.push(c);
+        len
     }
-    out
+
+    /// A word ended: counts the blocks of a statement that may have a body.
+    fn end_word(&mut self) {
+        if self.word.is_empty() {
+            return;
+        }
+        let word = std::mem::take(&mut self.word).to_ascii_uppercase();
+        if self.words.len() < 8 {
+            self.words.push(word.clone());
+        }
+        let after_end = std::mem::take(&mut self.after_end);
+        if !self.has_body() {
+            return;
+        }
+        if self.words.len() == 2 && self.words[0] == "BEGIN" {
+            // a PL/SQL block: its first word was its `BEGIN`
+            self.depth += 1;
+        }
+        match word.as_str() {
+            // `END IF`, `END LOOP` ...: the `END` closed no block
+            "IF" | "LOOP" | "WHILE" | "REPEAT" | "FOR" if after_end => self.depth += 1,
+            // `END CASE`: the `END` closed the `CASE`
+            "CASE" if after_end => {}
+            "BEGIN" | "CASE" => self.depth += 1,
+            "END" => {
+                self.depth = self.depth.saturating_sub(1);
+                self.after_end = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the statement may have a `BEGIN ... END` body: a trigger,
+    /// procedure or function created, or a PL/SQL block (`DECLARE`, or a
+    /// `BEGIN` that starts no transaction).
+    fn has_body(&self) -> bool {
+        match self.words.first().map(String::as_str) {
+            Some("CREATE") => self
+                .words
+                .iter()
+                .any(|w| matches!(w.as_str(), "TRIGGER" | "PROCEDURE" | "FUNCTION" | "PACKAGE")),
+            Some("DECLARE") => true,
+            Some("BEGIN") => self.words.get(1).is_some_and(|w| {
+                !matches!(
+                    w.as_str(),
+                    "TRANSACTION" | "WORK" | "DEFERRED" | "IMMEDIATE" | "EXCLUSIVE" | "ISOLATION"
+                )
+            }),
+            _ => false,
+        }
+    }
+
+    /// A line ended outside any text: its trailing blanks go, and it goes
+    /// too when nothing is left of it.
+    fn end_line(&mut self) {
+        self.end_word();
+        let kept = self.cur.trim_end_matches([' ', '\t', '\r']).len();
+        self.cur.truncate(kept);
+        if !self.cur.is_empty() && !self.cur.ends_with('\n') {
+            self.cur.push('\n');
+        }
+    }
+
+    /// The statement ended (a `;`, or the file's end).
+    fn finish(&mut self) {
+        self.end_word();
+        let statement = self.cur.trim();
+        if !statement.is_empty() {
+            self.out.push(statement.to_owned());
+        }
+        self.cur.clear();
+        self.words.clear();
+        self.depth = 0;
+        self.after_end = false;
+    }
 }
 
 /// The tag a dollar-quoted body opens with at the start of `s` (`$$`,
@@ -86,8 +238,9 @@ pub(crate) fn split_statements(sql: &str) -> Vec<String> {
 fn dollar_tag(s: &str) -> Option<&str> {
     let inner = s.strip_prefix('$')?;
     let len = inner.find('$')?;
-    inner[..len]
-        .chars()
-        .all(|c| c.is_ascii_alphabetic() || c == '_')
-        .then(|| &s[..len + 2])
+    let tag = &inner[..len];
+    let first = tag.chars().next();
+    (first.is_none_or(|c| !c.is_ascii_digit())
+        && tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+    .then(|| &s[..len + 2])
 }

@@ -304,6 +304,101 @@ mod tests {
         );
     }
 
+    /// Bodies that are not dollar-quoted (SQLite and MySQL triggers, PL/SQL
+    /// blocks) keep their `;`s over many lines; block comments, `E'...'`
+    /// escapes and quoted names hide what looks like an end; a `BEGIN` that
+    /// starts a transaction opens no body; a `;` inside a line ends a
+    /// statement there.
+    #[test]
+    fn splits_statements_around_bodies_comments_and_quotes() {
+        let s = split_statements(
+            "CREATE TRIGGER t AFTER INSERT ON a\n\
+             FOR EACH ROW\n\
+             BEGIN\n  UPDATE s SET n = n + 1;\n  \
+               UPDATE a SET k = CASE WHEN n > 0 THEN 1 ELSE 0 END;\n\
+             END;\n\
+             CREATE PROCEDURE p() BEGIN IF 1 THEN SELECT 1; END IF; \
+               CASE 1 WHEN 1 THEN SELECT 2; END CASE; END;\n\
+             BEGIN\n  EXECUTE IMMEDIATE 'DROP TABLE x';\nEND;\n\
+             BEGIN; SELECT 1 /* ; */; COMMIT;\n\
+             SELECT E'it\\'s;', \"a;b\", `c;d` FROM t;\n\
+             /* a comment\n over lines; */ SELECT 2;\n",
+        );
+        assert_eq!(
+            s,
+            vec![
+                "CREATE TRIGGER t AFTER INSERT ON a\nFOR EACH ROW\nBEGIN\n  UPDATE s SET n = n + 1;\n  \
+                 UPDATE a SET k = CASE WHEN n > 0 THEN 1 ELSE 0 END;\nEND",
+                "CREATE PROCEDURE p() BEGIN IF 1 THEN SELECT 1; END IF; \
+                 CASE 1 WHEN 1 THEN SELECT 2; END CASE; END",
+                "BEGIN\n  EXECUTE IMMEDIATE 'DROP TABLE x';\nEND",
+                "BEGIN",
+                "SELECT 1",
+                "COMMIT",
+                "SELECT E'it\\'s;', \"a;b\", `c;d` FROM t",
+                "SELECT 2",
+            ]
+        );
+    }
+
+    /// Every file of every dialect splits into statements that start as
+    /// statements do (a split inside a body would start one with `RETURN`
+    /// or `END`) and close every dollar quote they open.
+    #[test]
+    fn each_dialect_s_files_split_into_whole_statements() {
+        const STARTS: &[&str] = &[
+            "CREATE",
+            "ALTER",
+            "DROP",
+            "INSERT",
+            "UPDATE",
+            "DELETE",
+            "SELECT",
+            "SET",
+            "DO",
+            "PREPARE",
+            "EXECUTE",
+            "DEALLOCATE",
+            "COMMENT",
+            "ANALYZE",
+            "WITH",
+            "DECLARE",
+            "BEGIN",
+            "COMMIT",
+            "MERGE",
+            "GRANT",
+            "REVOKE",
+            "PRAGMA",
+            "REINDEX",
+        ];
+        let t = Tables::new("p_").unwrap();
+        for (name, d) in catalogs(&t) {
+            for (version, file) in (1..).zip(d.schema.iter()) {
+                let statements = split_statements(&t.render(file));
+                assert!(!statements.is_empty(), "{name} {version}");
+                for st in statements {
+                    let first = st
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or("")
+                        .to_ascii_uppercase();
+                    assert!(
+                        STARTS.contains(&first.as_str()),
+                        "{name} file {version}: a statement starts with {first}: {st}"
+                    );
+                    let mut rest = st.as_str();
+                    while let Some(at) = rest.find("$$") {
+                        let after = &rest[at + 2..];
+                        let close = after.find("$$").unwrap_or_else(|| {
+                            panic!("{name} file {version}: an open $$ body: {st}")
+                        });
+                        rest = &after[close + 2..];
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn shifts_placeholders() {
         assert_eq!(
