@@ -304,11 +304,12 @@ mod tests {
         );
     }
 
-    /// Bodies that are not dollar-quoted (SQLite and MySQL triggers, PL/SQL
-    /// blocks) keep their `;`s over many lines; block comments, `E'...'`
-    /// escapes and quoted names hide what looks like an end; a `BEGIN` that
-    /// starts a transaction opens no body; a `;` inside a line ends a
-    /// statement there.
+    /// Bodies that are not dollar-quoted (SQLite and MySQL triggers and
+    /// procedures) keep their `;`s over many lines, whatever `END IF`, `CASE
+    /// ... END` and `END CASE` they hold; block comments, `E'...'` escapes
+    /// and quoted names hide what looks like an end, and a comment between
+    /// two words leaves them apart; a `BEGIN` that starts a transaction opens
+    /// no body; a `;` inside a line ends a statement there.
     #[test]
     fn splits_statements_around_bodies_comments_and_quotes() {
         let s = split_statements(
@@ -319,8 +320,14 @@ mod tests {
              END;\n\
              CREATE PROCEDURE p() BEGIN IF 1 THEN SELECT 1; END IF; \
                CASE 1 WHEN 1 THEN SELECT 2; END CASE; END;\n\
-             BEGIN\n  EXECUTE IMMEDIATE 'DROP TABLE x';\nEND;\n\
+             CREATE TRIGGER u BEFORE INSERT ON a FOR EACH ROW BEGIN \
+               SET NEW.k = CASE WHEN NEW.n > 0 THEN 1 ELSE 0 END; \
+               IF NEW.k = 1 THEN SET NEW.m = 2; END IF; END;\n\
+             CREATE PROCEDURE q() BEGIN SET @x = CASE WHEN 1 THEN 1 END; \
+               CASE @a WHEN 1 THEN SELECT 1; END CASE; SELECT 2; END;\n\
              BEGIN; SELECT 1 /* ; */; COMMIT;\n\
+             BEGIN READ WRITE;\n\
+             CREATE TABLE b (id INT/*pk*/PRIMARY KEY);\n\
              SELECT E'it\\'s;', \"a;b\", `c;d` FROM t;\n\
              /* a comment\n over lines; */ SELECT 2;\n",
         );
@@ -331,10 +338,16 @@ mod tests {
                  UPDATE a SET k = CASE WHEN n > 0 THEN 1 ELSE 0 END;\nEND",
                 "CREATE PROCEDURE p() BEGIN IF 1 THEN SELECT 1; END IF; \
                  CASE 1 WHEN 1 THEN SELECT 2; END CASE; END",
-                "BEGIN\n  EXECUTE IMMEDIATE 'DROP TABLE x';\nEND",
+                "CREATE TRIGGER u BEFORE INSERT ON a FOR EACH ROW BEGIN \
+                 SET NEW.k = CASE WHEN NEW.n > 0 THEN 1 ELSE 0 END; \
+                 IF NEW.k = 1 THEN SET NEW.m = 2; END IF; END",
+                "CREATE PROCEDURE q() BEGIN SET @x = CASE WHEN 1 THEN 1 END; \
+                 CASE @a WHEN 1 THEN SELECT 1; END CASE; SELECT 2; END",
                 "BEGIN",
                 "SELECT 1",
                 "COMMIT",
+                "BEGIN READ WRITE",
+                "CREATE TABLE b (id INT PRIMARY KEY)",
                 "SELECT E'it\\'s;', \"a;b\", `c;d` FROM t",
                 "SELECT 2",
             ]
