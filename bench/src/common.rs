@@ -507,8 +507,9 @@ pub(crate) fn kafka_brokers() -> String {
     std::env::var("TXBOX_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
-pub(crate) const PARTS: [&str; 16] = [
+pub(crate) const PARTS: [&str; 17] = [
     "soak",
+    "slow-link",
     "soak-mysql",
     "diesel",
     "delayed",

@@ -18,6 +18,7 @@ use instances::{many_instances, many_latency, worker};
 use latency::{ensure_queue, pickup_broker, pickup_latency};
 use migrate::migration_cost;
 use publish::{batch_publish, diesel_overhead, publish_overhead};
+use slow_link::slow_link;
 use soak::soak;
 use soak_mysql::soak_mysql;
 use writers::concurrent_publishers;
@@ -31,6 +32,7 @@ mod instances;
 mod latency;
 mod migrate;
 mod publish;
+mod slow_link;
 mod soak;
 mod soak_mysql;
 mod writers;
@@ -62,7 +64,8 @@ struct Args {
     /// index reads on MySQL/MariaDB after --events events under a held
     /// consistent snapshot; delayed: 1,000 events delayed
     /// 1-10 s, each one's send time minus its due time; diesel: the publish
-    /// overhead in a Diesel transaction).
+    /// overhead in a Diesel transaction; slow-link: the relay's drain with
+    /// its database --link-delay away each way).
     #[arg(long, value_name = "PART,PART...", value_delimiter = ',',
           value_parser = clap::builder::PossibleValuesParser::new(PARTS))]
     only: Option<Vec<String>>,
@@ -124,6 +127,11 @@ struct Args {
     #[arg(long, value_name = "N", default_value = "1000",
           value_parser = clap::value_parser!(u64).range(4..=20_000))]
     soak_rate: u64,
+    /// How far part `slow-link` puts the database, each way, in
+    /// milliseconds (the 200).
+    #[arg(long, value_name = "MS", default_value = "200",
+          value_parser = clap::value_parser!(u64).range(1..=2_000))]
+    link_delay: u64,
 }
 
 fn main() -> Res<()> {
@@ -276,6 +284,10 @@ fn main() -> Res<()> {
         let secs = args.soak_secs.unwrap_or(if full { 600 } else { 40 });
         soak(secs, args.soak_rate, &mut out)?;
         step("soak under a held snapshot");
+    }
+    if part("slow-link") {
+        slow_link(&s, Duration::from_millis(args.link_delay), &mut out)?;
+        step("relay with a far database");
     }
     if part("soak-mysql") {
         soak_mysql(s.floor, &mut out)?;

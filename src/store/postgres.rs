@@ -467,7 +467,7 @@ pub struct PgDialect<T: PgConnector = PgTls>(
     std::sync::Arc<std::sync::Mutex<Option<listen::ListenerSession>>>,
 );
 
-/// A pooled connection checked out this recently is handed out again without a
+/// A pooled connection that answered this recently is handed out again without a
 /// test. r2d2 tests every check-out with a round trip of its own, which doubled the
 /// round trips of every store call (a poller's claim and finish among them); like
 /// HikariCP's "alive bypass", txbox tests only a connection that sat unused longer
@@ -475,18 +475,24 @@ pub struct PgDialect<T: PgConnector = PgTls>(
 /// the pool drops it.
 const TESTED_WITHIN: Duration = Duration::from_millis(500);
 
-/// When this pooled connection was last handed out (r2d2 connection extension).
-struct CheckedOut(std::time::Instant);
+/// When this pooled connection last answered: its last statement's end, or its
+/// test (r2d2 connection extension). Counted from the check-out instead, a
+/// statement longer than the window (a database 200 ms away: a round trip is
+/// 400 ms) had the next call test the connection again: two round trips per
+/// store call on the slow link where one is dearest.
+struct Answered(std::time::Instant);
 
-/// A pooled connection that forgets when it was handed out as soon as a statement
-/// fails on it: its next check-out tests it, and a dead one is dropped then, not
-/// handed out again for the rest of the window.
+/// A pooled connection that notes when each statement on it succeeded, and
+/// forgets it as soon as one fails: its next check-out tests it, and a dead
+/// one is dropped then, not handed out again for the rest of the window.
 struct Checked<T: PgConnector>(r2d2::PooledConnection<PostgresConnectionManager<T>>);
 
 impl<T: PgConnector> Checked<T> {
     fn watch<R>(&mut self, r: Result<R>) -> Result<R> {
-        if r.is_err() {
-            r2d2::PooledConnection::extensions_mut(&mut self.0).remove::<CheckedOut>();
+        let seen = r2d2::PooledConnection::extensions_mut(&mut self.0);
+        match r {
+            Ok(_) => drop(seen.insert(Answered(std::time::Instant::now()))),
+            Err(_) => drop(seen.remove::<Answered>()),
         }
         r
     }
@@ -553,7 +559,7 @@ impl<T: PgConnector> sql::Sessions for PgDialect<T> {
             let mut c = self.0.get()?;
             let now = std::time::Instant::now();
             let recent = r2d2::PooledConnection::extensions(&c)
-                .get::<CheckedOut>()
+                .get::<Answered>()
                 .is_some_and(|t| now.duration_since(t.0) < TESTED_WITHIN);
             let tested = if recent {
                 Ok(())
@@ -562,7 +568,9 @@ impl<T: PgConnector> sql::Sessions for PgDialect<T> {
             };
             match tested {
                 Ok(()) => {
-                    r2d2::PooledConnection::extensions_mut(&mut c).insert(CheckedOut(now));
+                    if !recent {
+                        r2d2::PooledConnection::extensions_mut(&mut c).insert(Answered(now));
+                    }
                     return Ok(Box::new(Checked(c)));
                 }
                 Err(e) if dead.len() + 2 > self.0.max_size() as usize => return Err(e.into()),

@@ -917,6 +917,12 @@ struct Forward {
 
 impl Forward {
     fn start(to: &str) -> Forward {
+        Forward::far(to, Duration::ZERO)
+    }
+
+    /// A forwarder that delivers what it reads `delay` later, each way (a
+    /// long link, not a narrow one).
+    fn far(to: &str, delay: Duration) -> Forward {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let to = to.to_owned();
@@ -939,16 +945,75 @@ impl Forward {
                 let (Ok(c), Ok(s)) = (client.try_clone(), server.try_clone()) else {
                     continue;
                 };
-                for (mut from, mut into) in [(c, s), (server, client)] {
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut into);
-                        let _ = into.shutdown(std::net::Shutdown::Both);
-                        let _ = from.shutdown(std::net::Shutdown::Both);
-                    });
+                for (from, into) in [(c, s), (server, client)] {
+                    pipe(from, into, delay);
                 }
             }
         });
         forward
+    }
+}
+
+/// Copies `from` into `into`, each chunk `delay` after it was read.
+fn pipe(mut from: std::net::TcpStream, mut into: std::net::TcpStream, delay: Duration) {
+    use std::io::{Read, Write};
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    let closer = from.try_clone();
+    std::thread::spawn(move || {
+        for (due, chunk) in rx {
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            if into.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let _ = into.shutdown(std::net::Shutdown::Both);
+        if let Ok(from) = closer {
+            let _ = from.shutdown(std::net::Shutdown::Both);
+        }
+    });
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            if tx
+                .send((Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+}
+
+/// A database 300 ms away each way: each store call is one round trip. The
+/// pool tests a connection that has not answered for 0.5 s before it hands it
+/// out; it counted that from the connection's check-out, so after any call
+/// longer than that (every call, on such a link) the next one was tested
+/// first: two round trips per call, and a relay drained 118 events/s to a
+/// database 200 ms away where it drains 247 now (docs/BENCHMARKS.md).
+#[test]
+fn a_far_database_costs_one_round_trip_per_store_call() {
+    let Some((_, _plain)) = fresh("t_far_") else {
+        return;
+    };
+    let far = Forward::far("127.0.0.1:5432", Duration::from_millis(300));
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/test?sslmode=disable",
+        far.port
+    );
+    let config = Config::builder().table_prefix("t_far_").build().unwrap();
+    let store = txbox::PgStore::connect(&url, &config).unwrap();
+    store.ping().unwrap();
+    for _ in 0..3 {
+        let t = Instant::now();
+        store.ping().unwrap();
+        let took = t.elapsed();
+        // one round trip is 0.6 s; two, 1.2 s
+        assert!(
+            took >= Duration::from_millis(600) && took < Duration::from_millis(1000),
+            "a call took {took:?}"
+        );
     }
 }
 
