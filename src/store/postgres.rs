@@ -467,14 +467,6 @@ pub struct PgDialect<T: PgConnector = PgTls>(
     std::sync::Arc<std::sync::Mutex<Option<listen::ListenerSession>>>,
 );
 
-/// A pooled connection that answered this recently is handed out again without a
-/// test. r2d2 tests every check-out with a round trip of its own, which doubled the
-/// round trips of every store call (a poller's claim and finish among them); like
-/// HikariCP's "alive bypass", txbox tests only a connection that sat unused longer
-/// than this. One that died within the window fails its next statement once, and
-/// the pool drops it.
-const TESTED_WITHIN: Duration = Duration::from_millis(500);
-
 /// When this pooled connection last answered: its last statement's end, or its
 /// test (r2d2 connection extension). Counted from the check-out instead, a
 /// statement longer than the window (a database 200 ms away: a round trip is
@@ -560,7 +552,7 @@ impl<T: PgConnector> sql::Sessions for PgDialect<T> {
             let now = std::time::Instant::now();
             let recent = r2d2::PooledConnection::extensions(&c)
                 .get::<Answered>()
-                .is_some_and(|t| now.duration_since(t.0) < TESTED_WITHIN);
+                .is_some_and(|t| now.duration_since(t.0) < sql::TESTED_WITHIN);
             let tested = if recent {
                 Ok(())
             } else {
