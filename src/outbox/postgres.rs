@@ -137,7 +137,7 @@ impl crate::Outbox {
 
     /// The dialect's `INSERT` of one event into this outbox's table.
     fn insert_one(&self) -> Result<String> {
-        let d = <PgDialect as sql::Backend>::cached(self.tables())?;
+        let d = <PgDialect as sql::Driver>::cached(self.tables())?;
         // PostgreSQL's placeholders are the statement's own (`$n`)
         Ok(sql::insert_one(d, sql::Shape::default())
             .template()

@@ -333,7 +333,7 @@ impl Conn for Watched<'_> {
     }
 }
 
-impl sql::Backend for MySqlDialect {
+impl sql::Driver for MySqlDialect {
     const SLOT: usize = 1;
     fn catalog(tables: &Tables) -> Catalog {
         catalog(tables)

@@ -286,7 +286,7 @@ impl Conn for oracle::Connection {
 /// The Oracle dialect of [`SqlStore`]: a session pool of the `oracle` crate.
 pub struct OracleDialect(oracle::pool::Pool);
 
-impl sql::Backend for OracleDialect {
+impl sql::Driver for OracleDialect {
     const SLOT: usize = 3;
     fn catalog(tables: &Tables) -> Catalog {
         catalog(tables)

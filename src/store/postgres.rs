@@ -514,7 +514,7 @@ impl<T: PgConnector> sql::ScriptConn for Checked<T> {
 
 impl<T: PgConnector> sql::Dialect for PgDialect<T> {}
 
-impl<T: PgConnector> sql::Backend for PgDialect<T> {
+impl<T: PgConnector> sql::Driver for PgDialect<T> {
     const SLOT: usize = 0;
     fn catalog(tables: &Tables) -> Catalog {
         catalog(tables)

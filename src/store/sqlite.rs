@@ -188,7 +188,7 @@ fn lite_query(conn: &rusqlite::Connection, sql: &str, params: &[Val]) -> Result<
 /// one writer at a time anyway).
 pub struct SqliteDialect(Mutex<rusqlite::Connection>);
 
-impl sql::Backend for SqliteDialect {
+impl sql::Driver for SqliteDialect {
     const SLOT: usize = 2;
     fn catalog(tables: &Tables) -> Catalog {
         catalog(tables)

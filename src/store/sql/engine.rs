@@ -470,7 +470,7 @@ macro_rules! transaction_impls {
         impl crate::transaction::Transaction for $tx {
             fn insert_events(&mut self, tables: &Tables, events: &[NewEvent]) -> Result<()> {
                 $($check(self)?;)?
-                sql::insert_events(self, <$dialect as sql::Backend>::cached(tables)?, events)
+                sql::insert_events(self, <$dialect as sql::Driver>::cached(tables)?, events)
             }
 
             fn insert_new_ids(
@@ -482,7 +482,7 @@ macro_rules! transaction_impls {
                 $($check(self)?;)?
                 sql::insert_inbox_ids(
                     self,
-                    <$dialect as sql::Backend>::cached(tables)?,
+                    <$dialect as sql::Driver>::cached(tables)?,
                     consumer,
                     ids,
                 )

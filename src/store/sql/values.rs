@@ -302,7 +302,7 @@ where
 
 /// Hands out connections: the driver side of a [`Dialect`]. Public in this
 /// private module only, so that no type outside txbox can implement it.
-pub trait Backend: Send + Sync + 'static {
+pub trait Driver: Send + Sync + 'static {
     /// Where the dialect's statements are kept with a [`Tables`]: `0` to
     /// `Shared::SLOTS - 1`, one per dialect.
     const SLOT: usize;
@@ -363,7 +363,7 @@ pub enum Style {
 /// [`MySqlDialect`](crate::store::MySqlDialect), [`SqliteDialect`](crate::store::SqliteDialect)
 /// or [`OracleDialect`](crate::store::OracleDialect), each the driver's connection pool
 /// and its SQL. Sealed: txbox implements it for these four only.
-pub trait Dialect: Backend {}
+pub trait Dialect: Driver {}
 
 #[cfg(test)]
 mod tests {
