@@ -68,7 +68,7 @@ pub enum Wake {
     /// PostgreSQL commits the transactions that notify one at a time,
     /// cluster-wide, so the notifications are rationed: one commit per type
     /// notifies at a time, and the relay waits for the others and wakes the
-    /// poller again (the README's "Wake-up on commit"). `SET txbox.wake =
+    /// poller again (docs/HOW-IT-WORKS.md, "Wake-up on commit"). `SET txbox.wake =
     /// 'off'` turns it off for a transaction, session or role (two-phase
     /// commit needs it), and `ALTER TABLE <outbox table> DISABLE TRIGGER
     /// <prefix>outbox_events_wake` for the whole table.
