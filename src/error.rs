@@ -23,9 +23,10 @@ pub enum Error {
         message: String,
     },
 
-    /// The TOML configuration could not be parsed.
+    /// The TOML configuration could not be parsed: the parser's error (line,
+    /// column, what was expected) is the source.
     #[error("configuration file: {0}")]
-    ConfigSyntax(String),
+    ConfigSyntax(#[source] Cause),
 
     /// A table prefix (or another name spliced into SQL) is not a plain identifier.
     #[error("invalid {what} {value:?}: use ASCII letters, digits and `_`, starting with a letter or `_`, at most {max} characters")]
@@ -123,23 +124,43 @@ pub enum Error {
         to: String,
         /// Why it failed, as the driver or the TLS library said.
         reason: String,
+        /// The driver's error, where it has one whose text holds no secret
+        /// (RabbitMQ's name the URL, password included: none).
+        #[source]
+        source: Option<Cause>,
     },
 
-    /// A connection could not be taken from the pool in time.
+    /// A connection could not be taken from the pool in time: the pool's
+    /// error is the source.
     #[error("database pool: {0}")]
-    Pool(String),
+    Pool(#[source] Cause),
 
     /// A received message has no valid `txbox-event-id` header.
     #[error("message at {0} has no valid txbox-event-id header")]
     MissingEventId(String),
 
     /// A broker (Kafka, RabbitMQ) returned an error or could not be reached.
-    #[error("broker: {0}")]
-    Broker(String),
+    #[error("broker: {message}")]
+    Broker {
+        /// What failed, the client's error included.
+        message: String,
+        /// The client's error (`rdkafka::error::KafkaError` for Kafka), where
+        /// there is one whose text holds no secret: amiquip's name the URL,
+        /// password included, and librdkafka's may quote a refused
+        /// property's value, so those are in the message only, redacted.
+        #[source]
+        source: Option<Cause>,
+    },
 
     /// The inbox's cache (Redis) returned an error or could not be reached.
-    #[error("cache: {0}")]
-    Cache(String),
+    #[error("cache: {message}")]
+    Cache {
+        /// What failed, the client's error included.
+        message: String,
+        /// The client's error (`redis::RedisError`), when there is one.
+        #[source]
+        source: Option<Cause>,
+    },
 
     /// A consumer loop stopped because a handler asked it to.
     #[error("consumer stopped: {0}")]
@@ -184,7 +205,41 @@ pub enum DatabaseErrorKind {
     Other,
 }
 
+/// A library's error kept as the source of a txbox [`Error`]
+/// ([`std::error::Error::source`]): downcast it to the library's type to read
+/// its codes.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 impl Error {
+    /// [`Error::Broker`] with no source.
+    pub(crate) fn broker(message: impl Into<String>) -> Self {
+        Error::Broker {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Broker`] caused by `source`, whose text ends the message.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub(crate) fn broker_from(
+        what: impl std::fmt::Display,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Broker {
+            message: format!("{what}: {source}"),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// [`Error::Cache`] with no source.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn cache(message: impl Into<String>) -> Self {
+        Error::Cache {
+            message: message.into(),
+            source: None,
+        }
+    }
+
     pub(crate) fn config(path: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Config {
             path: path.into(),
@@ -282,7 +337,7 @@ impl From<postgres::Error> for Error {
 #[cfg(feature = "postgres")]
 impl From<r2d2::Error> for Error {
     fn from(e: r2d2::Error) -> Self {
-        Error::Pool(e.to_string())
+        Error::Pool(Box::new(e))
     }
 }
 

@@ -173,7 +173,7 @@ pub use config::{
 };
 pub use consumer::{Position, ReceivedEvent, StopSignal, Verdict};
 pub use dlq::Dlq;
-pub use error::{DatabaseErrorKind, Error, Result};
+pub use error::{Cause, DatabaseErrorKind, Error, Result};
 pub use event::{
     Event, NewEvent, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_KEY, HEADER_EVENT_TYPE,
     JSON_CONTENT_TYPE, MAX_DELAY, MAX_HEADER_BYTES, RESERVED_HEADER_PREFIX,

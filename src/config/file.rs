@@ -53,7 +53,7 @@ fn merge(base: &toml::Table, over: toml::Table) -> toml::Table {
 /// The file's text as a table.
 fn root(text: &str) -> Result<toml::Table> {
     text.parse()
-        .map_err(|e: toml::de::Error| Error::ConfigSyntax(e.to_string()))
+        .map_err(|e: toml::de::Error| Error::ConfigSyntax(Box::new(e)))
 }
 
 /// A setting that moved out of the core in 0.3, named where it is found.

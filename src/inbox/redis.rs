@@ -67,7 +67,10 @@ pub struct RedisCacheBuilder {
 }
 
 fn err(e: redis::RedisError) -> Error {
-    Error::Cache(format!("redis: {e}"))
+    Error::Cache {
+        message: format!("redis: {e}"),
+        source: Some(Box::new(e)),
+    }
 }
 
 impl RedisCacheBuilder {
@@ -206,7 +209,7 @@ impl RedisCache {
             if let Some((until, why)) = &s.down {
                 let now = Instant::now();
                 if now < *until || s.trying {
-                    return Err(Error::Cache(format!(
+                    return Err(Error::cache(format!(
                         "redis: skipped for {:?} after a failure ({why})",
                         until.saturating_duration_since(now)
                     )));
@@ -248,17 +251,18 @@ impl RedisCache {
     /// A new connection with the timeouts set.
     fn connect(&self) -> Result<redis::Connection> {
         let info = self.client.get_connection_info();
-        let failed = |reason: String| Error::Connect {
+        let failed = |reason: String, source: Option<crate::Cause>| Error::Connect {
             to: format!("Redis at {}", crate::redact::urls(&info.addr().to_string())),
             reason,
+            source,
         };
         if let Some(tls) = &self.tls {
-            self.handshake(tls).map_err(failed)?;
+            self.handshake(tls).map_err(|why| failed(why, None))?;
         }
         let c = self
             .client
             .get_connection_with_timeout(self.connect_timeout)
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| failed(e.to_string(), Some(Box::new(e))))?;
         c.set_read_timeout(Some(self.command_timeout))
             .map_err(err)?;
         c.set_write_timeout(Some(self.command_timeout))

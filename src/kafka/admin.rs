@@ -31,7 +31,7 @@ pub fn ensure_topic(bootstrap_servers: &str, topic: &str, partitions: i32) -> Re
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((name, code)) => {
-                return Err(Error::Broker(format!(
+                return Err(Error::broker(format!(
                     "kafka create topic {name}: {code:?}"
                 )))
             }

@@ -168,7 +168,7 @@ impl KafkaConsumer {
         F: FnMut(&ReceivedEvent) -> Verdict,
     {
         if let Some(why) = self.lost_position.get() {
-            return Err(Error::Broker(why.clone()));
+            return Err(Error::broker(why.clone()));
         }
         // errors in a row (the broker away): waits from 200 ms up to 5 s
         let mut backoff =
@@ -287,9 +287,12 @@ fn message_headers(msg: &rdkafka::message::BorrowedMessage<'_>) -> Vec<(String, 
 
 /// The error that stops a consumer loop whose message to retry cannot be rewound.
 fn rewind_failed(topic: &str, partition: i32, offset: i64, e: KafkaError) -> Error {
-    Error::Broker(format!(
-        "kafka consumer stopped: could not seek back to {topic}/{partition}@{offset} to \
-         handle it again ({e}); nothing past it was committed, and this consumer \
-         does not run again: create a new one, which reads from the committed offset"
-    ))
+    Error::Broker {
+        message: format!(
+            "kafka consumer stopped: could not seek back to {topic}/{partition}@{offset} to \
+             handle it again ({e}); nothing past it was committed, and this consumer \
+             does not run again: create a new one, which reads from the committed offset"
+        ),
+        source: Some(Box::new(e)),
+    }
 }

@@ -119,14 +119,14 @@ pub(crate) fn client_config(properties: &BTreeMap<String, String>) -> Result<Cli
 }
 
 pub(crate) fn kafka_err(what: &str, e: KafkaError) -> Error {
-    Error::Broker(format!("kafka {what}: {e}"))
+    Error::broker_from(format_args!("kafka {what}"), e)
 }
 
 /// A client `config` could not be created: the error with the values of the
 /// config's secrets taken out of its text (librdkafka may quote a property's
 /// value when it refuses it).
 pub(crate) fn creation_err(what: &str, e: KafkaError, config: &ClientConfig) -> Error {
-    Error::Broker(crate::redact::values(
+    Error::broker(crate::redact::values(
         &format!("kafka {what}: {e}"),
         config.config_map(),
     ))

@@ -159,7 +159,7 @@ impl RabbitConsumer {
         F: FnMut(&ReceivedEvent) -> Verdict,
     {
         let amqp = |e: amiquip::Error| {
-            Error::Broker(format!("rabbitmq: {}", crate::redact::urls(&e.to_string())))
+            Error::broker(format!("rabbitmq: {}", crate::redact::urls(&e.to_string())))
         };
         let mut connection = open(&self.url)?;
         let channel = connection.open_channel(None).map_err(amqp)?;
@@ -175,9 +175,9 @@ impl RabbitConsumer {
             let mut delivery = match message {
                 Ok(ConsumerMessage::Delivery(d)) => d,
                 Ok(other) => {
-                    return Err(Error::Broker(format!("rabbitmq consumer ended: {other:?}")))
+                    return Err(Error::broker(format!("rabbitmq consumer ended: {other:?}")))
                 }
-                Err(_) => return Err(Error::Broker("rabbitmq consumer channel closed".into())),
+                Err(_) => return Err(Error::broker("rabbitmq consumer channel closed")),
             };
             let mut raw: Vec<(String, String)> = delivery
                 .properties

@@ -54,9 +54,12 @@ pub(crate) fn open(
     url: &str,
     tuning: amiquip::ConnectionTuning,
 ) -> std::result::Result<amiquip::Connection, crate::Error> {
+    // amiquip's error names the URL, password included: its text only,
+    // redacted, and no source
     let broker = |e: amiquip::Error| crate::Error::Connect {
         to: format!("RabbitMQ at {}", crate::redact::urls(url)),
         reason: crate::redact::urls(&e.to_string()),
+        source: None,
     };
     // what this does not read, amiquip reads: with the same timeout
     let amiquip_open = |tuning| {

@@ -115,7 +115,7 @@ impl RabbitChannel {
     fn open_channel(url: &str) -> crate::Result<Open> {
         let mut connection = open_publisher(url)?;
         let amqp = |e: amiquip::Error| {
-            crate::Error::Broker(format!("rabbitmq: {}", crate::redact::urls(&e.to_string())))
+            crate::Error::broker(format!("rabbitmq: {}", crate::redact::urls(&e.to_string())))
         };
         let channel = connection.open_channel(None).map_err(amqp)?;
         let confirms = channel.listen_for_publisher_confirms().map_err(amqp)?;

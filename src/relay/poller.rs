@@ -179,7 +179,7 @@ impl Poller {
                     // a second (the sender's own backoff spaces its connects):
                     // its events go out soon after it is back
                     let d = match e {
-                        Error::Broker(_) => state.after_error().min(BROKER_RETRY),
+                        Error::Broker { .. } => state.after_error().min(BROKER_RETRY),
                         _ => state.after_error(),
                     };
                     log::warn!(
@@ -248,7 +248,7 @@ impl Poller {
         if polled.released > 0 {
             // the transport failed: back off before the next claim (and ask the
             // sender whether it is ready) instead of claiming the same rows again
-            return Err(Error::Broker(format!(
+            return Err(Error::broker(format!(
                 "{} events went back to pending, no attempt counted: \
                  the broker could not be reached",
                 polled.released

@@ -503,6 +503,7 @@ impl SqlStore<MySqlDialect> {
         let pool = mysql::Pool::new(b).map_err(|e| Error::Connect {
             to,
             reason: e.to_string(),
+            source: Some(Box::new(e)),
         })?;
         SqlStore::with_pool(MySqlDialect(pool, Answered::default()), config)
     }

@@ -611,10 +611,11 @@ impl SqlStore<PgDialect> {
         let manager = PostgresConnectionManager::new(pg.clone(), tls.clone());
         // one connection first, for its error: the pool only retries until its
         // timeout and then says it timed out
-        if let Err(reason) = first_connection(&pg, tls) {
+        if let Err((reason, source)) = first_connection(&pg, tls) {
             return Err(Error::Connect {
                 to: format!("PostgreSQL at {}", pg_hosts(&pg)),
                 reason,
+                source,
             });
         }
         let pool = r2d2::Pool::builder()
@@ -636,7 +637,12 @@ impl SqlStore<PgDialect> {
 /// behind when the time is up: it ends when the connection does (the far
 /// side closing it, or `tcp_user_timeout` where the far side is gone; a live
 /// server that never answers keeps it, one thread per failed `connect`).
-fn first_connection(pg: &postgres::Config, tls: PgTls) -> std::result::Result<(), String> {
+/// Opens one connection to `pg` within its connect timeout: why not, and
+/// the driver's error when there is one.
+fn first_connection(
+    pg: &postgres::Config,
+    tls: PgTls,
+) -> std::result::Result<(), (String, Option<crate::Cause>)> {
     let per_host = pg
         .get_connect_timeout()
         .copied()
@@ -649,13 +655,19 @@ fn first_connection(pg: &postgres::Config, tls: PgTls) -> std::result::Result<()
         .spawn(move || {
             let _ = tx.send(pg.connect(tls).map(drop));
         })
-        .map_err(|e| format!("no thread for the connection: {e}"))?;
+        .map_err(|e| (format!("no thread for the connection: {e}"), None))?;
     match rx.recv_timeout(limit) {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(crate::error::PgError(e).to_string()),
-        Err(_) => Err(format!(
-            "no answer within {limit:?} (connect_timeout): the server took the \
-             connection and did not answer its TLS request or login"
+        Ok(Err(e)) => {
+            let e = crate::error::PgError(e);
+            Err((e.to_string(), Some(Box::new(e))))
+        }
+        Err(_) => Err((
+            format!(
+                "no answer within {limit:?} (connect_timeout): the server took the \
+                 connection and did not answer its TLS request or login"
+            ),
+            None,
         )),
     }
 }

@@ -69,7 +69,7 @@ fn refused<T>(r: txbox::Result<T>, says: &str) {
 
 fn connect_error(r: txbox::Result<impl Sized>) -> (String, String) {
     match r {
-        Err(txbox::Error::Connect { to, reason }) => (to, reason),
+        Err(txbox::Error::Connect { to, reason, .. }) => (to, reason),
         Err(e) => panic!("not a connect error: {e}"),
         Ok(_) => panic!("connected"),
     }
@@ -984,6 +984,58 @@ fn pipe(mut from: std::net::TcpStream, mut into: std::net::TcpStream, delay: Dur
             }
         }
     });
+}
+
+/// Whether `e` or an error of its source chain is a `T`.
+fn caused_by<T: std::error::Error + 'static>(e: &txbox::Error) -> bool {
+    let mut at: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = at {
+        if cause.downcast_ref::<T>().is_some() {
+            return true;
+        }
+        at = cause.source();
+    }
+    false
+}
+
+/// A library's error stays the source of the txbox error that wraps it
+/// (0.3 kept its text only): a connect the server refuses, on PostgreSQL and
+/// MySQL, carries the driver's error, which the caller can downcast to read
+/// its codes; a TOML file that does not parse carries the parser's error
+/// (line and column).
+#[test]
+fn a_library_s_error_is_the_source_of_the_one_that_wraps_it() {
+    let e = Config::from_toml("[defaults\n").unwrap_err();
+    assert!(matches!(e, txbox::Error::ConfigSyntax(_)), "{e:?}");
+    assert!(std::error::Error::source(&e).is_some(), "{e:?}");
+
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = Config::builder().build().unwrap();
+    let url = format!("postgres://postgres@127.0.0.1:{closed}/test?sslmode=disable");
+    let e = txbox::PgStore::connect(&url, &config)
+        .err()
+        .expect("nothing listens");
+    assert!(
+        matches!(
+            e,
+            txbox::Error::Connect {
+                source: Some(_),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(caused_by::<postgres::Error>(&e), "{e:?}");
+
+    let url = format!("mysql://root@127.0.0.1:{closed}/test?prefer_socket=false");
+    let e = txbox::MySqlStore::connect(&url, &config)
+        .err()
+        .expect("nothing listens");
+    assert!(caused_by::<mysql::Error>(&e), "{e:?}");
 }
 
 /// Five store calls in a row on `store`: how long each but the first took.

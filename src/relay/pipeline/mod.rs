@@ -232,7 +232,7 @@ impl Pipeline {
         if let Err(e) = ready {
             self.resume = None;
             self.drain(run, 0, false)?;
-            return Err(Error::Broker(format!("sender not ready: {e}")));
+            return Err(Error::broker_from("sender not ready", e));
         }
         let token = Uuid::now_v7();
         let claimed_at = Instant::now();

@@ -303,7 +303,7 @@ pub(super) fn deliver_pending_claims_nothing_while_the_sender_is_not_ready(b: Ba
     let mut sender = Unreachable::default();
     let err = Relay::deliver_pending(&*fx.store, &c, &mut sender).unwrap_err();
     assert!(
-        matches!(&err, txbox::Error::Broker(m) if m.contains("not connected")),
+        matches!(&err, txbox::Error::Broker { message: m, .. } if m.contains("not connected")),
         "{err}"
     );
     assert_eq!(
