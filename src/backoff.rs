@@ -39,15 +39,7 @@ impl RetryBackoff {
     /// Each wait stretched by a random part of itself (up to twice as long),
     /// so the tries of many threads or processes spread out (the SQL stores'
     /// retries).
-    #[cfg_attr(
-        not(any(
-            feature = "postgres",
-            feature = "mysql",
-            feature = "sqlite",
-            feature = "oracle"
-        )),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
     pub(crate) fn jittered(mut self) -> Self {
         self.policy = self.policy.with_jitter();
         self.waits = self.policy.build();

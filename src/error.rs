@@ -248,15 +248,7 @@ impl Error {
     }
 
     /// A database error of `kind`.
-    #[cfg_attr(
-        not(any(
-            feature = "postgres",
-            feature = "mysql",
-            feature = "sqlite",
-            feature = "oracle"
-        )),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
     pub(crate) fn database(
         kind: DatabaseErrorKind,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,

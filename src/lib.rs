@@ -194,12 +194,7 @@ pub use sender::{MemorySender, SendError, Sender, SenderFactory};
 pub use store::MySqlStore;
 #[cfg(feature = "oracle")]
 pub use store::OracleStore;
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
+#[cfg(feature = "_sql")]
 pub use store::SqlStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;

@@ -15,12 +15,7 @@ pub struct Tables {
     pub(crate) schema_version: String,
     pub(crate) paused: String,
     /// Each dialect's statements for these tables, built when first asked.
-    #[cfg(any(
-        feature = "postgres",
-        feature = "mysql",
-        feature = "sqlite",
-        feature = "oracle"
-    ))]
+    #[cfg(feature = "_sql")]
     pub(crate) shared: std::sync::Arc<shared::Shared>,
 }
 
@@ -45,12 +40,7 @@ impl Tables {
             locks: format!("{prefix}job_locks"),
             schema_version: format!("{prefix}txbox_schema_version"),
             paused: format!("{prefix}outbox_paused_types"),
-            #[cfg(any(
-                feature = "postgres",
-                feature = "mysql",
-                feature = "sqlite",
-                feature = "oracle"
-            ))]
+            #[cfg(feature = "_sql")]
             shared: shared::Shared::for_prefix(prefix),
         })
     }
@@ -137,12 +127,7 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
     }
 }
 
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
+#[cfg(feature = "_sql")]
 pub(crate) mod shared {
     use crate::error::{Error, Result};
 

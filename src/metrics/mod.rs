@@ -371,15 +371,7 @@ impl Observed {
     }
 
     /// Runs `f`, a store's `call`, and reports how long it took.
-    #[cfg_attr(
-        not(any(
-            feature = "postgres",
-            feature = "mysql",
-            feature = "sqlite",
-            feature = "oracle"
-        )),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(feature = "_sql"), allow(dead_code))]
     pub(crate) fn timed<T>(
         &self,
         call: StoreCall,

@@ -23,12 +23,7 @@ pub use crate::status::TypeStatus;
 pub use crate::tables::Tables;
 pub use claim::{ClaimArgs, HeldClaim};
 pub use dead_letter::{BlockedKey, DeadLetter, DlqFilter, DlqStatus};
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
+#[cfg(feature = "_sql")]
 pub(crate) use migration::split_statements;
 pub use migration::PendingMigration;
 #[cfg(feature = "mysql")]
@@ -37,12 +32,7 @@ pub(crate) mod mysql;
 pub(crate) mod oracle;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
+#[cfg(feature = "_sql")]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite;
@@ -53,12 +43,7 @@ pub use mysql::{MySqlDialect, MySqlStore};
 pub use oracle::{OracleDialect, OracleStore};
 #[cfg(feature = "postgres")]
 pub use postgres::{pg_config, PgConnector, PgDialect, PgPool, PgStore, PgTls};
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
+#[cfg(feature = "_sql")]
 pub use sql::{Dialect, SqlStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteDialect, SqliteStore};
@@ -110,12 +95,7 @@ impl Outcome {
 }
 
 /// The error of a store that cannot hold a claim open.
-#[cfg(any(
-    feature = "postgres",
-    feature = "mysql",
-    feature = "sqlite",
-    feature = "oracle"
-))]
+#[cfg(feature = "_sql")]
 pub(crate) fn cannot_hold_claims() -> Error {
     Error::Unsupported {
         what: "claim mode \"lock\"".into(),
