@@ -23,8 +23,9 @@ pub enum Error {
         message: String,
     },
 
-    /// The TOML configuration could not be parsed: the parser's error (line,
-    /// column, what was expected) is the source.
+    /// The TOML configuration could not be parsed: the source says where and
+    /// what (`line 3, column 7: ...`), and quotes no text of the file (the
+    /// parser's own error quotes the line and holds the whole input).
     #[error("configuration file: {0}")]
     ConfigSyntax(#[source] Cause),
 

@@ -53,7 +53,20 @@ fn merge(base: &toml::Table, over: toml::Table) -> toml::Table {
 /// The file's text as a table.
 fn root(text: &str) -> Result<toml::Table> {
     text.parse()
-        .map_err(|e: toml::de::Error| Error::ConfigSyntax(Box::new(e)))
+        .map_err(|e: toml::de::Error| Error::ConfigSyntax(syntax(text, &e).into()))
+}
+
+/// A TOML syntax error as "line L, column C: what", without the text: the
+/// parser's own error quotes the line (a URL with its password, say) in its
+/// `Display` and holds the whole input in its `Debug`.
+fn syntax(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else {
+        return e.message().to_owned();
+    };
+    let before = text.get(..span.start).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("line {line}, column {column}: {}", e.message())
 }
 
 /// A setting that moved out of the core in 0.3, named where it is found.

@@ -239,70 +239,33 @@ fn my_batch(c: &mut impl Queryable, sql: &str) -> Result<()> {
 
 sql::conn_impls!(my_query, my_execute, my_batch; mysql::PooledConn, mysql::Transaction<'_>);
 
-/// The MySQL / MariaDB dialect of [`SqlStore`]: a `mysql::Pool`, and when
-/// each of its connections last answered.
-pub struct MySqlDialect(mysql::Pool, Answered);
+/// The MySQL / MariaDB dialect of [`SqlStore`]: a `mysql::Pool`.
+pub struct MySqlDialect(mysql::Pool);
 
-/// When each pooled connection (by its id) last answered a statement of the
-/// store's, or a ping. The driver's pool pinged every connection it handed
-/// out, a round trip of its own per store call; like the PostgreSQL pool's,
-/// this one pings only a connection that has not answered within
-/// [`sql::TESTED_WITHIN`].
-#[derive(Default)]
-struct Answered(std::sync::Mutex<std::collections::HashMap<u32, std::time::Instant>>);
-
-impl Answered {
-    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, std::time::Instant>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn recently(&self, id: u32) -> bool {
-        self.map()
-            .get(&id)
-            .is_some_and(|t| t.elapsed() < sql::TESTED_WITHIN)
-    }
-
-    /// Notes whether the connection `id` just answered (else forgets it).
-    fn note(&self, id: u32, ok: bool) {
-        let mut map = self.map();
-        if ok {
-            // the ids of connections gone since: dropped once stale
-            if map.len() >= 64 {
-                map.retain(|_, t| t.elapsed() < sql::TESTED_WITHIN);
-            }
-            map.insert(id, std::time::Instant::now());
-        } else {
-            map.remove(&id);
-        }
-    }
-}
-
-/// A pooled connection whose answers are noted in [`Answered`]. The pool
-/// does not reset a connection it takes back (a round trip, the session's
-/// settings again, and every statement prepared anew): one on which a
-/// statement failed, or dropped inside a transaction (a panic between its
-/// `START TRANSACTION` and its end), is reset all the same, which rolls the
-/// transaction back, or drops a connection whose link is gone.
-struct Watched<'a> {
+/// A pooled connection of the store's own calls. The driver's pool resets
+/// each connection it takes back (`COM_RESET_CONNECTION`, the session's
+/// settings again, every statement prepared anew: three round trips, and a
+/// prepare in the next call); the store's connections hold no session state
+/// of their own, so they go back without it, except one on which a
+/// statement failed (a lost link fails its reset and leaves the pool) or
+/// one dropped inside a transaction it began (a panic between its `START
+/// TRANSACTION` and its end: the reset rolls it back). Connections your code
+/// takes from [`MySqlStore::pool`] are reset as the URL says (by default).
+struct Own {
     conn: mysql::PooledConn,
-    answered: &'a Answered,
     in_transaction: bool,
 }
 
-impl Watched<'_> {
+impl Own {
     fn watch<R>(&mut self, r: Result<R>) -> Result<R> {
-        self.answered.note(self.conn.connection_id(), r.is_ok());
         if r.is_err() {
-            // reset on its return, as the driver's pool did every time: a
-            // connection that lost its link (a read timeout, its answer
-            // still on the way) fails the reset and leaves the pool
             self.conn.reset_connection(true);
         }
         r
     }
 }
 
-impl Drop for Watched<'_> {
+impl Drop for Own {
     fn drop(&mut self) {
         if self.in_transaction {
             self.conn.reset_connection(true);
@@ -310,7 +273,7 @@ impl Drop for Watched<'_> {
     }
 }
 
-impl Conn for Watched<'_> {
+impl Conn for Own {
     fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
         let r = my_query(&mut self.conn, sql, params);
         self.watch(r)
@@ -339,31 +302,12 @@ impl sql::Driver for MySqlDialect {
         catalog(tables)
     }
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
-        // a connection that fails its ping leaves the pool; the next is
-        // tried, up to the pool's size (after a restart every idle one is
-        // dead)
-        let mut tries = 0;
-        loop {
-            let mut conn = self.0.get_conn().map_err(err)?;
-            let id = conn.connection_id();
-            let pinged = match self.1.recently(id) {
-                true => Ok(()),
-                false => conn.as_mut().ping(),
-            };
-            self.1.note(id, pinged.is_ok());
-            match pinged {
-                Ok(()) => {
-                    return Ok(Box::new(Watched {
-                        conn,
-                        answered: &self.1,
-                        in_transaction: false,
-                    }))
-                }
-                Err(e) if tries >= 16 => return Err(err(e)),
-                Err(_) => drop(conn.unwrap()),
-            }
-            tries += 1;
-        }
+        let mut conn = self.0.get_conn().map_err(err)?;
+        conn.reset_connection(false);
+        Ok(Box::new(Own {
+            conn,
+            in_transaction: false,
+        }))
     }
 }
 
@@ -421,15 +365,10 @@ impl SqlStore<MySqlDialect> {
             })
             .collect();
         parsed.set_query(None);
-        // the driver's reset of each connection back in the pool (a round
-        // trip, the session's settings again, and every statement prepared
-        // anew) only when the URL asks for it (`reset_connection=true`)
-        let asked_reset = kept.iter().any(|(k, _)| k == "reset_connection");
         if !kept.is_empty() {
             parsed.query_pairs_mut().extend_pairs(kept);
         }
         let opts = mysql::Opts::from_url(parsed.as_str()).map_err(|e| invalid(&e))?;
-        let reset = asked_reset && opts.get_pool_opts().reset_connection();
         let ms = |key: &str, default: u64| -> Result<Option<Duration>> {
             match ours.get(key) {
                 None => Ok(Some(Duration::from_millis(default))),
@@ -487,14 +426,11 @@ impl SqlStore<MySqlDialect> {
             .tcp_keepalive_probe_count(Some(opts.get_tcp_keepalive_probe_count().unwrap_or(5)))
             .tcp_user_timeout_ms(Some(opts.get_tcp_user_timeout_ms().unwrap_or(10_000)))
             .pool_opts(
-                mysql::PoolOpts::default()
-                    .with_constraints(
-                        mysql::PoolConstraints::new(1, 16)
-                            .ok_or_else(|| Error::Internal("pool size 1 to 16".into()))?,
-                    )
-                    .with_reset_connection(reset)
-                    // pinged by the store only when not used recently
-                    .with_check_health(false),
+                // the URL's `reset_connection` and `check_health` kept
+                opts.get_pool_opts().clone().with_constraints(
+                    mysql::PoolConstraints::new(1, 16)
+                        .ok_or_else(|| Error::Internal("pool size 1 to 16".into()))?,
+                ),
             );
         if ssl.is_some() {
             // asked for TLS: it is not traded for the server's local socket
@@ -505,7 +441,7 @@ impl SqlStore<MySqlDialect> {
             reason: e.to_string(),
             source: Some(Box::new(e)),
         })?;
-        SqlStore::with_pool(MySqlDialect(pool, Answered::default()), config)
+        SqlStore::with_pool(MySqlDialect(pool), config)
     }
 
     /// The pool, e.g. for business transactions and the inbox.

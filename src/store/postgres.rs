@@ -637,8 +637,7 @@ impl SqlStore<PgDialect> {
 /// behind when the time is up: it ends when the connection does (the far
 /// side closing it, or `tcp_user_timeout` where the far side is gone; a live
 /// server that never answers keeps it, one thread per failed `connect`).
-/// Opens one connection to `pg` within its connect timeout: why not, and
-/// the driver's error when there is one.
+/// The error is why, and the driver's error when there is one.
 fn first_connection(
     pg: &postgres::Config,
     tls: PgTls,

@@ -1008,6 +1008,12 @@ fn a_library_s_error_is_the_source_of_the_one_that_wraps_it() {
     let e = Config::from_toml("[defaults\n").unwrap_err();
     assert!(matches!(e, txbox::Error::ConfigSyntax(_)), "{e:?}");
     assert!(std::error::Error::source(&e).is_some(), "{e:?}");
+    // where, and no text of the file: the parser's own error quotes the
+    // line and holds the whole input (a password in a URL, say)
+    let text = "[defaults]\nbatch_size = 10\nnote = \"postgres://u:hunter2@db\n";
+    let e = Config::from_toml(text).unwrap_err();
+    assert!(e.to_string().contains("line 3"), "{e}");
+    assert!(!format!("{e} {e:?}").contains("hunter2"), "{e:?}");
 
     let closed = TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -1077,12 +1083,14 @@ fn a_far_database_costs_one_round_trip_per_store_call() {
     }
 }
 
-/// The same on MySQL/MariaDB: its pool pinged each connection it handed out
-/// (`COM_PING`) and reset each one it took back (`COM_RESET_CONNECTION`, then
-/// the session's settings again, which also dropped every prepared
-/// statement): five round trips a call where one does.
+/// The same on MySQL/MariaDB, where the driver's pool pings each connection
+/// it hands out: two round trips a call (1.2 s), where it took five (3.0 s)
+/// when the pool also reset each connection it took back
+/// (`COM_RESET_CONNECTION`, the session's settings again, and every
+/// statement prepared anew in the next call). The store's connections hold
+/// no session state of their own and go back without it.
 #[test]
-fn a_far_mysql_costs_one_round_trip_per_store_call() {
+fn a_far_mysql_costs_two_round_trips_per_store_call() {
     if !service_up("MariaDB", "127.0.0.1:3306") {
         return;
     }
@@ -1097,7 +1105,7 @@ fn a_far_mysql_costs_one_round_trip_per_store_call() {
     let store = txbox::MySqlStore::connect(&url, &config).unwrap();
     for took in calls_in_a_row(&store) {
         assert!(
-            took >= Duration::from_millis(600) && took < Duration::from_millis(1000),
+            took >= Duration::from_millis(1200) && took < Duration::from_millis(1700),
             "a call took {took:?}"
         );
     }

@@ -20,13 +20,12 @@ mod values;
 pub(crate) use crate::store::split_statements;
 
 /// A pooled connection that answered this recently is handed out again without a
-/// test. r2d2 tests every check-out with a round trip of its own, and the MySQL
-/// driver's pool pings every one, which doubled the round trips of every store
-/// call (a poller's claim and finish among them); like HikariCP's "alive
-/// bypass", txbox tests only a connection that has not answered for longer than
-/// this. One that died within the window fails its next statement once, and the
-/// pool drops it.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// test. r2d2 tests every check-out with a round trip of its own, which doubled
+/// the round trips of every store call (a poller's claim and finish among
+/// them); like HikariCP's "alive bypass", txbox tests only a connection that
+/// has not answered for longer than this. One that died within the window
+/// fails its next statement once, and the pool drops it.
+#[cfg(feature = "postgres")]
 pub(crate) const TESTED_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
 pub use engine::SqlStore;
 pub(crate) use engine::*;
