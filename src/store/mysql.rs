@@ -246,52 +246,37 @@ pub struct MySqlDialect(mysql::Pool);
 /// each connection it takes back (`COM_RESET_CONNECTION`, the session's
 /// settings again, every statement prepared anew: three round trips, and a
 /// prepare in the next call); the store's connections hold no session state
-/// of their own, so they go back without it, except one on which a
-/// statement failed (a lost link fails its reset and leaves the pool) or
-/// one dropped inside a transaction it began (a panic between its `START
-/// TRANSACTION` and its end: the reset rolls it back). Connections your code
-/// takes from [`MySqlStore::pool`] are reset as the URL says (by default).
-struct Own {
-    conn: mysql::PooledConn,
-    in_transaction: bool,
-}
+/// of their own (their transactions end before they go back, even on a
+/// panic: [`sql::transaction`]), so they go back without it, except one on
+/// which a call failed short of the server's answer: a lost link fails its
+/// reset and leaves the pool. Connections your code takes from
+/// [`MySqlStore::pool`] are reset as the URL says (by default).
+struct Own(mysql::PooledConn);
 
 impl Own {
     fn watch<R>(&mut self, r: Result<R>) -> Result<R> {
-        if r.is_err() {
-            self.conn.reset_connection(true);
+        // an error the server answered with (a duplicate, a deadlock) leaves
+        // the connection as it was
+        if let Err(e) = &r {
+            if error_code(e).is_none() {
+                self.0.reset_connection(true);
+            }
         }
         r
     }
 }
 
-impl Drop for Own {
-    fn drop(&mut self) {
-        if self.in_transaction {
-            self.conn.reset_connection(true);
-        }
-    }
-}
-
 impl Conn for Own {
     fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Row>> {
-        let r = my_query(&mut self.conn, sql, params);
+        let r = my_query(&mut self.0, sql, params);
         self.watch(r)
     }
     fn execute(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
-        let r = my_execute(&mut self.conn, sql, params);
+        let r = my_execute(&mut self.0, sql, params);
         self.watch(r)
     }
     fn batch(&mut self, sql: &str) -> Result<()> {
-        // the transactions of `sql::transaction` begin and end by these
-        // (one whose end failed counts as open)
-        if sql == "START TRANSACTION" {
-            self.in_transaction = true;
-        }
-        let r = my_batch(&mut self.conn, sql);
-        if matches!(sql, "COMMIT" | "ROLLBACK") && r.is_ok() {
-            self.in_transaction = false;
-        }
+        let r = my_batch(&mut self.0, sql);
         self.watch(r)
     }
 }
@@ -304,10 +289,7 @@ impl sql::Driver for MySqlDialect {
     fn get(&self) -> Result<Box<dyn Conn + '_>> {
         let mut conn = self.0.get_conn().map_err(err)?;
         conn.reset_connection(false);
-        Ok(Box::new(Own {
-            conn,
-            in_transaction: false,
-        }))
+        Ok(Box::new(Own(conn)))
     }
 }
 

@@ -18,15 +18,6 @@ mod stmt;
 mod values;
 
 pub(crate) use crate::store::split_statements;
-
-/// A pooled connection that answered this recently is handed out again without a
-/// test. r2d2 tests every check-out with a round trip of its own, which doubled
-/// the round trips of every store call (a poller's claim and finish among
-/// them); like HikariCP's "alive bypass", txbox tests only a connection that
-/// has not answered for longer than this. One that died within the window
-/// fails its next statement once, and the pool drops it.
-#[cfg(feature = "postgres")]
-pub(crate) const TESTED_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
 pub use engine::SqlStore;
 pub(crate) use engine::*;
 pub(crate) use floor::{FloorSql, Floors};
@@ -418,6 +409,58 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A panic inside a transaction (a bug in the store's code, a driver's)
+    /// rolls it back before it goes on, on every dialect: the pooled
+    /// connection does not go back to its pool inside a transaction, holding
+    /// its locks for whoever takes it next. And a commit that fails is rolled
+    /// back too (SQLite keeps a busy commit's transaction open).
+    #[test]
+    fn a_transaction_that_panics_or_fails_its_commit_is_rolled_back() {
+        struct Said(Vec<String>, bool);
+        impl Conn for Said {
+            fn query(&mut self, _: &str, _: &[Val]) -> crate::Result<Vec<Row>> {
+                Ok(Vec::new())
+            }
+            fn execute(&mut self, _: &str, _: &[Val]) -> crate::Result<u64> {
+                Ok(0)
+            }
+            fn batch(&mut self, sql: &str) -> crate::Result<()> {
+                self.0.push(sql.to_owned());
+                match sql == "COMMIT" && self.1 {
+                    true => Err(Error::Internal("the commit failed".into())),
+                    false => Ok(()),
+                }
+            }
+        }
+        let t = Tables::new("p_").unwrap();
+        for (name, d) in catalogs(&t) {
+            let mut c = Said(Vec::new(), false);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                transaction(&mut c, &d, |_| -> crate::Result<()> {
+                    // a panic that skips the hook (no backtrace printed)
+                    std::panic::resume_unwind(Box::new("a bug"))
+                })
+            }));
+            assert!(r.is_err(), "{name}: the panic goes on");
+            assert_eq!(
+                c.0.last().map(String::as_str),
+                Some("ROLLBACK"),
+                "{name}: {:?}",
+                c.0
+            );
+            assert!(!c.0.iter().any(|s| s == "COMMIT"), "{name}: {:?}", c.0);
+
+            let mut c = Said(Vec::new(), true);
+            assert!(transaction(&mut c, &d, |_| Ok(())).is_err(), "{name}");
+            assert_eq!(
+                c.0[c.0.len() - 2..],
+                ["COMMIT", "ROLLBACK"],
+                "{name}: {:?}",
+                c.0
+            );
         }
     }
 

@@ -74,7 +74,10 @@ pub(crate) fn run_execute(
     conn.execute(&sql, &params)
 }
 
-/// Runs `f` in a transaction: commits on `Ok`, rolls back on `Err`.
+/// Runs `f` in a transaction: commits on `Ok`, rolls back on `Err`, and on a
+/// panic (rolled back, then the panic goes on): a pooled connection must not
+/// go back to its pool inside a transaction, holding its locks for whoever
+/// takes it next.
 pub(crate) fn transaction<T>(
     conn: &mut dyn Conn,
     d: &Catalog,
@@ -83,16 +86,27 @@ pub(crate) fn transaction<T>(
     if !d.begin.is_empty() {
         conn.batch(d.begin)?;
     }
-    match f(conn) {
-        Ok(v) => {
-            conn.batch("COMMIT")?;
-            Ok(v)
+    let rollback = |conn: &mut dyn Conn| {
+        if let Err(r) = conn.batch("ROLLBACK") {
+            log::debug!("txbox: rollback after an error failed too: {r}");
         }
-        Err(e) => {
-            if let Err(r) = conn.batch("ROLLBACK") {
-                log::debug!("txbox: rollback after an error failed too: {r}");
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut *conn))) {
+        Ok(Ok(v)) => match conn.batch("COMMIT") {
+            Ok(()) => Ok(v),
+            Err(e) => {
+                // still open where a failed commit keeps it (SQLite busy)
+                rollback(conn);
+                Err(e)
             }
+        },
+        Ok(Err(e)) => {
+            rollback(conn);
             Err(e)
+        }
+        Err(panic) => {
+            rollback(conn);
+            std::panic::resume_unwind(panic)
         }
     }
 }
