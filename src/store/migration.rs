@@ -59,8 +59,14 @@ struct Splitter<'a> {
     cur: String,
     /// Inside a string, a quoted name, a body or a block comment: what ends it.
     text: Option<Text<'a>>,
-    /// The statement's first words (upper case), to tell a block's `BEGIN`.
-    words: Vec<String>,
+    /// How many words the statement has had so far.
+    words: usize,
+    /// Its first word is `CREATE`.
+    create: bool,
+    /// It creates a trigger, procedure or function (`TRIGGER`, `PROCEDURE`
+    /// or `FUNCTION` among its first 8 words): its `BEGIN ... END` is a body
+    /// (a `BEGIN` of its own starts a transaction).
+    body: bool,
     /// The word being read.
     word: String,
     /// `BEGIN`/`CASE` ... `END` depth, in a statement that may have a body.
@@ -173,11 +179,16 @@ impl<'a> Splitter<'a> {
             return;
         }
         let word = std::mem::take(&mut self.word).to_ascii_uppercase();
-        if self.words.len() < 8 {
-            self.words.push(word.clone());
+        self.words += 1;
+        match self.words {
+            1 => self.create = word == "CREATE",
+            2..=8 if self.create => {
+                self.body |= matches!(word.as_str(), "TRIGGER" | "PROCEDURE" | "FUNCTION")
+            }
+            _ => {}
         }
         let after_end = std::mem::take(&mut self.after_end);
-        if !self.has_body() {
+        if !self.body {
             return;
         }
         match word.as_str() {
@@ -192,17 +203,6 @@ impl<'a> Splitter<'a> {
             }
             _ => {}
         }
-    }
-
-    /// Whether the statement may have a `BEGIN ... END` body: a trigger,
-    /// procedure or function created (a `BEGIN` of its own starts a
-    /// transaction).
-    fn has_body(&self) -> bool {
-        self.words.first().is_some_and(|w| w == "CREATE")
-            && self
-                .words
-                .iter()
-                .any(|w| matches!(w.as_str(), "TRIGGER" | "PROCEDURE" | "FUNCTION"))
     }
 
     /// A line ended outside any text: its trailing blanks go, and it goes
@@ -224,7 +224,7 @@ impl<'a> Splitter<'a> {
             self.out.push(statement.to_owned());
         }
         self.cur.clear();
-        self.words.clear();
+        (self.words, self.create, self.body) = (0, false, false);
         self.depth = 0;
         self.after_end = false;
     }
