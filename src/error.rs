@@ -221,7 +221,6 @@ impl Error {
     }
 
     /// [`Error::Broker`] caused by `source`, whose text ends the message.
-    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub(crate) fn broker_from(
         what: impl std::fmt::Display,
         source: impl std::error::Error + Send + Sync + 'static,

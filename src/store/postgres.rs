@@ -467,6 +467,14 @@ pub struct PgDialect<T: PgConnector = PgTls>(
     std::sync::Arc<std::sync::Mutex<Option<listen::ListenerSession>>>,
 );
 
+/// A pooled connection that answered this recently is handed out again without a
+/// test. r2d2 tests every check-out with a round trip of its own, which doubled
+/// the round trips of every store call (a poller's claim and finish among
+/// them); like HikariCP's "alive bypass", txbox tests only a connection that
+/// has not answered for longer than this. One that died within the window
+/// fails its next statement once, and the pool drops it.
+const TESTED_WITHIN: Duration = Duration::from_millis(500);
+
 /// When this pooled connection last answered: its last statement's end, or its
 /// test (r2d2 connection extension). Counted from the check-out instead, a
 /// statement longer than the window (a database 200 ms away: a round trip is
@@ -552,7 +560,7 @@ impl<T: PgConnector> sql::Sessions for PgDialect<T> {
             let now = std::time::Instant::now();
             let recent = r2d2::PooledConnection::extensions(&c)
                 .get::<Answered>()
-                .is_some_and(|t| now.duration_since(t.0) < sql::TESTED_WITHIN);
+                .is_some_and(|t| now.duration_since(t.0) < TESTED_WITHIN);
             let tested = if recent {
                 Ok(())
             } else {
@@ -611,13 +619,7 @@ impl SqlStore<PgDialect> {
         let manager = PostgresConnectionManager::new(pg.clone(), tls.clone());
         // one connection first, for its error: the pool only retries until its
         // timeout and then says it timed out
-        if let Err((reason, source)) = first_connection(&pg, tls) {
-            return Err(Error::Connect {
-                to: format!("PostgreSQL at {}", pg_hosts(&pg)),
-                reason,
-                source,
-            });
-        }
+        first_connection(&pg, tls)?;
         let pool = r2d2::Pool::builder()
             .max_size(16)
             .min_idle(Some(1))
@@ -637,31 +639,33 @@ impl SqlStore<PgDialect> {
 /// behind when the time is up: it ends when the connection does (the far
 /// side closing it, or `tcp_user_timeout` where the far side is gone; a live
 /// server that never answers keeps it, one thread per failed `connect`).
-/// The error is why, and the driver's error when there is one.
-fn first_connection(
-    pg: &postgres::Config,
-    tls: PgTls,
-) -> std::result::Result<(), (String, Option<crate::Cause>)> {
+/// The error is [`Error::Connect`], with the driver's error when there is one.
+fn first_connection(pg: &postgres::Config, tls: PgTls) -> Result<()> {
+    let failed = |reason: String, source: Option<crate::Cause>| Error::Connect {
+        to: format!("PostgreSQL at {}", pg_hosts(pg)),
+        reason,
+        source,
+    };
     let per_host = pg
         .get_connect_timeout()
         .copied()
         .unwrap_or(Duration::from_secs(10));
     let limit = per_host * u32::try_from(pg.get_hosts().len().max(1)).unwrap_or(u32::MAX);
     let (tx, rx) = std::sync::mpsc::channel();
-    let pg = pg.clone();
+    let to = pg.clone();
     std::thread::Builder::new()
         .name("txbox-pg-connect".into())
         .spawn(move || {
-            let _ = tx.send(pg.connect(tls).map(drop));
+            let _ = tx.send(to.connect(tls).map(drop));
         })
-        .map_err(|e| (format!("no thread for the connection: {e}"), None))?;
+        .map_err(|e| failed(format!("no thread for the connection: {e}"), None))?;
     match rx.recv_timeout(limit) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => {
             let e = crate::error::PgError(e);
-            Err((e.to_string(), Some(Box::new(e))))
+            Err(failed(e.to_string(), Some(Box::new(e))))
         }
-        Err(_) => Err((
+        Err(_) => Err(failed(
             format!(
                 "no answer within {limit:?} (connect_timeout): the server took the \
                  connection and did not answer its TLS request or login"
