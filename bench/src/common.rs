@@ -278,6 +278,9 @@ pub(crate) struct Claims {
     count: AtomicU64,
     /// a quiet poller's questions when its type's next event is due
     asked: AtomicU64,
+    /// store calls of any kind, and those that failed
+    calls: AtomicU64,
+    failed: AtomicU64,
     /// when each claim ended, and how long it took (ms)
     took_ms: Mutex<Vec<(Instant, f64)>>,
     /// only the claims made on the thread of this name are timed (a poller
@@ -304,6 +307,14 @@ impl Claims {
         self.count() + self.asked.load(Ordering::Relaxed)
     }
 
+    /// Store calls of any kind, and how many of them failed.
+    pub(crate) fn calls(&self) -> (u64, u64) {
+        (
+            self.calls.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+
     /// The claims made since the last call: when each ended and how long it
     /// took (ms).
     pub(crate) fn take_durations(&self) -> Vec<(Instant, f64)> {
@@ -312,7 +323,11 @@ impl Claims {
 }
 
 impl txbox::metrics::Observer for Claims {
-    fn store_call(&self, call: txbox::metrics::StoreCall, took: Duration, _: bool) {
+    fn store_call(&self, call: txbox::metrics::StoreCall, took: Duration, ok: bool) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
         if call == txbox::metrics::StoreCall::NextDue {
             // a quiet type's poll: one statement in place of a claim
             self.asked.fetch_add(1, Ordering::Relaxed);

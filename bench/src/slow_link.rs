@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use txbox::metrics::{Observer, StoreCall};
 use txbox::{EventSettings, MemorySender, Outbox, PgStore, Relay};
 
 use crate::common::*;
@@ -63,12 +62,13 @@ fn pipe(mut from: TcpStream, mut into: TcpStream, delay: Duration, count: Option
         }
         let _ = into.shutdown(std::net::Shutdown::Both);
     });
+    let print = count.is_some() && std::env::var_os("FLIGHTS").is_some();
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
         while let Ok(n @ 1..) = from.read(&mut buf) {
             if let Some(c) = &count {
                 c.fetch_add(1, Ordering::Relaxed);
-                if std::env::var("FLIGHTS").is_ok() {
+                if print {
                     let t: String = String::from_utf8_lossy(&buf[..n.min(200)])
                         .chars()
                         .map(|c| {
@@ -92,29 +92,6 @@ fn pipe(mut from: TcpStream, mut into: TcpStream, delay: Duration, count: Option
     });
 }
 
-/// The relay's store calls, and those that failed.
-#[derive(Default)]
-struct Calls {
-    claims: AtomicU64,
-    finishes: AtomicU64,
-    other: AtomicU64,
-    failed: AtomicU64,
-}
-
-impl Observer for Calls {
-    fn store_call(&self, call: StoreCall, _took: Duration, ok: bool) {
-        let n = match call {
-            StoreCall::Claim => &self.claims,
-            StoreCall::Finish => &self.finishes,
-            _ => &self.other,
-        };
-        n.fetch_add(1, Ordering::Relaxed);
-        if !ok {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
 /// The drain rate with the database `delay` away each way, beside the rate
 /// the issue asks for (`batch_size * in_flight / RTT`), and what each batch
 /// cost in round trips.
@@ -128,7 +105,7 @@ pub(crate) fn slow_link(s: &Size, delay: Duration, out: &mut Vec<Row>) -> Res<()
     fill(&mut c, &Outbox::new(&cfg)?, n)?;
     let far = Far::start("127.0.0.1:5432", delay)?;
     let url = pg_url().replace("127.0.0.1:5432", &format!("127.0.0.1:{}", far.port));
-    let calls = Arc::new(Calls::default());
+    let calls = Arc::new(Claims::default());
     let store = Arc::new(PgStore::connect(
         &url,
         &cfg.clone().observed(calls.clone()),
@@ -141,14 +118,14 @@ pub(crate) fn slow_link(s: &Size, delay: Duration, out: &mut Vec<Row>) -> Res<()
         return Err("slow link: nothing sent in 2 minutes".into());
     }
     let (t, sent0) = (Instant::now(), far.sent.load(Ordering::Relaxed));
-    let claims0 = calls.claims.load(Ordering::Relaxed);
+    let claims0 = calls.count();
     let first = sender.sent().len();
     if sender.wait_for(n, Duration::from_secs(1200)) < n {
         return Err(format!("slow link: not all {n} sent in 20 minutes").into());
     }
     let took = t.elapsed().as_secs_f64();
     let flights = far.sent.load(Ordering::Relaxed) - sent0;
-    let claims = calls.claims.load(Ordering::Relaxed) - claims0;
+    let claims = calls.count() - claims0;
     relay.shutdown(Duration::from_secs(30))?;
     let rate = (n - first) as f64 / took;
     let rtt = 2.0 * delay.as_secs_f64();
@@ -171,13 +148,8 @@ pub(crate) fn slow_link(s: &Size, delay: Duration, out: &mut Vec<Row>) -> Res<()
     ));
     out.push(row(
         "the same: store calls that failed (a timeout at the defaults)".to_string(),
-        format!("{}", calls.failed.load(Ordering::Relaxed)),
-        format!(
-            "{} calls",
-            calls.claims.load(Ordering::Relaxed)
-                + calls.finishes.load(Ordering::Relaxed)
-                + calls.other.load(Ordering::Relaxed)
-        ),
+        format!("{}", calls.calls().1),
+        format!("{} calls", calls.calls().0),
         0.0,
         "0",
     ));
